@@ -1,0 +1,3 @@
+from kinetic.cli import main
+
+raise SystemExit(main())

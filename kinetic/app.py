@@ -1,0 +1,186 @@
+"""The ASGI application: routers, the request gate (CORS, loading, API key) and the error funnel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, UnauthorizedError, UnavailableError
+from kinetic.protocols.llamacpp.routes import router as llamacpp_router
+from kinetic.protocols.openai import translate as openai_translate
+from kinetic.protocols.openai.routes import router as openai_router
+from kinetic.service import Service
+from kinetic.streaming import ClientDisconnected
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+MAX_BODY_BYTES = 100 * 1024 * 1024  # llama-server's limit
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+ErrorRenderer = Callable[[KineticError], Any]
+# Longest prefix first: each protocol family answers errors in its own envelope.
+ERROR_RENDERERS: list[tuple[str, ErrorRenderer]] = []
+
+
+def register_error_renderer(prefix: str, renderer: ErrorRenderer) -> None:
+    ERROR_RENDERERS.append((prefix, renderer))
+    ERROR_RENDERERS.sort(key=lambda item: -len(item[0]))
+
+
+def error_response(path: str, err: KineticError) -> JSONResponse:
+    for prefix, renderer in ERROR_RENDERERS:
+        if path.startswith(prefix):
+            return JSONResponse(renderer(err), status_code=err.status)
+    return JSONResponse(openai_translate.error_body(err), status_code=err.status)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable sentence naming the field pydantic rejected."""
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return f"Invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # drop pydantic's union-branch names (e.g. 'str', 'list[...]') from the path
+    location = [part for part in location if not any(c in part for c in "[]") and part not in {"str", "int", "float", "bool"}]
+    field = ".".join(location)
+    if not field:
+        return f"Invalid request body: {first.get('msg')}", None
+    return f"Field '{field}': {first.get('msg')}", field
+
+
+class RequestGate:
+    """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
+
+    def __init__(self, app: ASGIApp, *, service: Service, api_keys: tuple[str, ...], cors_origins: str):
+        self.app = app
+        self.service = service
+        self.api_keys = api_keys
+        self.cors_origins = cors_origins
+
+    def _allow_origin(self, origin: str) -> str | None:
+        if self.cors_origins == "*":
+            return origin or "*"
+        if self.cors_origins == "localhost":
+            host = origin.split("://", 1)[-1].rsplit(":", 1)[0] if origin else ""
+            if origin.split("://", 1)[-1].startswith("[::1]"):
+                host = "[::1]"
+            return origin if host in LOCAL_HOSTS else None
+        allowed = [o.strip() for o in self.cors_origins.split(",")]
+        return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
+
+    def _key_ok(self, headers: dict[str, str]) -> bool:
+        sent = headers.get("authorization", "") or headers.get("x-api-key", "")
+        if sent.startswith("Bearer "):
+            sent = sent[len("Bearer "):]
+        return any(secrets.compare_digest(sent.encode(), key.encode()) for key in self.api_keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        allow_origin = self._allow_origin(headers.get("origin", ""))
+        cors = [(b"access-control-allow-credentials", b"true")]
+        if allow_origin:
+            cors.insert(0, (b"access-control-allow-origin", allow_origin.encode("latin-1")))
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + cors + [(b"server", b"kinetic")]
+            await send(message)
+
+        path = scope["path"]
+        if scope["method"] == "OPTIONS":
+            response: Response = Response(status_code=200, headers={
+                "Access-Control-Allow-Methods": CORS_METHODS,
+                "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
+        elif not self.service.engine.ready:
+            response = error_response(path, UnavailableError("Loading model"))
+        elif self.api_keys and path not in PUBLIC_PATHS and not self._key_ok(headers):
+            response = error_response(path, UnauthorizedError("Invalid API Key"))
+        elif int(headers.get("content-length", "0") or 0) > MAX_BODY_BYTES:
+            response = error_response(path, InvalidRequestError("request body too large"))
+            response.status_code = 413
+        else:
+            await self.app(_as_json(scope, headers), receive, send_with_cors)
+            return
+        await response(scope, receive, send_with_cors)
+
+
+def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:
+    """Bodies are JSON whatever Content-Type says (curl -d sends form encoding), as in llama-server."""
+    content_type = headers.get("content-type", "")
+    if scope["method"] != "POST" or "json" in content_type or content_type.startswith("multipart/"):
+        return scope
+    raw = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    return {**scope, "headers": raw + [(b"content-type", b"application/json")]}
+
+
+def create_app(service: Service, *, on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The app for one Service. The model loads in the background; until then every route is 503."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def load() -> None:
+            try:
+                await asyncio.to_thread(service.engine.load)
+                service.on_model_loaded()
+                log.info("model loaded: %s (%s), %d slot(s) of %d tokens, chat template %s",
+                         service.model_name, service.info.ftype, service.engine.n_slots,
+                         service.engine.slot_n_ctx, service.template.origin if service.template else "-")
+            except Exception as exc:  # reported by the CLI as one line, then the server stops
+                app.state.load_error = exc
+                if on_load_failure is not None:
+                    on_load_failure(exc)
+
+        loader = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            loader.cancel()
+            service.engine.close()
+
+    app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    app.state.load_error = None
+
+    @app.exception_handler(KineticError)
+    async def kinetic_error(request: Request, exc: KineticError) -> JSONResponse:
+        return error_response(request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = validation_message(exc)
+        return error_response(request.url.path, InvalidRequestError(message, param=field))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            return error_response(request.url.path, NotFoundError("File Not Found"))
+        return error_response(request.url.path, KineticError(str(exc.detail)))
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(request.url.path, KineticError(f"internal error: {type(exc).__name__}"))
+
+    app.include_router(openai_router)
+    app.include_router(llamacpp_router)
+    app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
+                       cors_origins=service.settings.cors_origins)
+    return app

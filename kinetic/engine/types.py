@@ -1,0 +1,119 @@
+"""Protocol-neutral engine vocabulary: what a generation asks for and the events it yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+FinishReason = Literal["stop", "length"]
+StopType = Literal["eos", "word", "limit", "none"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings; defaults are llama-server's."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = -1  # -1: a fresh random seed per request
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None  # GBNF text; constrains every sampled token
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = -1  # -1: until EOS or the end of the slot's context
+    stop: tuple[str, ...] = ()
+    n_probs: int = 0  # top alternatives reported per token (0: no logprobs)
+    cache_prompt: bool = True
+    id_slot: int = -1
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob(TokenProb):
+    top_logprobs: list[TokenProb] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's timings object, with its definitions (see the spec, section 8.8)."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        prompt_per_token = self.prompt_ms / self.prompt_n if self.prompt_n else 0.0
+        prompt_per_second = 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+        # The first generated token comes out of the last prompt batch, hence n - 1.
+        steps = self.predicted_n - 1
+        predicted_per_token = self.predicted_ms / steps if steps > 0 else 0.0
+        predicted_per_second = 1000.0 * steps / self.predicted_ms if steps > 0 and self.predicted_ms > 0 else 0.0
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": prompt_per_token,
+            "prompt_per_second": prompt_per_second,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": predicted_per_token,
+            "predicted_per_second": predicted_per_second,
+        }
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Text released by one sampled token ('' while a possible stop string is held back)."""
+
+    text: str
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: FinishReason
+    stop_type: StopType
+    stopping_word: str
+    text: str
+    tokens: list[int]
+    usage: Usage
+    timings: Timings
+    id_slot: int
+    tokens_cached: int
+    truncated: bool
+
+
+Event = Union[TextDelta, Finished]

@@ -1,0 +1,72 @@
+"""The one exception tree of kinetic and the status each condition maps to.
+
+Protocol adapters render these into their own error envelopes; nothing else in the code base
+raises HTTP errors directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KineticError(Exception):
+    """Base of every error a client may see. `kind` is llama-server's error type string."""
+
+    status: int = 500
+    kind: str = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, extra: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.extra = extra or {}
+
+
+class InvalidRequestError(KineticError):
+    status = 400
+    kind = "invalid_request_error"
+
+
+class ContextOverflowError(InvalidRequestError):
+    kind = "exceed_context_size_error"
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        super().__init__(
+            f"request ({n_prompt_tokens} tokens) exceeds the available context size "
+            f"({n_ctx} tokens), try increasing it",
+            param="messages",
+            extra={"n_prompt_tokens": n_prompt_tokens, "n_ctx": n_ctx},
+        )
+
+
+class UnauthorizedError(KineticError):
+    status = 401
+    kind = "authentication_error"
+
+
+class NotFoundError(KineticError):
+    status = 404
+    kind = "not_found_error"
+
+
+class NotSupportedError(KineticError):
+    status = 501
+    kind = "not_supported_error"
+
+
+class UnavailableError(KineticError):
+    status = 503
+    kind = "unavailable_error"
+
+
+class ModelLoadError(Exception):
+    """The model file is missing, unreadable or not a GGUF: raised before the server starts."""
+
+
+def field_error(field: str, detail: str) -> InvalidRequestError:
+    """A 400 whose message names the offending request field, in llama-server's wording."""
+    return InvalidRequestError(f"Field '{field}': {detail}", param=field)
+
+
+def range_error(field: str, low: float | int, high: float | int, got: Any) -> InvalidRequestError:
+    return field_error(field, f"Value must be between {low} <= value <= {high}, but got {got}")

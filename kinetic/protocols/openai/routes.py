@@ -1,0 +1,64 @@
+"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models (each also without /v1)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from kinetic.deps import ServiceDep
+from kinetic.protocols.openai import translate
+from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest
+from kinetic.streaming import encode_events, event_stream, until_disconnect
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
+    generation_request, ctx = translate.to_generation(body, service)
+    generation = service.engine.submit(generation_request)
+    if body.stream:
+        return event_stream(encode_events(generation, translate.ChunkEncoder(ctx)))
+    deltas, finished = await until_disconnect(request, generation.result())
+    return JSONResponse(translate.to_chat_completion(deltas, finished, ctx))
+
+
+@router.post("/v1/completions")
+@router.post("/completions")
+async def create_completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
+    generation_request, ctx = translate.to_completion_generation(body, service)
+    generation = service.engine.submit(generation_request)
+    if body.stream:
+        return event_stream(encode_events(generation, translate.CompletionChunkEncoder(ctx)))
+    deltas, finished = await until_disconnect(request, generation.result())
+    return JSONResponse(translate.to_completion(deltas, finished, ctx))
+
+
+def model_entry(service: Any) -> dict[str, Any]:
+    info = service.info
+    return {
+        "id": service.model_name,
+        "aliases": list(service.aliases),
+        "tags": [],
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "llamacpp",
+        "meta": {"vocab_type": info.vocab_type, "n_vocab": info.n_vocab, "n_ctx": service.engine.slot_n_ctx,
+                 "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
+                 "size": info.size, "ftype": info.ftype},
+    }
+
+
+@router.get("/v1/models")
+@router.get("/models")
+async def list_models(service: ServiceDep) -> dict[str, Any]:
+    name = service.model_name
+    ollama_shaped = {"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
+                     "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+                     "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                                 "parameter_size": "", "quantization_level": ""}}
+    return {"models": [ollama_shaped], "object": "list", "data": [model_entry(service)]}

@@ -1,0 +1,120 @@
+"""Response streaming shared by every protocol: SSE/NDJSON framing and client-disconnect handling.
+
+A client that goes away must free its slot at once: streams race the body against the ASGI
+`http.disconnect` message, and non-streamed generations are raced the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from kinetic.engine.llama import Generation
+from kinetic.engine.types import Finished, TextDelta
+from kinetic.errors import KineticError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_data(data: Any) -> bytes:
+    return f"data: {_compact(data)}\n\n".encode()
+
+
+def sse_event(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {_compact(data)}\n\n".encode()
+
+
+def sse_done() -> bytes:
+    return b"data: [DONE]\n\n"
+
+
+def ndjson_line(data: Any) -> bytes:
+    return (_compact(data) + "\n").encode()
+
+
+class Encoder(Protocol):
+    def encode(self, event: TextDelta | Finished) -> list[bytes]: ...
+
+    def error(self, err: KineticError) -> list[bytes]: ...
+
+
+async def encode_events(generation: Generation, encoder: Encoder) -> AsyncIterator[bytes]:
+    """The wire frames of a generation; a failure after the headers went out is sent in-band."""
+    try:
+        async for event in generation.events():
+            for frame in encoder.encode(event):
+                yield frame
+    except KineticError as err:
+        for frame in encoder.error(err):
+            yield frame
+
+
+class DisconnectAwareStreamingResponse(StreamingResponse):
+    """A StreamingResponse that stops its body, and so the generation, when the client leaves.
+
+    Starlette only notices a gone client when a write fails, which can be a whole token later or
+    never while the model is still evaluating a long prompt; this watches for the disconnect
+    message the whole time instead.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def run_then_cancel(func: Callable[[], Awaitable[None]]) -> None:
+                    await func()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(run_then_cancel, partial(self.stream_response, send))
+                await run_then_cancel(partial(self.listen_for_disconnect, receive))
+        except OSError:
+            log.debug("client went away during a stream")
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-stream") -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=headers)
+
+
+class ClientDisconnected(Exception):
+    """The client left before a non-streamed answer was ready."""
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Awaits `work`, cancelling it if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected()

@@ -1,0 +1,188 @@
+"""The OpenAI chat core through the real openai SDK against `kinetic serve` on the bundled model."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import MODEL_ALIAS
+
+MESSAGES = [{"role": "system", "content": "You are a concise assistant."},
+            {"role": "user", "content": "In one sentence, what is llama.cpp?"}]
+TIMING_KEYS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
+               "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+
+
+def test_models_list_shows_alias(openai_client: openai.OpenAI) -> None:
+    models = openai_client.models.list()
+    assert [m.id for m in models.data] == [MODEL_ALIAS]
+    assert models.data[0].object == "model" and models.data[0].owned_by
+
+
+def test_chat_full_response_usage_and_timings(openai_client: openai.OpenAI) -> None:
+    r = openai_client.chat.completions.create(model="local", messages=MESSAGES, max_tokens=12,
+                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == MODEL_ALIAS
+    assert r.system_fingerprint.startswith("b")
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in {"stop", "length"}
+    assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    timings = r.model_extra["timings"]
+    assert TIMING_KEYS <= set(timings)
+    assert timings["prompt_n"] + timings["cache_n"] == r.usage.prompt_tokens
+    assert timings["predicted_n"] == r.usage.completion_tokens
+    assert all(v >= 0 for v in timings.values())
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 12
+
+
+def test_chat_repeat_reuses_cache(openai_client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Tell me about caching in language model servers, please."}]
+    first = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4, extra_body={"id_slot": 0})
+    second = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4, extra_body={"id_slot": 0})
+    n_prompt = second.usage.prompt_tokens
+    assert first.model_extra["timings"]["cache_n"] < n_prompt - 1
+    assert second.model_extra["timings"]["cache_n"] == n_prompt - 1  # all but the last token
+    assert second.usage.prompt_tokens_details.cached_tokens == n_prompt - 1
+
+
+def test_chat_stream_chunks_usage_and_ttft(openai_client: openai.OpenAI) -> None:
+    started = time.perf_counter()
+    stream = openai_client.chat.completions.create(model="local", messages=MESSAGES, max_tokens=10, stream=True,
+                                                   stream_options={"include_usage": True})
+    chunks, ttft = [], None
+    for chunk in stream:
+        chunks.append(chunk)
+        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - started
+    total = time.perf_counter() - started
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.content is None
+    assert len({c.id for c in chunks}) == 1
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason in {"stop", "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens <= 10
+    assert set(chunks[-1].model_extra["timings"]) >= TIMING_KEYS
+    content_chunks = [c for c in chunks[1:] if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) <= chunks[-1].usage.completion_tokens
+    assert ttft is not None and 0 < ttft < total
+
+
+def test_chat_stream_without_usage_puts_timings_on_finish_chunk(base_url: str) -> None:
+    with httpx.stream("POST", base_url + "/v1/chat/completions", timeout=60,
+                      json={"messages": MESSAGES, "max_tokens": 3, "stream": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    last = json.loads(lines[-2][len("data: "):])
+    assert last["choices"][0]["delta"] == {} and "timings" in last and "usage" not in last
+
+
+def test_completions_legacy_string_and_token_prompt(openai_client: openai.OpenAI) -> None:
+    r = openai_client.completions.create(model="local", prompt="def add(a, b):", max_tokens=5, suffix="\n")
+    assert r.object == "text_completion" and r.choices[0].finish_reason in {"stop", "length"}
+    assert r.usage.completion_tokens <= 5 and "timings" in r.model_extra
+    tokens = openai_client.completions.create(model="local", prompt=[2, 9259, 1902], max_tokens=3)
+    assert tokens.usage.prompt_tokens == 3
+
+
+def test_completions_stream_ends_with_usage(openai_client: openai.OpenAI) -> None:
+    chunks = list(openai_client.completions.create(model="local", prompt="Once upon a time", max_tokens=4,
+                                                   stream=True))
+    assert chunks[-1].choices[0].finish_reason in {"stop", "length"} and chunks[-1].usage is not None
+
+
+def test_sampling_fields_and_unknown_fields_accepted(openai_client: openai.OpenAI) -> None:
+    r = openai_client.chat.completions.create(
+        model="local", messages=MESSAGES, max_completion_tokens=4, temperature=0.7, top_p=0.9, seed=42,
+        presence_penalty=0.5, frequency_penalty=0.5, stop=["\n\n", "###"],
+        extra_body={"top_k": 20, "min_p": 0.1, "typical_p": 0.9, "repeat_penalty": 1.1, "mirostat": 0,
+                    "some_future_field": {"x": 1}})
+    assert r.usage.completion_tokens <= 4
+
+
+def test_same_seed_same_text(openai_client: openai.OpenAI) -> None:
+    def run() -> str:
+        r = openai_client.chat.completions.create(model="local", messages=MESSAGES, max_tokens=8, seed=1234,
+                                                  temperature=1.0)
+        return r.choices[0].message.content
+
+    assert run() == run()
+
+
+def test_stop_string_is_not_returned(openai_client: openai.OpenAI) -> None:
+    greedy = openai_client.completions.create(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    text = greedy.choices[0].text
+    stop = text.strip()[:3]
+    r = openai_client.completions.create(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                         stop=[stop])
+    assert stop not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"n": 2}, "n"),
+    ({"messages": []}, "messages"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": 3.5}, "temperature"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+])
+def test_bad_request_names_field(openai_client: openai.OpenAI, overrides: dict, field: str) -> None:
+    body = {"model": "local", "messages": MESSAGES, "max_tokens": 4, **overrides}
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(**body)
+    assert info.value.status_code == 400
+    assert field in info.value.message
+    assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_prompt_longer_than_context_is_400(openai_client: openai.OpenAI) -> None:
+    long_text = "word " * 2500
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model="local", messages=[{"role": "user", "content": long_text}],
+                                              max_tokens=4)
+    assert info.value.body["type"] == "exceed_context_size_error"
+    assert info.value.body["n_ctx"] == 2048 and info.value.body["n_prompt_tokens"] > 2048
+
+
+def test_stream_request_errors_are_plain_json(base_url: str) -> None:
+    r = httpx.post(base_url + "/v1/chat/completions", json={"messages": [], "stream": True}, timeout=30)
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("raw", [b"{bad json", b"", b"[1, 2]", b'{"messages": "hi"}'])
+def test_malformed_bodies_are_400_and_server_keeps_serving(base_url: str, raw: bytes) -> None:
+    r = httpx.post(base_url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(base_url + "/health").json() == {"status": "ok"}
+
+
+def test_unknown_route_is_404(base_url: str) -> None:
+    r = httpx.get(base_url + "/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "File Not Found"
+
+
+def test_disconnect_mid_stream_frees_slot(base_url: str) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 400, "stream": True, "id_slot": 1, "ignore_eos": True}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if '"content":"' in line:
+                break  # leave after the first token
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        slots = httpx.get(base_url + "/slots").json()
+        if not slots[1]["is_processing"]:
+            break
+        time.sleep(0.05)
+    assert not slots[1]["is_processing"]
+    assert slots[1]["next_token"][0]["n_decoded"] == 0

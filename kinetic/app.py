@@ -127,7 +127,12 @@ def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:
     return {**scope, "headers": raw + [(b"content-type", b"application/json")]}
 
 
-def create_app(service: Service, *, on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+def create_app(
+    service: Service,
+    *,
+    on_ready: Callable[[], None] | None = None,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
     """The app for one Service. The model loads in the background; until then every route is 503."""
 
     @asynccontextmanager
@@ -139,6 +144,8 @@ def create_app(service: Service, *, on_load_failure: Callable[[BaseException], N
                 log.info("model loaded: %s (%s), %d slot(s) of %d tokens, chat template %s",
                          service.model_name, service.info.ftype, service.engine.n_slots,
                          service.engine.slot_n_ctx, service.template.origin if service.template else "-")
+                if on_ready is not None:
+                    on_ready()
             except Exception as exc:  # reported by the CLI as one line, then the server stops
                 app.state.load_error = exc
                 if on_load_failure is not None:

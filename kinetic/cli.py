@@ -128,7 +128,6 @@ def serve(settings: ServerSettings) -> int:
     def stop_on_load_failure(exc: BaseException) -> None:
         config_holder["server"].should_exit = True
 
-    app = create_app(service, on_load_failure=stop_on_load_failure)
     try:
         sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
@@ -136,12 +135,18 @@ def serve(settings: ServerSettings) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
+
+    def announce() -> None:
+        # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
+        print(f"listening on http://{shown_host}:{port}", flush=True)
+
+    app = create_app(service, on_ready=announce, on_load_failure=stop_on_load_failure)
     config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                             limit_concurrency=64, timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024)
     server = uvicorn.Server(config)
     config_holder["server"] = server
-    print(f"kinetic {__version__}: loading {resolved.path}", file=sys.stderr, flush=True)
-    print(f"listening on http://{shown_host}:{port}", flush=True)
+    print(f"kinetic {__version__}: loading {resolved.path} (http://{shown_host}:{port} answers 503 until ready)",
+          file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if app.state.load_error is not None:
         print(f"error: {app.state.load_error}", file=sys.stderr)

@@ -103,9 +103,10 @@ def resolve_hf(spec: str, hf_file: str | None, offline: bool) -> ResolvedModel:
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
     import huggingface_hub
+    from huggingface_hub import constants as hf_constants
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    is_offline = offline or huggingface_hub.constants.HF_HUB_OFFLINE
+    is_offline = offline or hf_constants.HF_HUB_OFFLINE
     try:
         if hf_file:
             filename = hf_file

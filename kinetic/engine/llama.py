@@ -177,7 +177,8 @@ class LlamaEngine:
         try:
             self.model = _internals.LlamaModel(path_model=str(self.model_path), params=model_params, verbose=self.verbose)
         except ValueError as exc:
-            raise ModelLoadError(f"llama.cpp could not load {self.model_path}: {exc}") from exc
+            raise ModelLoadError(f"cannot load model {self.model_path}: llama.cpp rejected the file "
+                                 "(truncated, corrupt, or an architecture this build does not know)") from exc
         self.vocab = self.model.vocab
         n_ctx_train = self.model.n_ctx_train()
         total_ctx = self.requested_ctx if self.requested_ctx > 0 else n_ctx_train
@@ -649,3 +650,23 @@ class Generation:
             else:
                 return deltas, event
         raise KineticError("generation ended without a result")
+
+
+def grammar_from_json_schema(schema: Any) -> str:
+    """GBNF text accepting exactly the JSON documents `schema` allows (llama.cpp's converter).
+
+    Lives here because this is the one module allowed to import llama_cpp. Raises ValueError with
+    the converter's reason when the schema is not one it understands."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    if not isinstance(schema, dict):
+        raise ValueError(f"a JSON schema must be an object, but got {type(schema).__name__}")
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError as exc:
+        raise ValueError("the schema nests too deeply") from exc
+    except (AssertionError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        # The converter reports bad schemas with asserts and incidental errors alike.
+        raise ValueError(str(exc) or type(exc).__name__) from exc

@@ -1,0 +1,40 @@
+"""The request gate on a real app whose model has not loaded yet (no lifespan has run)."""
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from kinetic.app import create_app
+from kinetic.engine.llama import LlamaEngine
+from kinetic.service import Service
+from kinetic.settings import ServerSettings
+
+LOADING = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
+
+
+def app_client(**settings: object) -> TestClient:
+    engine = LlamaEngine(Path("unused.gguf"))
+    service = Service.create(ServerSettings(**settings), engine, "unused")
+    return TestClient(create_app(service))  # not entered: the model never loads
+
+
+def test_everything_is_503_while_loading_even_health() -> None:
+    client = app_client(api_key="k")
+    for path in ("/health", "/v1/models"):
+        r = client.get(path)
+        assert r.status_code == 503 and r.json() == LOADING
+
+
+def test_options_preflight_is_200_with_cors() -> None:
+    r = app_client().options("/v1/chat/completions", headers={"Origin": "http://example.org",
+                                                             "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://example.org"
+    assert "POST" in r.headers["access-control-allow-methods"]
+
+
+def test_cors_localhost_only() -> None:
+    client = app_client(cors_origins="localhost")
+    assert client.options("/x", headers={"Origin": "http://localhost:3000"}).headers[
+        "access-control-allow-origin"] == "http://localhost:3000"
+    assert "access-control-allow-origin" not in client.options("/x", headers={"Origin": "http://evil.example"}).headers

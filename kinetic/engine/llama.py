@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import itertools
 import logging
 import os
@@ -223,6 +224,7 @@ class LlamaEngine:
             chat_template=metadata.get("tokenizer.chat_template"),
             metadata=metadata,
         )
+        _ = self.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
         self._thread.start()
 
@@ -282,6 +284,12 @@ class LlamaEngine:
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.token_piece(t, special=special) for t in tokens).decode("utf-8", "replace")
 
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token (EOS, EOT, <end_of_turn>...): scanned once, the vocabulary is large."""
+        n_vocab = self.require_ready().n_vocab
+        return tuple(t for t in range(n_vocab) if self._llama.llama_vocab_is_eog(self.vocab, t))
+
     def valid_token(self, token: int) -> bool:
         return 0 <= token < self.require_ready().n_vocab
 
@@ -331,9 +339,7 @@ class LlamaEngine:
             llama_cpp.llama_sampler_chain_add(chain.sampler, grammar)
         bias = dict(params.logit_bias)
         if params.ignore_eos:
-            for token in range(n_vocab):
-                if llama_cpp.llama_vocab_is_eog(self.vocab, token):
-                    bias[token] = float("-inf")
+            bias.update({token: float("-inf") for token in self.eog_tokens})
         if bias:
             chain.add_logit_bias(n_vocab, bias)
         chain.add_penalties(n_vocab, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,

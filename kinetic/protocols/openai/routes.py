@@ -1,7 +1,8 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models (each also without /v1)."""
+"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (each also without /v1)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.deps import ServiceDep
 from kinetic.protocols.openai import translate
-from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest
+from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kinetic.streaming import encode_events, event_stream, until_disconnect
 
 router = APIRouter()
@@ -36,6 +37,16 @@ async def create_completion(body: CompletionRequest, request: Request, service: 
         return event_stream(encode_events(generation, translate.CompletionChunkEncoder(ctx)))
     deltas, finished = await until_disconnect(request, generation.result())
     return JSONResponse(translate.to_completion(deltas, finished, ctx))
+
+
+@router.post("/v1/embeddings")
+@router.post("/embeddings")
+async def create_embeddings(body: EmbeddingRequest, service: ServiceDep) -> dict[str, Any]:
+    inputs = translate.embedding_inputs(body, service)
+    translate.check_embedding_request(body, service.info.n_embd)
+    # embed() blocks while it waits for the decode lock and runs llama_decode
+    vectors = await asyncio.to_thread(service.engine.embed, inputs)
+    return translate.to_embeddings(body, inputs, vectors, service)
 
 
 def model_entry(service: Any) -> dict[str, Any]:

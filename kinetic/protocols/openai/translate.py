@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
+import struct
 import string
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.engine.reasoning import REASONING_FORMATS, ReasoningSplitter
+from kinetic.engine.toolcalls import (
+    AutoCallStream,
+    CallDelta,
+    ForcedCallStreamer,
+    ParsedCall,
+    new_call_id,
+    parse_forced_calls,
+    parse_tool_calls,
+    split_arguments,
+)
 from kinetic.engine.types import Finished, GenerationRequest, TextDelta, TokenLogprob
-from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
+from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError, field_error, range_error
 from kinetic.protocols import sampling
-from kinetic.protocols.openai.types import ChatCompletionRequest, ChatMessage, CompletionRequest
+from kinetic.protocols.openai.constraints import ToolMode, chat_constraints
+from kinetic.protocols.openai.types import ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest
 from kinetic.service import Service
 from kinetic.streaming import sse_data, sse_done
 
@@ -72,6 +85,8 @@ class ChatContext:
     top_logprobs: int | None  # None: logprobs not requested
     include_usage: bool
     fingerprint: str
+    tool_mode: ToolMode = "none"
+    tool_names: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def splitter(self) -> ReasoningSplitter:
@@ -126,6 +141,9 @@ def validate_chat(req: ChatCompletionRequest) -> None:
         if not req.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be set to true", param="top_logprobs")
         sampling.check_range("top_logprobs", req.top_logprobs, 0, sampling.MAX_TOP_LOGPROBS)
+    if req.logprobs and req.stream and req.tools and req.tool_choice != "none":
+        # streamed calls are assembled from held-back text, which no token's logprob maps onto
+        raise InvalidRequestError("logprobs is not supported with tools + stream", param="logprobs")
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
         raise field_error("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, but got {req.reasoning_format!r}")
 
@@ -136,13 +154,13 @@ def to_generation(req: ChatCompletionRequest, service: Service) -> tuple[Generat
         ("n_predict", req.n_predict), ("max_completion_tokens", req.max_completion_tokens),
         ("max_tokens", req.max_tokens)])
     messages = [template_message(m) for m in req.messages]
-    tools = [tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None
-    rendered = service.render_chat(messages, tools=tools, template_kwargs=req.chat_template_kwargs,
+    constraints = chat_constraints(req)
+    rendered = service.render_chat(messages, tools=constraints.tools, template_kwargs=req.chat_template_kwargs,
                                    add_generation_prompt=req.add_generation_prompt is not False)
     top_logprobs = (req.top_logprobs if req.top_logprobs is not None else 0) if req.logprobs else None
     generation = GenerationRequest(
         prompt_tokens=rendered.tokens,
-        sampling=sampling.sampling_from(service, req, grammar=req.grammar),
+        sampling=sampling.sampling_from(service, req, grammar=constraints.grammar),
         max_tokens=max_tokens,
         stop=sampling.stop_list(req.stop),
         n_probs=max(top_logprobs or 0, 1) if req.logprobs else 0,
@@ -158,6 +176,8 @@ def to_generation(req: ChatCompletionRequest, service: Service) -> tuple[Generat
         top_logprobs=top_logprobs,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         fingerprint=service.system_fingerprint,
+        tool_mode=constraints.tool_mode,
+        tool_names=constraints.tool_names,
     )
     return generation, context
 
@@ -165,14 +185,38 @@ def to_generation(req: ChatCompletionRequest, service: Service) -> tuple[Generat
 # -------------------------------------------------------------------------- chat: outward
 
 
+def answer_calls(content: str, ctx: ChatContext) -> tuple[str | None, list[ParsedCall]]:
+    """The answer's text and its tool calls; text is null when the answer is only calls (OpenAI)."""
+    if ctx.tool_mode == "forced":
+        calls = parse_forced_calls(content)
+        if calls is None:  # cut short by the token limit: what was generated is returned as text
+            return content, []
+        return None, calls
+    if ctx.tool_mode == "auto":
+        reply = parse_tool_calls(content, ctx.tool_names)
+        if reply.calls:
+            return reply.content or None, reply.calls
+    return content, []
+
+
+def finish_reason(finished: Finished, has_calls: bool) -> str:
+    return "tool_calls" if has_calls and finished.finish_reason == "stop" else finished.finish_reason
+
+
 def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatContext) -> dict[str, Any]:
     splitter = ctx.splitter()
     reasoning, content = splitter.push(finished.text)
     tail_reasoning, tail_content = splitter.flush()
-    message: dict[str, Any] = {"role": "assistant", "content": content + tail_content}
+    text, calls = answer_calls(content + tail_content, ctx)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if reasoning + tail_reasoning:
         message["reasoning_content"] = reasoning + tail_reasoning
-    choice: dict[str, Any] = {"finish_reason": finished.finish_reason, "index": 0, "message": message}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "id": call.id or new_call_id(),
+             "function": {"name": call.name, "arguments": call.arguments}}
+            for call in calls]
+    choice: dict[str, Any] = {"finish_reason": finish_reason(finished, bool(calls)), "index": 0, "message": message}
     if ctx.top_logprobs is not None:
         choice["logprobs"] = {"content": [logprob_entry(d.logprob, ctx.top_logprobs) for d in deltas if d.logprob]}
     return {
@@ -194,6 +238,10 @@ class ChunkEncoder:
         self.ctx = ctx
         self.splitter = ctx.splitter()
         self.started = False
+        self.forced = ForcedCallStreamer() if ctx.tool_mode == "forced" else None
+        self.forced_text = ""  # forced output, returned as text if it never became a call
+        self.auto = AutoCallStream(ctx.tool_names) if ctx.tool_mode == "auto" else None
+        self.n_calls = 0
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse_data({"choices": choices, "created": self.ctx.created, "id": self.ctx.id,
@@ -226,14 +274,40 @@ class ChunkEncoder:
         frames = []
         if reasoning:
             frames.append(self._delta({"reasoning_content": reasoning}))
+        if self.forced is not None:
+            self.forced_text += content
+            return frames + self._call_frames(self.forced.feed(content))
+        if self.auto is not None:
+            content = self.auto.push(content)
         if content or (logprobs and not reasoning):
             frames.append(self._delta({"content": content}, logprobs))
         return frames
 
+    def _call_frames(self, deltas: list[CallDelta]) -> list[bytes]:
+        self.n_calls = max([self.n_calls] + [d.index + 1 for d in deltas])
+        return [self._delta({"tool_calls": [d.to_dict()]}) for d in deltas]
+
+    def _held_back(self) -> list[bytes]:
+        """At the end: what tool handling kept back, as content and/or whole calls."""
+        if self.forced is not None:
+            if self.n_calls == 0 and self.forced_text:
+                return [self._delta({"content": self.forced_text})]
+            return []
+        if self.auto is None:
+            return []
+        content, calls = self.auto.finish()
+        frames = [self._delta({"content": content})] if content else []
+        for index, call in enumerate(calls):
+            pieces = split_arguments(call.arguments)
+            deltas = [CallDelta(index=index, arguments=pieces[0], id=call.id or new_call_id(), name=call.name)]
+            deltas += [CallDelta(index=index, arguments=piece) for piece in pieces[1:]]
+            frames += self._call_frames(deltas)
+        return frames
+
     def _finish(self, finished: Finished) -> list[bytes]:
-        frames = self._text_frames(*self.splitter.flush(), None)
+        frames = self._text_frames(*self.splitter.flush(), None) + self._held_back()
         timings = finished.timings.to_dict()
-        finish_choice = {"finish_reason": finished.finish_reason, "index": 0, "delta": {}}
+        finish_choice = {"finish_reason": finish_reason(finished, self.n_calls > 0), "index": 0, "delta": {}}
         if self.ctx.include_usage:
             frames.append(self._chunk([finish_choice]))
             frames.append(self._chunk([], usage=usage_dict(finished), timings=timings))
@@ -329,3 +403,62 @@ class CompletionChunkEncoder:
 
     def error(self, err: KineticError) -> list[bytes]:
         return [sse_data(error_body(err))]
+
+
+# ------------------------------------------------------------------------------- embeddings
+
+
+def embedding_inputs(req: EmbeddingRequest, service: Service) -> list[list[int]]:
+    """Token lists to embed: `input` as a string, strings, token ids, or lists of token ids."""
+    if not service.settings.embeddings:
+        raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
+    raw = req.input
+    if isinstance(raw, list) and not raw:
+        raise InvalidRequestError('"input" must not be empty', param="input")
+    if isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
+        items: list[Any] = [raw]  # one text, or one prompt of token ids
+    else:
+        items = list(raw)
+    limit = service.engine.embedding_n_ctx
+    token_lists = []
+    for index, item in enumerate(items):
+        param = "input" if len(items) == 1 else f"input[{index}]"
+        if isinstance(item, str):
+            tokens = service.engine.tokenize(item, add_special=True, parse_special=True)
+        else:
+            tokens = list(item)
+            if any(not service.engine.valid_token(t) for t in tokens):
+                raise InvalidRequestError("Input contains invalid tokens", param=param)
+        if not tokens:
+            raise InvalidRequestError("Input content cannot be empty", param=param)
+        if len(tokens) > limit:
+            raise InvalidRequestError(f"input ({len(tokens)} tokens) is too large to process: the embedding "
+                                      f"context holds {limit} tokens", param=param)
+        token_lists.append(tokens)
+    return token_lists
+
+
+def check_embedding_request(req: EmbeddingRequest, n_embd: int) -> None:
+    if req.encoding_format not in (None, "float", "base64"):
+        raise InvalidRequestError("The format to return the embeddings in. Can be either float or base64",
+                                  param="encoding_format")
+    if req.dimensions is not None and req.dimensions != n_embd:
+        # the pooled vector has the model's width; truncating it would silently change its meaning
+        raise field_error("dimensions", f"this model's embeddings have {n_embd} dimensions, but got {req.dimensions}")
+
+
+def to_embeddings(req: EmbeddingRequest, inputs: list[list[int]], vectors: list[list[float]],
+                  service: Service) -> dict[str, Any]:
+    data = []
+    for index, vector in enumerate(vectors):
+        item: dict[str, Any] = {"index": index, "object": "embedding"}
+        if req.encoding_format == "base64":
+            # little-endian float32, what the openai SDK decodes by default
+            item["embedding"] = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+            item["encoding_format"] = "base64"
+        else:
+            item["embedding"] = vector
+        data.append(item)
+    n_tokens = sum(len(tokens) for tokens in inputs)
+    return {"model": service.model_name, "object": "list", "data": data,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

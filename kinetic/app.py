@@ -105,7 +105,7 @@ class RequestGate:
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": CORS_METHODS,
                 "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
-        elif not self.service.engine.ready:
+        elif not self.service.ready:
             response = error_response(path, UnavailableError("Loading model"))
         elif self.api_keys and path not in PUBLIC_PATHS and not self._key_ok(headers):
             response = error_response(path, UnauthorizedError("Invalid API Key"))

@@ -12,7 +12,7 @@ from kinetic.service import Service
 
 def get_service(request: Request) -> Service:
     service: Service = request.app.state.service
-    if not service.engine.ready:
+    if not service.ready:
         raise UnavailableError("Loading model")
     return service
 

@@ -55,6 +55,11 @@ class Service:
         )
 
     @property
+    def ready(self) -> bool:
+        """Model loaded and chat template chosen: only then may requests through."""
+        return self.engine.ready and self.template is not None
+
+    @property
     def info(self) -> ModelInfo:
         return self.engine.require_ready()
 

@@ -61,14 +61,15 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 
 def tool_call_schema(tools: list[dict[str, Any]], *, only: str | None = None, parallel: bool = False) -> dict[str, Any]:
     """A schema whose documents are exactly the allowed calls: one call of any tool (or of the tool
-    named `only`), or with `parallel` a non-empty array of such calls."""
+    named `only`), and with `parallel` also a non-empty array of such calls. The single call stays
+    allowed so the model can stop after one, as the templates' own examples do."""
     chosen = [t for t in tools if t.get("function", t).get("name") == only] if only else list(tools)
     if not chosen:
         raise ValueError(f"no tool named {only!r}" if only else "no tools to call")
     schemas = [call_schema(t) for t in chosen]
     one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     if parallel:
-        return {"type": "array", "items": one, "minItems": 1}
+        return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
     return one
 
 

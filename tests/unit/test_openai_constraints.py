@@ -72,3 +72,17 @@ def test_conflicts_and_bad_tools_are_400s(fields: dict, param: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
         chat_constraints(request(**fields))
     assert err.value.param == param
+
+
+def test_small_integer_ranges_become_enums() -> None:
+    from kinetic.protocols.openai.constraints import bounded_integers
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 3},
+        "b": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 4},
+        "c": {"type": "integer", "minimum": 0, "maximum": 10**6},
+        "d": {"type": "integer", "minimum": 0}}}
+    props = bounded_integers(schema)["properties"]
+    assert props["a"] == {"enum": [0, 1, 2, 3]}
+    assert props["b"] == {"enum": [2, 3]}
+    assert props["c"] == schema["properties"]["c"] and props["d"] == schema["properties"]["d"]

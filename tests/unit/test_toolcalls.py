@@ -46,8 +46,9 @@ def test_schema_several_tools_named_choice_and_parallel() -> None:
     named = tool_call_schema([WEATHER, TIME], only="get_time")
     assert named["properties"]["name"] == {"const": "get_time"}
     assert named["properties"]["arguments"] == {"type": "object"}  # no parameters: any object
-    parallel = tool_call_schema([WEATHER], parallel=True)
-    assert parallel["type"] == "array" and parallel["minItems"] == 1
+    single, array = tool_call_schema([WEATHER], parallel=True)["anyOf"]
+    assert single == tool_call_schema([WEATHER])
+    assert array["type"] == "array" and array["minItems"] == 1 and array["items"] == single
     with pytest.raises(ValueError):
         tool_call_schema([WEATHER], only="nope")
 

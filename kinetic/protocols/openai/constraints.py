@@ -6,6 +6,7 @@ whether to read the answer as a forced call, to look for the model's own call sy
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,9 +28,34 @@ class ChatConstraints:
     tool_names: list[str] = field(default_factory=list)
 
 
+MAX_ENUMERATED_RANGE = 256
+
+
+def bounded_integers(schema: Any) -> Any:
+    """The schema with each small bounded integer range written as an enum.
+
+    llama-cpp-python's schema converter ignores minimum/maximum, so a Pydantic `Field(ge=0, le=99)`
+    would not be enforced; an enum of the allowed values is. Wider ranges are left as they are."""
+    if isinstance(schema, list):
+        return [bounded_integers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded_integers(value) for key, value in schema.items()}
+    if out.get("type") == "integer" and "enum" not in out:
+        low = out.get("minimum", None)
+        high = out.get("maximum", None)
+        if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
+            low = math.floor(out["exclusiveMinimum"]) + 1
+        if isinstance(out.get("exclusiveMaximum"), (int, float)) and not isinstance(out["exclusiveMaximum"], bool):
+            high = math.ceil(out["exclusiveMaximum"]) - 1
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 <= high - low < MAX_ENUMERATED_RANGE:
+            return {"enum": list(range(math.ceil(low), math.floor(high) + 1))}
+    return out
+
+
 def schema_grammar(schema: Any, param: str) -> str:
     try:
-        return grammar_from_json_schema(schema)
+        return grammar_from_json_schema(bounded_integers(schema))
     except ValueError as exc:
         raise field_error(param, f"invalid JSON schema: {exc}") from exc
 

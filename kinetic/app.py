@@ -175,7 +175,11 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code in (404, 405):
             return error_response(request.url.path, NotFoundError("File Not Found"))
-        return error_response(request.url.path, KineticError(str(exc.detail)))
+        if exc.status_code == 400:  # e.g. a body that is not valid UTF-8
+            return error_response(request.url.path, InvalidRequestError(f"Invalid request body: {exc.detail}"))
+        err = KineticError(str(exc.detail))
+        err.status = exc.status_code
+        return error_response(request.url.path, err)
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:

@@ -159,7 +159,8 @@ def test_stream_request_errors_are_plain_json(base_url: str) -> None:
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
 
 
-@pytest.mark.parametrize("raw", [b"{bad json", b"", b"[1, 2]", b'{"messages": "hi"}'])
+@pytest.mark.parametrize("raw", [b"{bad json", b"", b"[1, 2]", b'{"messages": "hi"}', b"\xff\xfe\x00{",
+                                 b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "\xff"}'])
 def test_malformed_bodies_are_400_and_server_keeps_serving(base_url: str, raw: bytes) -> None:
     r = httpx.post(base_url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +42,7 @@ def collect(paths: list[Path]) -> list[Path]:
 
 
 def run_grade(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per probe would bury the report
     files = collect(args.paths)
     missing = [str(p) for p in files if not p.is_file()]
     if missing or not files:

@@ -60,4 +60,7 @@ def stream() -> None:
 
 
 if __name__ == "__main__":
-    stream() if "--stream" in sys.argv else full()
+    if "--stream" in sys.argv:
+        stream()
+    else:
+        full()

@@ -8,6 +8,7 @@ import secrets
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -62,11 +63,13 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 class RequestGate:
     """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
 
-    def __init__(self, app: ASGIApp, *, service: Service, api_keys: tuple[str, ...], cors_origins: str):
+    def __init__(self, app: ASGIApp, *, service: Service, api_keys: tuple[str, ...], cors_origins: str,
+                 body_timeout: float):
         self.app = app
         self.service = service
         self.api_keys = api_keys
         self.cors_origins = cors_origins
+        self.body_timeout = body_timeout
 
     def _allow_origin(self, origin: str) -> str | None:
         if self.cors_origins == "*":
@@ -113,9 +116,43 @@ class RequestGate:
             response = error_response(path, InvalidRequestError("request body too large"))
             response.status_code = 413
         else:
-            await self.app(_as_json(scope, headers), receive, send_with_cors)
+            await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
         await response(scope, receive, send_with_cors)
+
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Runs the app with a deadline on each body read: a client that sends its headers and then
+        stalls gets a 408 and its connection closed. Once the body is complete, reads (the
+        disconnect watch of a long stream) have no deadline."""
+        body_complete = False
+        timed_out = False
+
+        async def receive_with_deadline() -> Message:
+            nonlocal body_complete, timed_out
+            if body_complete:
+                return await receive()
+            try:
+                with anyio.fail_after(self.body_timeout):
+                    message = await receive()
+            except TimeoutError:
+                timed_out = True
+                raise
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_complete = True
+            return message
+
+        async def send_unless_timed_out(message: Message) -> None:
+            if not timed_out:
+                await send(message)
+            elif message["type"] == "http.response.start":  # replace the app's answer with a 408
+                err = KineticError(f"request body not received within {self.body_timeout:g} s")
+                err.status, err.kind = 408, "timeout_error"
+                response = error_response(scope["path"], err)
+                response.headers["connection"] = "close"
+                await response(scope, receive, send)
+
+        await self.app(scope, receive_with_deadline, send_unless_timed_out)
 
 
 def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:
@@ -193,5 +230,5 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(llamacpp_router)
     app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
-                       cors_origins=service.settings.cors_origins)
+                       cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)
     return app

@@ -142,7 +142,8 @@ def serve(settings: ServerSettings) -> int:
 
     app = create_app(service, on_ready=announce, on_load_failure=stop_on_load_failure)
     config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
-                            limit_concurrency=64, timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024)
+                            limit_concurrency=64, timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024,
+                            server_header=False)
     server = uvicorn.Server(config)
     config_holder["server"] = server
     print(f"kinetic {__version__}: loading {resolved.path} (http://{shown_host}:{port} answers 503 until ready)",

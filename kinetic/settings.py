@@ -80,6 +80,8 @@ FLAGS: tuple[Flag, ...] = (
          llama_env="LLAMA_ARG_EMBEDDINGS"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list", default="*",
          llama_env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS"),
+    Flag("body_timeout", ("--body-timeout",), "seconds a client may take to send its request body before it is dropped",
+         default=30.0, type=float, metavar="S"),
     Flag("verbose", ("-v", "--verbose"), "log every request", default=False, type=None),
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only",
          default=False, type=None, llama_env="LLAMA_OFFLINE"),
@@ -132,6 +134,7 @@ class ServerSettings:
     metrics: bool = False
     embeddings: bool = False
     cors_origins: str = "*"
+    body_timeout: float = 30.0
     verbose: bool = False
     offline: bool = False
     ignored_flags: tuple[str, ...] = field(default=())

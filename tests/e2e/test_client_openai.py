@@ -103,6 +103,24 @@ def test_tool_choice_errors(openai_client: openai.OpenAI) -> None:
     assert "tool_choice" in info.value.message
 
 
+def test_auto_tools_stream_matches_non_stream(openai_client: openai.OpenAI) -> None:
+    # With "auto" the text is streamed through the call detector; nothing may be lost or duplicated.
+    kwargs = dict(model="local", messages=ASK, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=8)
+    whole = openai_client.chat.completions.create(**kwargs)
+    chunks = list(openai_client.chat.completions.create(stream=True, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == (whole.choices[0].message.content or "")
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+
+
+def test_logprobs_with_streamed_tools_is_400(openai_client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER], max_tokens=2,
+                                              stream=True, logprobs=True)
+    assert info.value.body["message"] == "logprobs is not supported with tools + stream"
+
+
 # ------------------------------------------------------------------ structured output
 
 

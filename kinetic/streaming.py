@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from kinetic.engine.llama import Generation
@@ -118,3 +118,13 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         return task.result()
     task.cancel()
     raise ClientDisconnected()
+
+
+async def respond(request: Request, generation: Generation, *, stream: bool, encoder: Encoder,
+                  to_body: Callable[[list[TextDelta], Finished], Any]) -> Response:
+    """A generation the way the client asked for it: an event stream, or one JSON body at the end
+    (the generation is cancelled if the client leaves before then)."""
+    if stream:
+        return event_stream(encode_events(generation, encoder))
+    deltas, finished = await until_disconnect(request, generation.result())
+    return JSONResponse(to_body(deltas, finished))

@@ -86,3 +86,11 @@ def test_small_integer_ranges_become_enums() -> None:
     assert props["a"] == {"enum": [0, 1, 2, 3]}
     assert props["b"] == {"enum": [2, 3]}
     assert props["c"] == schema["properties"]["c"] and props["d"] == schema["properties"]["d"]
+
+
+def test_json_object_without_schema_accepts_any_value() -> None:
+    grammar = chat_constraints(request(response_format={"type": "json_object"})).grammar
+    assert "root ::= value" in grammar and "value ::= object | array | string" in grammar
+    with_schema = chat_constraints(request(response_format={"type": "json_object",
+                                                            "schema": {"type": "object"}})).grammar
+    assert "root ::= object" in with_schema

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 
 from kinetic.deps import ServiceDep
 from kinetic.errors import NotSupportedError, UnavailableError
@@ -18,7 +19,7 @@ from kinetic.protocols.llamacpp.types import (
     TokenizeRequest,
 )
 from kinetic.protocols.openai.translate import template_message, validate_messages
-from kinetic.streaming import encode_events, event_stream, until_disconnect
+from kinetic.streaming import respond
 
 router = APIRouter()
 
@@ -50,15 +51,12 @@ async def get_metrics(service: ServiceDep) -> Response:
     return PlainTextResponse(translate.metrics_text(service), media_type="text/plain; version=0.0.4")
 
 
-@router.post("/completion")
-@router.post("/completions")
+@router.post("/completion")  # /completions (no /v1) is the OpenAI route here, as issue 2 asks
 async def completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     generation_request, ctx = translate.to_generation(body, service)
     generation = service.engine.submit(generation_request)
-    if body.stream:
-        return event_stream(encode_events(generation, translate.NativeEncoder(ctx)))
-    deltas, finished = await until_disconnect(request, generation.result())
-    return JSONResponse(translate.to_completion(deltas, finished, ctx))
+    return await respond(request, generation, stream=bool(body.stream), encoder=translate.NativeEncoder(ctx),
+                         to_body=partial(translate.to_completion, ctx=ctx))
 
 
 @router.post("/tokenize")

@@ -18,6 +18,10 @@ from kinetic.protocols.openai.types import ChatCompletionRequest
 ToolMode = Literal["forced", "auto", "none"]
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# json_object without a schema accepts any JSON value, as llama.cpp does (issue 3, seed 000).
+# A JSON schema cannot say that to llama.cpp's converter ({} becomes "any object"), so this
+# sentinel stands for it and gets its own grammar.
+ANY_VALUE: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,15 @@ def bounded_integers(schema: Any) -> Any:
     return out
 
 
+def any_value_grammar() -> str:
+    """The converter's grammar for {} with its root widened from an object to any value."""
+    rules = grammar_from_json_schema({}).splitlines()
+    return "\n".join("root ::= value" if rule.startswith("root ::=") else rule for rule in rules)
+
+
 def schema_grammar(schema: Any, param: str) -> str:
+    if schema is ANY_VALUE:
+        return any_value_grammar()
     try:
         return grammar_from_json_schema(bounded_integers(schema))
     except ValueError as exc:
@@ -73,7 +85,7 @@ def response_schema(req: ChatCompletionRequest) -> tuple[dict[str, Any] | None, 
             return fmt.schema_, "response_format.schema"
         if req.json_schema is not None:
             return req.json_schema, "json_schema"
-        return ANY_OBJECT, "response_format"
+        return ANY_VALUE, "response_format"
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None:  # some clients put the schema at the top of response_format

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from kinetic.deps import ServiceDep
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from kinetic.streaming import encode_events, event_stream, until_disconnect
+from kinetic.streaming import respond
 
 router = APIRouter()
 
@@ -22,10 +23,8 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
     generation_request, ctx = translate.to_generation(body, service)
     generation = service.engine.submit(generation_request)
-    if body.stream:
-        return event_stream(encode_events(generation, translate.ChunkEncoder(ctx)))
-    deltas, finished = await until_disconnect(request, generation.result())
-    return JSONResponse(translate.to_chat_completion(deltas, finished, ctx))
+    return await respond(request, generation, stream=bool(body.stream), encoder=translate.ChunkEncoder(ctx),
+                         to_body=partial(translate.to_chat_completion, ctx=ctx))
 
 
 @router.post("/v1/completions")
@@ -33,10 +32,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 async def create_completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     generation_request, ctx = translate.to_completion_generation(body, service)
     generation = service.engine.submit(generation_request)
-    if body.stream:
-        return event_stream(encode_events(generation, translate.CompletionChunkEncoder(ctx)))
-    deltas, finished = await until_disconnect(request, generation.result())
-    return JSONResponse(translate.to_completion(deltas, finished, ctx))
+    return await respond(request, generation, stream=bool(body.stream),
+                         encoder=translate.CompletionChunkEncoder(ctx),
+                         to_body=partial(translate.to_completion, ctx=ctx))
 
 
 @router.post("/v1/embeddings")

@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, UnauthorizedError, UnavailableError
+from kinetic.protocols.anthropic import translate as anthropic_translate
+from kinetic.protocols.anthropic.routes import router as anthropic_router
 from kinetic.protocols.llamacpp.routes import router as llamacpp_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
@@ -30,13 +32,11 @@ CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 ErrorRenderer = Callable[[KineticError], Any]
-# Longest prefix first: each protocol family answers errors in its own envelope.
-ERROR_RENDERERS: list[tuple[str, ErrorRenderer]] = []
-
-
-def register_error_renderer(prefix: str, renderer: ErrorRenderer) -> None:
-    ERROR_RENDERERS.append((prefix, renderer))
-    ERROR_RENDERERS.sort(key=lambda item: -len(item[0]))
+# Each protocol family answers errors in its own envelope (path prefix -> renderer; the rest get
+# OpenAI's, which is also llama-server's).
+ERROR_RENDERERS: tuple[tuple[str, ErrorRenderer], ...] = (
+    ("/v1/messages", anthropic_translate.error_body),
+)
 
 
 def error_response(path: str, err: KineticError) -> JSONResponse:
@@ -229,6 +229,7 @@ def create_app(
 
     app.include_router(openai_router)
     app.include_router(llamacpp_router)
+    app.include_router(anthropic_router)
     app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
                        cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)
     return app

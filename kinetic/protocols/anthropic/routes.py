@@ -1,0 +1,28 @@
+"""Anthropic routes: /v1/messages and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from kinetic.deps import ServiceDep
+from kinetic.protocols.anthropic import translate
+from kinetic.protocols.anthropic.types import CountTokensRequest, MessagesRequest
+from kinetic.streaming import respond
+
+router = APIRouter()
+
+
+@router.post("/v1/messages")
+async def create_message(body: MessagesRequest, request: Request, service: ServiceDep) -> Response:
+    generation_request, ctx = translate.to_generation(body, service)
+    generation = service.engine.submit(generation_request)
+    return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
+                         to_body=partial(translate.to_message, ctx=ctx))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, service: ServiceDep) -> dict[str, int]:
+    return translate.count_tokens(body, service)

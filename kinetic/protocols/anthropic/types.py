@@ -1,0 +1,95 @@
+"""Anthropic Messages wire models (requests). https://docs.anthropic.com/en/api/messages
+
+Content blocks are a union discriminated on `type`; unknown request fields are allowed, since
+newer SDKs add fields regularly and must never get a 4xx for them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+from kinetic.protocols.openai.types import WireModel
+
+
+class TextBlock(WireModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(WireModel):
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
+class DocumentBlock(WireModel):
+    type: Literal["document"]
+    source: dict[str, Any]
+
+
+class ToolUseBlock(WireModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(WireModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: Union[str, list[TextBlock], None] = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(WireModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(WireModel):
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+ContentBlock = Annotated[
+    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    Field(discriminator="type"),
+]
+
+
+class Message(WireModel):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[ContentBlock]]
+
+
+class Tool(WireModel):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class MessagesRequest(WireModel):
+    model: str
+    messages: list[Message]
+    max_tokens: int
+    system: Union[str, list[TextBlock], None] = None
+    stop_sequences: list[str] | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CountTokensRequest(WireModel):
+    model: str | None = None
+    messages: list[Message]
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None

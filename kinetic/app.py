@@ -15,7 +15,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, UnauthorizedError, UnavailableError
+from kinetic.errors import (
+    InvalidRequestError,
+    KineticError,
+    NotFoundError,
+    RequestTimeoutError,
+    UnauthorizedError,
+    UnavailableError,
+)
 from kinetic.protocols.anthropic import translate as anthropic_translate
 from kinetic.protocols.anthropic.routes import router as anthropic_router
 from kinetic.protocols.llamacpp.routes import router as llamacpp_router
@@ -120,7 +127,6 @@ class RequestGate:
             return
         await response(scope, receive, send_with_cors)
 
-
     async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Runs the app with a deadline on each body read: a client that sends its headers and then
         stalls gets a 408 and its connection closed. Once the body is complete, reads (the
@@ -146,8 +152,7 @@ class RequestGate:
             if not timed_out:
                 await send(message)
             elif message["type"] == "http.response.start":  # replace the app's answer with a 408
-                err = KineticError(f"request body not received within {self.body_timeout:g} s")
-                err.status, err.kind = 408, "timeout_error"
+                err = RequestTimeoutError(f"request body not received within {self.body_timeout:g} s")
                 response = error_response(scope["path"], err)
                 response.headers["connection"] = "close"
                 await response(scope, receive, send)

@@ -44,6 +44,11 @@ class UnauthorizedError(KineticError):
     kind = "authentication_error"
 
 
+class RequestTimeoutError(KineticError):
+    status = 408
+    kind = "timeout_error"
+
+
 class NotFoundError(KineticError):
     status = 404
     kind = "not_found_error"

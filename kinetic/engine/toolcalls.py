@@ -21,6 +21,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kinetic.engine.text import held_suffix
+
 ALPHANUMERIC = string.ascii_letters + string.digits
 _DECODER = json.JSONDecoder()
 
@@ -361,7 +363,7 @@ class AutoCallStream:
         if found:
             self.hold_from = min(found)
             return self._release(self.hold_from)
-        return self._release(len(self.text) - _marker_prefix_len(self.text))
+        return self._release(len(self.text) - held_suffix(self.text, CALL_MARKERS))
 
     def _release(self, end: int) -> str:
         if end <= self.released:
@@ -376,17 +378,6 @@ class AutoCallStream:
             return rest, []
         reply = parse_tool_calls(rest, self.names)
         return reply.content, reply.calls
-
-
-def _marker_prefix_len(text: str) -> int:
-    """Length of the longest suffix of `text` that could be the start of a call marker."""
-    best = 0
-    for marker in CALL_MARKERS:
-        for n in range(min(len(marker) - 1, len(text)), 0, -1):
-            if text.endswith(marker[:n]):
-                best = max(best, n)
-                break
-    return best
 
 
 def split_arguments(arguments: str, pieces: int = 2) -> list[str]:

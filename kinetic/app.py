@@ -19,7 +19,9 @@ from kinetic.errors import (
     InvalidRequestError,
     KineticError,
     NotFoundError,
+    PayloadTooLargeError,
     RequestTimeoutError,
+    ServerError,
     UnauthorizedError,
     UnavailableError,
 )
@@ -120,8 +122,7 @@ class RequestGate:
         elif self.api_keys and path not in PUBLIC_PATHS and not self._key_ok(headers):
             response = error_response(path, UnauthorizedError("Invalid API Key"))
         elif int(headers.get("content-length", "0") or 0) > MAX_BODY_BYTES:
-            response = error_response(path, InvalidRequestError("request body too large"))
-            response.status_code = 413
+            response = error_response(path, PayloadTooLargeError("request body too large"))
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
@@ -219,9 +220,10 @@ def create_app(
             return error_response(request.url.path, NotFoundError("File Not Found"))
         if exc.status_code == 400:  # e.g. a body that is not valid UTF-8
             return error_response(request.url.path, InvalidRequestError(f"Invalid request body: {exc.detail}"))
-        err = KineticError(str(exc.detail))
-        err.status = exc.status_code
-        return error_response(request.url.path, err)
+        if exc.status_code == 413:
+            return error_response(request.url.path, PayloadTooLargeError(str(exc.detail)))
+        log.warning("unexpected HTTP %d on %s: %s", exc.status_code, request.url.path, exc.detail)
+        return error_response(request.url.path, ServerError(str(exc.detail)))
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
@@ -230,7 +232,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(request.url.path, KineticError(f"internal error: {type(exc).__name__}"))
+        return error_response(request.url.path, ServerError(f"internal error: {type(exc).__name__}"))
 
     app.include_router(openai_router)
     app.include_router(llamacpp_router)

@@ -1,6 +1,8 @@
 """The one exception tree of kinetic and the status each condition maps to.
 
-Protocol adapters render these into their own error envelopes; nothing else in the code base
+Each condition is its own class with its own `status` (never patched onto an instance) and
+`kind` (llama-server's error type string, which OpenAI-shaped bodies carry). Protocol adapters
+render these into their own envelopes through one table each; nothing else in the code base
 raises HTTP errors directly.
 """
 
@@ -39,6 +41,10 @@ class ContextOverflowError(InvalidRequestError):
         )
 
 
+class ServerError(KineticError):
+    """Something broke inside kinetic or llama.cpp (a bug, a failed decode): 500."""
+
+
 class UnauthorizedError(KineticError):
     status = 401
     kind = "authentication_error"
@@ -52,6 +58,21 @@ class RequestTimeoutError(KineticError):
 class NotFoundError(KineticError):
     status = 404
     kind = "not_found_error"
+
+
+class PayloadTooLargeError(KineticError):
+    status = 413
+    kind = "invalid_request_error"
+
+
+class RateLimitError(KineticError):
+    status = 429
+    kind = "rate_limit_error"
+
+
+class HeadersTooLargeError(KineticError):
+    status = 431
+    kind = "invalid_request_error"
 
 
 class NotSupportedError(KineticError):

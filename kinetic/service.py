@@ -1,6 +1,8 @@
-"""What every protocol adapter shares: the engine, the chat template, the served name and defaults.
+"""What every protocol adapter shares: the engine, the chat layer, the served name and defaults.
 
-Built once by the app's lifespan and kept on `app.state.service`.
+Built once by the app's lifespan and kept on `app.state.service`. The `prepare_*` methods run
+the chat layer's CPU work (templates, tokenizer, grammars) in a worker thread, so a request with
+a large schema never stalls the streams other clients are reading.
 """
 
 from __future__ import annotations
@@ -10,33 +12,30 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from kinetic import __version__
-from kinetic.engine.chat import ChatTemplate, choose_template
-from kinetic.engine.llama import LlamaEngine, ModelInfo
-from kinetic.engine.types import SamplingParams
-from kinetic.errors import InvalidRequestError
+from kinetic.chat.prepare import ChatLayer, RenderedChat, ServerDefaults
+from kinetic.chat.templates import ChatTemplate, choose_template
+from kinetic.chat.types import ChatRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.engine.base import Engine
+from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
+from kinetic.errors import NotSupportedError
 from kinetic.settings import ServerSettings
-
-
-@dataclass(frozen=True)
-class RenderedChat:
-    prompt: str
-    tokens: list[int]
-    starts_in_reasoning: bool
 
 
 @dataclass
 class Service:
     settings: ServerSettings
-    engine: LlamaEngine
+    engine: Engine
     model_name: str
     aliases: tuple[str, ...]
-    template: ChatTemplate | None = None
+    chat: ChatLayer | None = None
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
-    def create(cls, settings: ServerSettings, engine: LlamaEngine, resolved_name: str) -> "Service":
+    def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
         aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
         name = aliases[0] if aliases else resolved_name
         kwargs = json.loads(settings.chat_template_kwargs) if settings.chat_template_kwargs else {}
@@ -45,7 +44,7 @@ class Service:
 
     def on_model_loaded(self) -> None:
         info = self.info
-        self.template = choose_template(
+        template = choose_template(
             gguf_template=info.chat_template if self.settings.jinja else None,
             architecture=info.architecture,
             bos_token=info.bos_token,
@@ -53,11 +52,21 @@ class Service:
             override=self.settings.chat_template,
             override_file=self.settings.chat_template_file,
         )
+        self.chat = ChatLayer(self.engine, template, self.defaults())
+
+    def defaults(self) -> ServerDefaults:
+        return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
+                              n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
+                              template_kwargs=self.default_template_kwargs)
 
     @property
     def ready(self) -> bool:
         """Model loaded and chat template chosen: only then may requests through."""
-        return self.engine.ready and self.template is not None
+        return self.engine.ready and self.chat is not None
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        return self.chat.template if self.chat is not None else None
 
     @property
     def info(self) -> ModelInfo:
@@ -70,30 +79,40 @@ class Service:
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.settings.temp, seed=self.settings.seed)
 
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-        add_generation_prompt: bool = True,
-    ) -> RenderedChat:
+    def _chat(self) -> ChatLayer:
         self.engine.require_ready()
-        assert self.template is not None
-        kwargs = {**self.default_template_kwargs, **(template_kwargs or {})}
-        if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-            got = type(kwargs["enable_thinking"]).__name__
-            raise InvalidRequestError(f'invalid type for "enable_thinking" (expected boolean, got {got})',
-                                      param="chat_template_kwargs")
-        prompt = self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                      kwargs=kwargs)
-        return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
-                            starts_in_reasoning=prompt.rstrip().endswith("<think>"))
+        assert self.chat is not None
+        return self.chat
 
-    def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokens of a prompt with the model's BOS, never twice (templates often write it too)."""
-        tokens = self.engine.tokenize(text, add_special=False, parse_special=True)
-        bos = self.engine.model.token_bos()
-        if self.info.add_bos and bos >= 0 and (not tokens or tokens[0] != bos):
-            tokens.insert(0, bos)
-        return tokens
+    # ------------------------------------------------ chat-layer work, off the event loop
+
+    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        return await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+
+    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        return await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
+
+    async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None,
+                     add_generation_prompt: bool = True) -> RenderedChat:
+        def render() -> RenderedChat:
+            return self._chat().render(messages, tools=tools, template_kwargs=template_kwargs,
+                                       add_generation_prompt=add_generation_prompt)
+
+        return await anyio.to_thread.run_sync(render)
+
+    async def count_chat_tokens(self, req: ChatRequest) -> int:
+        """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
+        _, prepared = await self.prepare_chat(req)
+        return prepared.prompt_tokens
+
+    def require_embeddings(self) -> None:
+        if self.engine.embedding_n_ctx == 0:
+            raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
+
+    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str]) -> list[list[int]]:
+        return await anyio.to_thread.run_sync(self._chat().embedding_inputs, inputs, params)
+
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        # embed() blocks while it waits for the decode lock and runs llama_decode
+        return await anyio.to_thread.run_sync(self.engine.embed, inputs)

@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from kinetic.engine.llama import Generation
+from kinetic.engine.base import Generation
 from kinetic.engine.types import Finished, TextDelta
-from kinetic.errors import KineticError
+from kinetic.errors import KineticError, ServerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,17 +48,24 @@ def ndjson_line(data: Any) -> bytes:
 class Encoder(Protocol):
     def encode(self, event: TextDelta | Finished) -> list[bytes]: ...
 
-    def error(self, err: KineticError) -> list[bytes]: ...
+    def error(self, err: KineticError) -> list[bytes]:
+        """The frames for a failure mid-stream, ending the stream as the protocol ends it."""
 
 
 async def encode_events(generation: Generation, encoder: Encoder) -> AsyncIterator[bytes]:
-    """The wire frames of a generation; a failure after the headers went out is sent in-band."""
+    """The wire frames of a generation. A failure after the headers went out is sent in-band, in
+    the protocol's own error frames, which also end the stream the way that protocol ends."""
     try:
         async for event in generation.events():
             for frame in encoder.encode(event):
                 yield frame
     except KineticError as err:
         for frame in encoder.error(err):
+            yield frame
+    except Exception as exc:  # a bug mid-stream: the client still gets an error and an ending
+        log.exception("stream failed")
+        generation.cancel()
+        for frame in encoder.error(ServerError(f"internal error: {type(exc).__name__}")):
             yield frame
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Union
 
 FinishReason = Literal["stop", "length"]
@@ -117,3 +118,52 @@ class Finished:
 
 
 Event = Union[TextDelta, Finished]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model says about itself (shown by /props, /v1/models, /api/show...)."""
+
+    path: Path
+    architecture: str
+    description: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_params: int
+    size: int
+    vocab_type: int
+    bos_token: str
+    eos_token: str
+    bos_id: int
+    add_bos: bool
+    chat_template: str | None
+    metadata: dict[str, str]
+
+    @property
+    def ftype(self) -> str:
+        """'Q4_K - Medium' out of llama.cpp's 'gemma3 270M Q4_K - Medium'."""
+        parts = self.description.split(" ", 2)
+        return parts[2] if len(parts) == 3 else self.description
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as GET /slots shows it, copied out of the engine at one moment."""
+
+    id: int
+    is_processing: bool
+    used: bool  # has served at least one request
+    n_prompt_tokens: int
+    n_prompt_tokens_processed: int
+    n_prompt_tokens_cache: int
+    n_decoded: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters and gauges for /metrics, llama-server's names without the prefix."""
+
+    counters: dict[str, float]
+    requests_processing: int
+    requests_deferred: int

@@ -1,6 +1,6 @@
 import pytest
 
-from kinetic.engine.chat import BUILTIN_NAMES, builtin_template, choose_template
+from kinetic.chat.templates import BUILTIN_NAMES, builtin_template, choose_template
 from kinetic.errors import InvalidRequestError
 
 GEMMA = dict(gguf_template=None, architecture="gemma3", bos_token="<bos>", eos_token="<eos>")

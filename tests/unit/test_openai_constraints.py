@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from kinetic.errors import InvalidRequestError
-from kinetic.protocols.openai.constraints import chat_constraints
+from kinetic.chat.constraints import ChatConstraints, bounded_integers
+from kinetic.chat.constraints import chat_constraints as neutral_constraints
+from kinetic.protocols.openai.translate import to_chat_request
 from kinetic.protocols.openai.types import ChatCompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -18,6 +20,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 def request(**fields: Any) -> ChatCompletionRequest:
     return ChatCompletionRequest(messages=MESSAGES, **fields)
+
+
+def chat_constraints(req: ChatCompletionRequest) -> ChatConstraints:
+    """The OpenAI translator's neutral request, compiled by the chat layer."""
+    return neutral_constraints(to_chat_request(req))
 
 
 def test_no_constraints() -> None:
@@ -49,7 +56,7 @@ def test_bad_response_formats_are_400s_naming_the_field(fmt: dict, param: str, w
 
 def test_tool_modes() -> None:
     auto = chat_constraints(request(tools=TOOLS))
-    assert auto.tool_mode == "auto" and auto.grammar is None and auto.tool_names == ["get_weather", "get_time"]
+    assert auto.tool_mode == "auto" and auto.grammar is None and auto.tool_names == ("get_weather", "get_time")
     none = chat_constraints(request(tools=TOOLS, tool_choice="none"))
     assert none.tool_mode == "none" and none.tools is None
     required = chat_constraints(request(tools=TOOLS, tool_choice="required"))
@@ -75,8 +82,6 @@ def test_conflicts_and_bad_tools_are_400s(fields: dict, param: str) -> None:
 
 
 def test_small_integer_ranges_become_enums() -> None:
-    from kinetic.protocols.openai.constraints import bounded_integers
-
     schema = {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 0, "maximum": 3},
         "b": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 4},

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kinetic.chat.types import PreparedChat
 from kinetic.engine.types import Finished, TextDelta, Timings, Usage
 from kinetic.protocols.openai.translate import ChatContext, ChunkEncoder, to_chat_completion
 
 
 def context(mode: str) -> ChatContext:
-    return ChatContext(id="chatcmpl-x", created=0, model="m", reasoning_format="none", starts_in_reasoning=False,
-                       top_logprobs=None, include_usage=False, fingerprint="b0", tool_mode=mode,  # type: ignore[arg-type]
-                       tool_names=["get_weather"])
+    prepared = PreparedChat(prompt="", prompt_tokens=5, starts_in_reasoning=False, reasoning_format="none",
+                            tool_mode=mode, tool_names=("get_weather",))  # type: ignore[arg-type]
+    return ChatContext(id="chatcmpl-x", created=0, model="m", prepared=prepared, top_logprobs=None,
+                       include_usage=False, fingerprint="b0")
 
 
 def finished(text: str, reason: str = "stop") -> Finished:

@@ -6,8 +6,8 @@ from pydantic import ValidationError
 
 from kinetic.app import validation_message
 from kinetic.errors import InvalidRequestError
-from kinetic.protocols import sampling
-from kinetic.protocols.openai.translate import validate_chat
+from kinetic.protocols.common import translate as sampling
+from kinetic.protocols.openai.translate import to_chat_request, validate_chat
 from kinetic.protocols.openai.types import ChatCompletionRequest
 
 USER = [{"role": "user", "content": "hi"}]
@@ -24,7 +24,7 @@ USER = [{"role": "user", "content": "hi"}]
 ])
 def test_validate_chat_names_the_field(body: dict, field: str, words: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        validate_chat(ChatCompletionRequest.model_validate(body))
+        to_chat_request(ChatCompletionRequest.model_validate(body))
     assert info.value.param == field and words in info.value.message and info.value.status == 400
 
 

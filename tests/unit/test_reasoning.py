@@ -1,6 +1,6 @@
 import pytest
 
-from kinetic.engine.reasoning import ReasoningSplitter
+from kinetic.chat.reasoning import ReasoningSplitter
 
 
 def split_all(splitter: ReasoningSplitter, pieces: list[str]) -> tuple[str, str]:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kinetic.engine.toolcalls import (
+from kinetic.protocols.openai.translate import call_delta
+from kinetic.chat.toolcalls import (
     AutoCallStream,
     ForcedCallStreamer,
     parse_forced_calls,
@@ -23,7 +24,7 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
 def assemble(deltas) -> dict[int, dict[str, str]]:
     calls: dict[int, dict[str, str]] = {}
     for delta in deltas:
-        d = delta.to_dict()
+        d = call_delta(delta)
         call = calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
         if "id" in d:
             assert not call["id"], "id sent twice for one call"
@@ -124,7 +125,7 @@ def test_forced_streamer_matches_whole_parse(text: str, step: int) -> None:
 def test_forced_streamer_announces_name_before_arguments_finish() -> None:
     streamer = ForcedCallStreamer()
     first = streamer.feed('{"name": "get_weather", "arguments": {"ci')
-    assert [d.to_dict()["function"]["name"] for d in first] == ["get_weather"]
+    assert [call_delta(d)["function"]["name"] for d in first] == ["get_weather"]
     rest = streamer.feed('ty": "Rome"}}')
     assert first[0].arguments + "".join(d.arguments for d in rest) == '{"city": "Rome"}'
 

@@ -17,12 +17,13 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, ctx = translate.to_generation(body, service)
-    generation = service.engine.submit(generation_request)
+    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.message_context(body, prepared)
+    generation = await service.engine.submit(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_message, ctx=ctx))
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, service: ServiceDep) -> dict[str, int]:
-    return translate.count_tokens(body, service)
+    return {"input_tokens": await service.count_chat_tokens(translate.count_tokens_request(body))}

@@ -1,35 +1,74 @@
-"""Anthropic Messages <-> engine: requests inward to GenerationRequest, events outward to
-Anthropic's message JSON and its named SSE events (message_start ... message_stop)."""
+"""Anthropic Messages <-> kinetic: requests inward to neutral chat requests, engine events outward
+to Anthropic's message JSON and its named SSE events (message_start ... message_stop).
+
+Pure: nothing here touches an engine.
+"""
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic.engine.reasoning import ReasoningSplitter
-from kinetic.engine.types import Finished, GenerationRequest, TextDelta
-from kinetic.errors import InvalidRequestError, KineticError, field_error
-from kinetic.protocols import sampling
+from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.types import (
+    ChatRequest,
+    GenerationOptions,
+    MediaPart,
+    PreparedChat,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
+from kinetic.chat.types import Message as ChatMessage
+from kinetic.engine.types import Finished, TextDelta
+from kinetic.errors import (
+    InvalidRequestError,
+    KineticError,
+    NotFoundError,
+    NotSupportedError,
+    PayloadTooLargeError,
+    RateLimitError,
+    RequestTimeoutError,
+    UnauthorizedError,
+    UnavailableError,
+    field_error,
+)
 from kinetic.protocols.anthropic.types import CountTokensRequest, Message, MessagesRequest, TextBlock
-from kinetic.protocols.openai.translate import ALPHANUMERIC
-from kinetic.protocols.openai.types import SamplingFields
-from kinetic.service import RenderedChat, Service
+from kinetic.protocols.common import translate as common
 from kinetic.streaming import sse_event
 
 STOP_REASONS = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
-               503: "overloaded_error"}
+# Anthropic's error type for each kind of kinetic error (the first class the error is an instance of).
+ERROR_TYPES: tuple[tuple[type[KineticError], str], ...] = (
+    (InvalidRequestError, "invalid_request_error"),
+    (UnauthorizedError, "authentication_error"),
+    (NotFoundError, "not_found_error"),
+    (RequestTimeoutError, "timeout_error"),
+    (PayloadTooLargeError, "request_too_large"),
+    (RateLimitError, "rate_limit_error"),
+    (NotSupportedError, "invalid_request_error"),
+    (UnavailableError, "overloaded_error"),
+)
+
+
+def error_type(err: KineticError) -> str:
+    for kind, name in ERROR_TYPES:
+        if isinstance(err, kind):
+            return name
+    return "api_error"
 
 
 def error_body(err: KineticError) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(err.status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    return {"type": "error", "error": {"type": error_type(err), "message": err.message}}
 
 
 def message_id() -> str:
-    return "msg_" + "".join(secrets.choice(ALPHANUMERIC) for _ in range(24))
+    return common.random_id("msg_", 24)
+
+
+# --------------------------------------------------------------------------------- inward
 
 
 def _system_text(system: str | list[TextBlock] | None) -> str:
@@ -38,89 +77,119 @@ def _system_text(system: str | list[TextBlock] | None) -> str:
     return system if isinstance(system, str) else "\n".join(block.text for block in system)
 
 
-def _turns(message: Message) -> list[dict[str, Any]]:
-    """One Anthropic message as chat-template messages: tool results become `tool` messages."""
+def _turns(message: Message) -> list[ChatMessage]:
+    """One Anthropic message as neutral turns: tool results become `tool` turns before the rest."""
     if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
+        return [ChatMessage(role=message.role, parts=(TextPart(message.content),))]
+    parts: list[TextPart | MediaPart] = []
+    calls: list[ToolCall] = []
     reasoning: list[str] = []
-    tool_turns: list[dict[str, Any]] = []
+    tool_turns: list[ChatMessage] = []
     for block in message.content:
         if block.type == "text":
-            texts.append(block.text)
+            parts.append(TextPart(block.text))
         elif block.type == "tool_use":
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+            calls.append(ToolCall(name=block.name, arguments=block.input, id=block.id))
         elif block.type == "tool_result":
             content = block.content if isinstance(block.content, str) else "\n".join(
                 part.text for part in block.content or [])
-            tool_turns.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+            tool_turns.append(ChatMessage(role="tool", parts=(TextPart(content),), tool_call_id=block.tool_use_id))
         elif block.type == "thinking":
             reasoning.append(block.thinking)
         elif block.type in ("image", "document"):
-            raise InvalidRequestError(f"{block.type} blocks are not supported: this model reads text only",
-                                      param="messages")
+            parts.append(MediaPart(block.type))
     turns = list(tool_turns)
-    if texts or calls or (reasoning and message.role == "assistant"):
-        turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
-        if calls:
-            turn["tool_calls"] = calls
-        if reasoning:
-            turn["reasoning_content"] = "\n".join(reasoning)
-        turns.append(turn)
+    if parts or calls or (reasoning and message.role == "assistant"):
+        turns.append(ChatMessage(role=message.role, parts=tuple(parts) or (TextPart(""),), tool_calls=tuple(calls),
+                                 reasoning_content="\n".join(reasoning) if reasoning else None))
     return turns
 
 
-def template_messages(system: str | list[TextBlock] | None, messages: list[Message]) -> list[dict[str, Any]]:
-    """Chat-template messages; consecutive turns of one role are merged, as the API does."""
-    result: list[dict[str, Any]] = []
+def to_messages(system: str | list[TextBlock] | None, messages: list[Message]) -> tuple[ChatMessage, ...]:
+    """Neutral messages; consecutive user or assistant turns are merged, as the API does."""
+    result: list[ChatMessage] = []
     if text := _system_text(system):
-        result.append({"role": "system", "content": text})
+        result.append(ChatMessage(role="system", parts=(TextPart(text),)))
     for message in messages:
         for turn in _turns(message):
             previous = result[-1] if result else None
-            if (previous and previous["role"] == turn["role"] and turn["role"] in ("user", "assistant")
-                    and not previous.get("tool_calls") and not turn.get("tool_calls")):
-                previous["content"] = f"{previous['content']}\n\n{turn['content']}"
+            if (previous and previous.role == turn.role and turn.role in ("user", "assistant")
+                    and not previous.tool_calls and not turn.tool_calls):
+                media = tuple(p for p in (previous.parts or ()) + (turn.parts or ()) if isinstance(p, MediaPart))
+                result[-1] = ChatMessage(role=turn.role, parts=(TextPart(f"{previous.text}\n\n{turn.text}"),) + media,
+                                         reasoning_content=previous.reasoning_content or turn.reasoning_content)
             else:
                 result.append(turn)
-    return result
+    return tuple(result)
 
 
-def _render(service: Service, req: MessagesRequest | CountTokensRequest, thinking: dict[str, Any] | None) -> RenderedChat:
-    kwargs = dict(req.chat_template_kwargs or {})
-    if thinking and thinking.get("type") in ("enabled", "disabled"):
-        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                               "parameters": t.input_schema}} for t in req.tools or []]
-    return service.render_chat(template_messages(req.system, req.messages), tools=tools or None,
-                               template_kwargs=kwargs)
+def tool_choice(raw: dict[str, Any] | None) -> ToolChoice:
+    """auto, any (some tool must be called), tool (that one), none."""
+    kind = (raw or {}).get("type", "auto")
+    if kind in ("auto", "none"):
+        return ToolChoice(kind)
+    if kind == "any":
+        return ToolChoice("required")
+    if kind == "tool":
+        name = (raw or {}).get("name")
+        if not isinstance(name, str) or not name:
+            raise field_error("tool_choice.name", 'a tool choice of type "tool" must name the tool')
+        return ToolChoice("required", name)
+    raise field_error("tool_choice.type", f"must be one of auto, any, tool, none, but got {kind!r}")
+
+
+def thinking_kwargs(thinking: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any]:
+    """`thinking` as the template's reasoning switch. The budget is checked as the API checks it;
+    the model's thoughts count toward `max_tokens`, which is what bounds them here."""
+    if not thinking:
+        return {}
+    kind = thinking.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise field_error("thinking.type", f"must be one of enabled, disabled, adaptive, but got {kind!r}")
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
+            raise field_error("thinking.budget_tokens", f"must be an integer >= 1024, but got {budget!r}")
+        if max_tokens is not None and budget >= max_tokens:
+            raise field_error("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), but got {budget}")
+    return {"enable_thinking": kind != "disabled"}
+
+
+def _chat_request(req: MessagesRequest | CountTokensRequest, options: GenerationOptions,
+                  thinking: dict[str, Any] | None) -> ChatRequest:
+    max_tokens = req.max_tokens if isinstance(req, MessagesRequest) else None
+    kwargs = {**thinking_kwargs(thinking, max_tokens), **(req.chat_template_kwargs or {})}
+    tools = tuple(ToolSpec(name=t.name, description=t.description or "", parameters=t.input_schema)
+                  for t in req.tools or [])
+    # One forced call at a time: a small model given an array tends to go on listing calls.
+    return ChatRequest(messages=to_messages(req.system, req.messages), options=options, tools=tools,
+                       tool_choice=tool_choice(req.tool_choice), template_kwargs=kwargs)
+
+
+def to_chat_request(req: MessagesRequest) -> ChatRequest:
+    if req.max_tokens < 1:
+        raise field_error("max_tokens", f"Value must be >= 1, but got {req.max_tokens}")
+    options = GenerationOptions(sampling=common.sampling_options(req, temperature_max=1.0),
+                                max_tokens=req.max_tokens, stop=common.stop_list(req.stop_sequences))
+    return _chat_request(req, options, req.thinking)
+
+
+def count_tokens_request(req: CountTokensRequest) -> ChatRequest:
+    return _chat_request(req, GenerationOptions(), req.thinking)
+
+
+# -------------------------------------------------------------------------------- outward
 
 
 @dataclass
 class MessageContext:
     id: str
     model: str
-    input_tokens: int
-    splitter: ReasoningSplitter
+    prepared: PreparedChat
 
 
-def to_generation(req: MessagesRequest, service: Service) -> tuple[GenerationRequest, MessageContext]:
-    if req.max_tokens < 1:
-        raise field_error("max_tokens", f"Value must be >= 1, but got {req.max_tokens}")
-    sampling.check_range("temperature", req.temperature, 0.0, 1.0)
-    rendered = _render(service, req, req.thinking)
-    fields = SamplingFields(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
-    generation = GenerationRequest(prompt_tokens=rendered.tokens, sampling=sampling.sampling_from(service, fields),
-                                   max_tokens=req.max_tokens, stop=sampling.stop_list(req.stop_sequences))
-    ctx = MessageContext(id=message_id(), model=req.model, input_tokens=len(rendered.tokens),
-                         splitter=ReasoningSplitter(service.settings.reasoning_format,
-                                                    starts_inside=rendered.starts_in_reasoning))
-    return generation, ctx
-
-
-def count_tokens(req: CountTokensRequest, service: Service) -> dict[str, int]:
-    return {"input_tokens": len(_render(service, req, None).tokens)}
+def message_context(req: MessagesRequest, prepared: PreparedChat) -> MessageContext:
+    return MessageContext(id=message_id(), model=req.model, prepared=prepared)
 
 
 def _usage(finished: Finished) -> dict[str, int]:
@@ -130,42 +199,80 @@ def _usage(finished: Finished) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens}
 
 
+def stop_reason(finished: Finished, has_calls: bool) -> str:
+    return "tool_use" if has_calls and finished.finish_reason == "stop" else STOP_REASONS[finished.stop_type]
+
+
+def tool_use_id(call_id: str | None) -> str:
+    return "toolu_" + (call_id or common.random_id("", 24))
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {}
+
+
 def to_message(deltas: list[TextDelta], finished: Finished, ctx: MessageContext) -> dict[str, Any]:
-    reasoning, text = ctx.splitter.push(finished.text)
-    tail_reasoning, tail_text = ctx.splitter.flush()
+    answer = parse_answer(finished.text, ctx.prepared)
     content: list[dict[str, Any]] = []
-    if reasoning + tail_reasoning:
-        content.append({"type": "thinking", "thinking": reasoning + tail_reasoning, "signature": ""})
-    if text + tail_text:
-        content.append({"type": "text", "text": text + tail_text})
+    if answer.reasoning:
+        content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
+    if answer.content:
+        content.append({"type": "text", "text": answer.content})
+    for call in answer.calls:
+        content.append({"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+                        "input": _input(call.arguments)})
     return {"id": ctx.id, "type": "message", "role": "assistant", "model": ctx.model, "content": content,
-            "stop_reason": STOP_REASONS[finished.stop_type], "stop_sequence": finished.stopping_word or None,
-            "usage": _usage(finished)}
+            "stop_reason": stop_reason(finished, bool(answer.calls)),
+            "stop_sequence": finished.stopping_word or None, "usage": _usage(finished)}
 
 
+@dataclass
+class _Block:
+    kind: str  # "thinking", "text" or "tool_use"
+    call_index: int = -1
+
+
+@dataclass
 class EventEncoder:
-    """Engine events -> Anthropic's named SSE events; a thinking block (if any) comes before the text."""
+    """Engine events -> Anthropic's named SSE events: a thinking block (if any), text, then one
+    tool_use block per call with its input streamed as input_json_delta; a ping after the start,
+    as Anthropic sends one."""
 
-    def __init__(self, ctx: MessageContext):
-        self.ctx = ctx
-        self.started = False
-        self.index = -1
-        self.open_block: str | None = None  # "thinking" or "text"
+    ctx: MessageContext
+    started: bool = False
+    index: int = -1
+    open_block: _Block | None = None
+    answer: AnswerStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.answer = AnswerStream(self.ctx.prepared)
 
     def _start(self) -> list[bytes]:
         self.started = True
         message = {"id": self.ctx.id, "type": "message", "role": "assistant", "model": self.ctx.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.ctx.input_tokens, "output_tokens": 0}}
-        return [sse_event("message_start", {"type": "message_start", "message": message})]
+                   "usage": {"input_tokens": self.ctx.prepared.prompt_tokens, "output_tokens": 0}}
+        return [sse_event("message_start", {"type": "message_start", "message": message}),
+                sse_event("ping", {"type": "ping"})]
 
     def _close(self) -> list[bytes]:
         frames: list[bytes] = []
-        if self.open_block == "thinking":
+        if self.open_block is not None and self.open_block.kind == "thinking":
             frames.append(self._delta({"type": "signature_delta", "signature": ""}))
         if self.open_block is not None:
             frames.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
         self.open_block = None
+        return frames
+
+    def _open(self, block: _Block, content_block: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        self.index += 1
+        self.open_block = block
+        frames.append(sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                        "content_block": content_block}))
         return frames
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
@@ -175,32 +282,40 @@ class EventEncoder:
         if not text:
             return []
         frames: list[bytes] = []
-        if self.open_block != kind:
-            frames += self._close()
-            self.index += 1
-            self.open_block = kind
+        if self.open_block is None or self.open_block.kind != kind:
             block = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
-            frames.append(sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                            "content_block": block}))
-        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else {"type": "text_delta",
-                                                                                         "text": text}
+            frames += self._open(_Block(kind), block)
+        delta = ({"type": "thinking_delta", "thinking": text} if kind == "thinking"
+                 else {"type": "text_delta", "text": text})
         return frames + [self._delta(delta)]
+
+    def _frames(self, piece: AnswerPiece) -> list[bytes]:
+        frames = self._text("thinking", piece.reasoning) + self._text("text", piece.content)
+        for call in piece.calls:
+            if self.open_block is None or self.open_block.call_index != call.index:
+                frames += self._open(_Block("tool_use", call.index), {
+                    "type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}})
+            if call.arguments:
+                frames.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
+        return frames
 
     def encode(self, event: TextDelta | Finished) -> list[bytes]:
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
-            reasoning, text = self.ctx.splitter.push(event.text)
-            return frames + self._text("thinking", reasoning) + self._text("text", text)
-        reasoning, text = self.ctx.splitter.flush()
-        frames += self._text("thinking", reasoning) + self._text("text", text) + self._close()
+            return frames + self._frames(self.answer.push(event.text))
+        for piece in self.answer.finish():
+            frames += self._frames(piece)
+        frames += self._close()
         usage = _usage(event)
         frames.append(sse_event("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": STOP_REASONS[event.stop_type], "stop_sequence": event.stopping_word or None},
+            "delta": {"stop_reason": stop_reason(event, self.answer.n_calls > 0),
+                      "stop_sequence": event.stopping_word or None},
             "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
                       "cache_read_input_tokens": usage["cache_read_input_tokens"]}}))
         frames.append(sse_event("message_stop", {"type": "message_stop"}))
         return frames
 
     def error(self, err: KineticError) -> list[bytes]:
+        """Anthropic ends a failed stream with an `error` event, which the SDK raises."""
         return [sse_event("error", error_body(err))]

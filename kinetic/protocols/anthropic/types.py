@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field
 
-from kinetic.protocols.openai.types import WireModel
+from kinetic.protocols.common.types import WireModel
 
 
 class TextBlock(WireModel):
@@ -92,4 +92,6 @@ class CountTokensRequest(WireModel):
     messages: list[Message]
     system: Union[str, list[TextBlock], None] = None
     tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

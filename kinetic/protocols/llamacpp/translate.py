@@ -1,15 +1,18 @@
-"""llama-server native JSON: /completion results and stream events, /props, /slots, /metrics."""
+"""llama-server native JSON: /completion requests inward, results and stream events, /props,
+/slots and /metrics outward. Pure: the routes read the engine's state and hand it in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic.engine.types import Finished, GenerationRequest, TextDelta
+from kinetic.chat.types import OutputConstraint, PromptRequest
+from kinetic.engine.base import Tokenizer
+from kinetic.engine.types import EngineStats, Finished, GenerationRequest, SlotState, TextDelta
 from kinetic.errors import KineticError
-from kinetic.protocols import sampling
-from kinetic.protocols.llamacpp.types import CompletionRequest
-from kinetic.protocols.openai.translate import logprob_entry, prompt_tokens
+from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.translate import logprob_entry
+from kinetic.protocols.llamacpp.types import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from kinetic.service import Service
 from kinetic.streaming import sse_data
 
@@ -24,7 +27,7 @@ class NativeContext:
     n_probs: int
     return_tokens: bool
     prompt_text: str
-    settings: dict[str, Any]
+    generation_settings: dict[str, Any]
 
 
 def generation_settings(request: GenerationRequest) -> dict[str, Any]:
@@ -38,32 +41,30 @@ def generation_settings(request: GenerationRequest) -> dict[str, Any]:
             "logit_bias": [{"bias": b, "token": t} for t, b in s.logit_bias.items()]}
 
 
-def to_generation(req: CompletionRequest, service: Service) -> tuple[GenerationRequest, NativeContext]:
+def to_prompt_request(req: CompletionRequest) -> PromptRequest:
     if req.n_probs is not None and req.n_probs < 0:
-        sampling.check_range("n_probs", req.n_probs, 0, 2147483647)
-    tokens = prompt_tokens(req.prompt, service)
-    generation = GenerationRequest(
-        prompt_tokens=tokens,
-        sampling=sampling.sampling_from(service, req, grammar=req.grammar),
-        max_tokens=sampling.max_tokens_from(service, [("n_predict", req.n_predict),
-                                                      ("max_completion_tokens", req.max_completion_tokens),
-                                                      ("max_tokens", req.max_tokens)], minimum=-1),
-        stop=sampling.stop_list(req.stop),
-        n_probs=req.n_probs or 0,
-        cache_prompt=req.cache_prompt is not False,
-        id_slot=req.id_slot if req.id_slot is not None else -1,
-    )
-    ctx = NativeContext(model=service.model_name, n_probs=generation.n_probs, return_tokens=bool(req.return_tokens),
-                        prompt_text=service.engine.detokenize(tokens, special=True),
-                        settings=generation_settings(generation))
-    return generation, ctx
+        common.check_range("n_probs", req.n_probs, 0, 2147483647)
+    max_tokens = common.max_tokens_from([("n_predict", req.n_predict),
+                                         ("max_completion_tokens", req.max_completion_tokens),
+                                         ("max_tokens", req.max_tokens)], minimum=-1)
+    output = OutputConstraint(grammar=req.grammar, schema=req.json_schema,
+                              param="json_schema" if req.json_schema is not None else "grammar")
+    return PromptRequest(prompt=common.prompt_input(req.prompt),
+                         options=common.generation_options(req, max_tokens=max_tokens, n_probs=req.n_probs or 0),
+                         output=output)
+
+
+def native_context(req: CompletionRequest, generation: GenerationRequest, *, model: str,
+                   prompt_text: str) -> NativeContext:
+    return NativeContext(model=model, n_probs=generation.n_probs, return_tokens=bool(req.return_tokens),
+                         prompt_text=prompt_text, generation_settings=generation_settings(generation))
 
 
 def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list[int]) -> dict[str, Any]:
     return {
         "index": 0, "content": content, "tokens": tokens, "id_slot": finished.id_slot, "stop": True,
         "model": ctx.model, "tokens_predicted": finished.usage.completion_tokens,
-        "tokens_evaluated": finished.usage.prompt_tokens, "generation_settings": ctx.settings,
+        "tokens_evaluated": finished.usage.prompt_tokens, "generation_settings": ctx.generation_settings,
         "prompt": ctx.prompt_text, "has_new_line": "\n" in finished.text, "truncated": finished.truncated,
         "stop_type": finished.stop_type, "stopping_word": finished.stopping_word,
         "tokens_cached": finished.tokens_cached, "timings": finished.timings.to_dict(),
@@ -95,6 +96,7 @@ class NativeEncoder:
         return [sse_data(chunk)]
 
     def error(self, err: KineticError) -> list[bytes]:
+        """llama-server ends a failed stream with one error event and no terminator of its own."""
         return [sse_data(error_body(err))]
 
 
@@ -126,17 +128,16 @@ def props(service: Service) -> dict[str, Any]:
     }
 
 
-def slots(service: Service) -> list[dict[str, Any]]:
-    engine = service.engine
+def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:
     result = []
-    for slot in engine.slots:
-        entry: dict[str, Any] = {"id": slot.id, "n_ctx": engine.slot_n_ctx, "speculative": False,
+    for slot in states:
+        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
                                  "is_processing": slot.is_processing}
-        if slot.last_used or slot.is_processing:
-            entry.update(n_prompt_tokens=len(slot.prompt), n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
-                         n_prompt_tokens_cache=slot.n_cached,
+        if slot.used:
+            entry.update(n_prompt_tokens=slot.n_prompt_tokens, n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
+                         n_prompt_tokens_cache=slot.n_prompt_tokens_cache,
                          next_token=[{"has_next_token": slot.is_processing, "has_new_line": False,
-                                      "n_remain": -1, "n_decoded": len(slot.generated) if slot.is_processing else 0}])
+                                      "n_remain": -1, "n_decoded": slot.n_decoded}])
         result.append(entry)
     return result
 
@@ -154,13 +155,41 @@ METRIC_HELP = {
 }
 
 
-def metrics_text(service: Service) -> str:
-    engine = service.engine
-    values: dict[str, float] = dict(engine.metrics)
-    values["requests_processing"] = sum(1 for s in engine.slots if s.is_processing)
-    values["requests_deferred"] = engine.n_deferred
+def metrics_text(stats: EngineStats) -> str:
+    values: dict[str, float] = dict(stats.counters)
+    values["requests_processing"] = stats.requests_processing
+    values["requests_deferred"] = stats.requests_deferred
     lines = []
     for name, (kind, help_text) in METRIC_HELP.items():
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {values.get(name, 0)}"]
     return "\n".join(lines) + "\n"
+
+
+def tokenize(body: TokenizeRequest, tokenizer: Tokenizer) -> dict[str, Any]:
+    """/tokenize: text and token ids mixed; pieces as text, or bytes when not valid UTF-8."""
+    if body.content is None:
+        return {"tokens": []}
+    parts = [body.content] if isinstance(body.content, str) else body.content
+    tokens: list[int] = []
+    for index, part in enumerate(parts):
+        if isinstance(part, int):
+            tokens.append(part)
+        else:
+            tokens += tokenizer.tokenize(part, add_special=body.add_special and index == 0,
+                                         parse_special=body.parse_special)
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    pieces = []
+    for token in tokens:
+        raw = tokenizer.token_piece(token, special=True)
+        try:
+            piece: Any = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        pieces.append({"id": token, "piece": piece})
+    return {"tokens": pieces}
+
+
+def detokenize(body: DetokenizeRequest, tokenizer: Tokenizer) -> dict[str, str]:
+    return {"content": tokenizer.detokenize([t for t in body.tokens if tokenizer.valid_token(t)], special=True)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from kinetic.protocols.openai.types import ChatMessage, SamplingFields, Tool, WireModel
+from kinetic.protocols.common.types import ChatMessage, SamplingFields, Tool, WireModel
 
 
 class CompletionRequest(SamplingFields):

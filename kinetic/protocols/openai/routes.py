@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from functools import partial
 from typing import Any
@@ -13,6 +12,7 @@ from fastapi.responses import Response
 from kinetic.deps import ServiceDep
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from kinetic.service import Service
 from kinetic.streaming import respond
 
 router = APIRouter()
@@ -21,8 +21,9 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, ctx = translate.to_generation(body, service)
-    generation = service.engine.submit(generation_request)
+    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.chat_context(body, prepared, model=service.model_name, fingerprint=service.system_fingerprint)
+    generation = await service.engine.submit(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.ChunkEncoder(ctx),
                          to_body=partial(translate.to_chat_completion, ctx=ctx))
 
@@ -30,8 +31,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 @router.post("/v1/completions")
 @router.post("/completions")
 async def create_completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, ctx = translate.to_completion_generation(body, service)
-    generation = service.engine.submit(generation_request)
+    generation_request = await service.prepare_prompt(translate.to_prompt_request(body))
+    ctx = translate.completion_context(body, model=service.model_name, fingerprint=service.system_fingerprint)
+    generation = await service.engine.submit(generation_request)
     return await respond(request, generation, stream=bool(body.stream),
                          encoder=translate.CompletionChunkEncoder(ctx),
                          to_body=partial(translate.to_completion, ctx=ctx))
@@ -40,14 +42,15 @@ async def create_completion(body: CompletionRequest, request: Request, service: 
 @router.post("/v1/embeddings")
 @router.post("/embeddings")
 async def create_embeddings(body: EmbeddingRequest, service: ServiceDep) -> dict[str, Any]:
-    inputs = translate.embedding_inputs(body, service)
-    translate.check_embedding_request(body, service.info.n_embd)
-    # embed() blocks while it waits for the decode lock and runs llama_decode
-    vectors = await asyncio.to_thread(service.engine.embed, inputs)
-    return translate.to_embeddings(body, inputs, vectors, service)
+    service.require_embeddings()
+    items, params = translate.embedding_inputs(body)
+    translate.check_dimensions(body, service.info.n_embd)
+    inputs = await service.embedding_inputs(items, params)
+    vectors = await service.embed(inputs)
+    return translate.to_embeddings(body, inputs, vectors, service.model_name)
 
 
-def model_entry(service: Any) -> dict[str, Any]:
+def model_entry(service: Service) -> dict[str, Any]:
     info = service.info
     return {
         "id": service.model_name,

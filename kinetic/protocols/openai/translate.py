@@ -1,44 +1,38 @@
-"""OpenAI <-> engine: requests inward to GenerationRequest, engine events outward to OpenAI JSON."""
+"""OpenAI <-> kinetic: wire requests inward to neutral requests, engine results outward to OpenAI JSON.
+
+Pure: nothing here touches an engine. Rendering, tokenizing and grammar compilation happen in
+the chat layer (kinetic.chat.prepare), between `to_chat_request` and the engine.
+"""
 
 from __future__ import annotations
 
 import base64
-import json
-import secrets
 import struct
-import string
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kinetic.engine.reasoning import REASONING_FORMATS, ReasoningSplitter
-from kinetic.engine.toolcalls import (
-    AutoCallStream,
-    CallDelta,
-    ForcedCallStreamer,
-    ParsedCall,
-    new_call_id,
-    parse_forced_calls,
-    parse_tool_calls,
-    split_arguments,
-)
-from kinetic.engine.types import Finished, GenerationRequest, TextDelta, TokenLogprob
-from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError, field_error, range_error
-from kinetic.protocols import sampling
-from kinetic.protocols.openai.constraints import ToolMode, chat_constraints
-from kinetic.protocols.openai.types import ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest
-from kinetic.service import Service
+from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.reasoning import REASONING_FORMATS
+from kinetic.chat.toolcalls import CallDelta, new_call_id
+from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
+from kinetic.engine.types import Finished, TextDelta
+from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
+from kinetic.protocols.common import translate as common
+from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat
 from kinetic.streaming import sse_data, sse_done
 
-ALPHANUMERIC = string.ascii_letters + string.digits
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def completion_id() -> str:
-    return "chatcmpl-" + "".join(secrets.choice(ALPHANUMERIC) for _ in range(32))
+    return common.random_id("chatcmpl-", 32)
 
 
 def error_body(err: KineticError) -> dict[str, Any]:
-    """OpenAI's envelope; 401 is exactly {"message", "type", "code"} as clients print it."""
+    """OpenAI's envelope, which llama-server also uses; the type is the error class's `kind`
+    (llama-server's table). 401 is exactly {"message", "type", "code"} as clients print it."""
     body: dict[str, Any] = {"message": err.message, "type": err.kind}
     if err.param is not None:
         body["param"] = err.param
@@ -57,20 +51,87 @@ def usage_dict(finished: Finished) -> dict[str, Any]:
     }
 
 
-def logprob_entry(logprob: TokenLogprob, n_top: int) -> dict[str, Any]:
-    return {
-        "id": logprob.id,
-        "token": logprob.token,
-        "bytes": logprob.bytes,
-        "logprob": logprob.logprob,
-        "top_logprobs": [
-            {"id": alt.id, "token": alt.token, "bytes": alt.bytes, "logprob": alt.logprob}
-            for alt in logprob.top_logprobs[:n_top]
-        ],
-    }
-
-
 # --------------------------------------------------------------------------- chat: inward
+
+
+def validate_chat(req: ChatCompletionRequest) -> None:
+    if req.n is not None and req.n != 1:
+        raise range_error("n", 1, 1, req.n)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be set to true", param="top_logprobs")
+        common.check_range("top_logprobs", req.top_logprobs, 0, common.MAX_TOP_LOGPROBS)
+    if req.logprobs and req.stream and req.tools and req.tool_choice != "none":
+        # streamed calls are assembled from held-back text, which no token's logprob maps onto
+        raise InvalidRequestError("logprobs is not supported with tools + stream", param="logprobs")
+    if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
+        raise field_error("reasoning_format",
+                          f"must be one of {', '.join(REASONING_FORMATS)}, but got {req.reasoning_format!r}")
+
+
+def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
+    """The constraint `response_format`, `json_schema` and `grammar` ask for.
+
+    `response_format` wins over the top-level `json_schema`, except that a schema-less json_object
+    keeps the top-level schema (llama-server's rule). json_object without any schema allows any
+    JSON value, as llama.cpp does (seed 000)."""
+    fmt: ResponseFormat | None = req.response_format
+    grammar = req.grammar
+    if fmt is None or fmt.type == "text":
+        if req.json_schema is not None:
+            return OutputConstraint(grammar=grammar, schema=req.json_schema, param="json_schema")
+        return OutputConstraint(grammar=grammar, param="grammar" if grammar is not None else "")
+    if fmt.type == "json_object":
+        if fmt.schema_ is not None:
+            return OutputConstraint(grammar=grammar, schema=fmt.schema_, param="response_format.schema")
+        if req.json_schema is not None:
+            return OutputConstraint(grammar=grammar, schema=req.json_schema, param="json_schema")
+        return OutputConstraint(grammar=grammar, any_json=True, param="response_format")
+    if fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if spec is None:  # some clients put the schema at the top of response_format
+            schema = fmt.schema_ if fmt.schema_ is not None else ANY_OBJECT
+            return OutputConstraint(grammar=grammar, schema=schema, param="response_format.schema")
+        if not isinstance(spec, dict):
+            raise field_error("response_format.json_schema", "must be an object")
+        schema = spec.get("schema", ANY_OBJECT)
+        if not isinstance(schema, dict):
+            raise field_error("response_format.json_schema.schema",
+                              f"invalid JSON schema: must be an object, but got {type(schema).__name__}")
+        return OutputConstraint(grammar=grammar, schema=schema, param="response_format.json_schema.schema")
+    names = ", ".join(f'"{t}"' for t in RESPONSE_FORMAT_TYPES)
+    raise InvalidRequestError(f"response_format type must be one of {names}, but got: {fmt.type}",
+                              param="response_format.type")
+
+
+def tool_choice(req: ChatCompletionRequest) -> ToolChoice:
+    choice = req.tool_choice
+    if choice is None:
+        return ToolChoice("auto")
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    return ToolChoice("required", choice.function.name)
+
+
+def to_chat_request(req: ChatCompletionRequest) -> ChatRequest:
+    validate_chat(req)
+    messages = common.to_messages(req.messages)
+    max_tokens = common.max_tokens_from([("n_predict", req.n_predict),
+                                         ("max_completion_tokens", req.max_completion_tokens),
+                                         ("max_tokens", req.max_tokens)])
+    top_logprobs = req.top_logprobs or 0
+    return ChatRequest(
+        messages=messages,
+        options=common.generation_options(req, max_tokens=max_tokens,
+                                          n_probs=max(top_logprobs, 1) if req.logprobs else 0),
+        tools=common.to_tools(req.tools),
+        tool_choice=tool_choice(req),
+        parallel_tool_calls=req.parallel_tool_calls is True,
+        template_kwargs=dict(req.chat_template_kwargs or {}),
+        add_generation_prompt=req.add_generation_prompt is not False,
+        reasoning_format=req.reasoning_format,
+        output=output_constraint(req),
+    )
 
 
 @dataclass
@@ -80,123 +141,25 @@ class ChatContext:
     id: str
     created: int
     model: str
-    reasoning_format: str
-    starts_in_reasoning: bool
+    prepared: PreparedChat
     top_logprobs: int | None  # None: logprobs not requested
     include_usage: bool
     fingerprint: str
-    tool_mode: ToolMode = "none"
-    tool_names: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def splitter(self) -> ReasoningSplitter:
-        return ReasoningSplitter(self.reasoning_format, starts_inside=self.starts_in_reasoning)
 
 
-def template_message(message: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates expect it: text parts joined, tool-call arguments as objects."""
-    data = message.model_dump(exclude_none=True)
-    if message.role == "developer":
-        data["role"] = "system"
-    if isinstance(message.content, list):
-        texts = []
-        for part in message.content:
-            if part.type != "text":
-                raise InvalidRequestError(f"{part.type} input is not supported: this model reads text only",
-                                          param="messages")
-            texts.append(part.text)  # type: ignore[union-attr]
-        data["content"] = "\n".join(texts)
-    if message.tool_calls:
-        calls = []
-        for call in data["tool_calls"]:
-            arguments = call["function"].get("arguments", "")
-            if isinstance(arguments, str):
-                try:
-                    call["function"]["arguments"] = json.loads(arguments) if arguments else {}
-                except json.JSONDecodeError:
-                    pass
-            calls.append(call)
-        data["tool_calls"] = calls
-    return data
-
-
-def validate_messages(messages: list[ChatMessage]) -> None:
-    if not messages:
-        raise field_error("messages", "must contain at least one message, but got an empty list")
-    for index, message in enumerate(messages):
-        if message.role == "assistant":
-            if message.content is None and not message.tool_calls:
-                raise InvalidRequestError("Assistant message must contain either 'content' or 'tool_calls'!",
-                                          param=f"messages[{index}]")
-        elif message.content is None:
-            raise InvalidRequestError("All non-assistant messages must contain 'content'",
-                                      param=f"messages[{index}].content")
-
-
-def validate_chat(req: ChatCompletionRequest) -> None:
-    validate_messages(req.messages)
-    if req.n is not None and req.n != 1:
-        raise range_error("n", 1, 1, req.n)
-    if req.top_logprobs is not None:
-        if not req.logprobs:
-            raise InvalidRequestError("top_logprobs requires logprobs to be set to true", param="top_logprobs")
-        sampling.check_range("top_logprobs", req.top_logprobs, 0, sampling.MAX_TOP_LOGPROBS)
-    if req.logprobs and req.stream and req.tools and req.tool_choice != "none":
-        # streamed calls are assembled from held-back text, which no token's logprob maps onto
-        raise InvalidRequestError("logprobs is not supported with tools + stream", param="logprobs")
-    if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
-        raise field_error("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, but got {req.reasoning_format!r}")
-
-
-def to_generation(req: ChatCompletionRequest, service: Service) -> tuple[GenerationRequest, ChatContext]:
-    validate_chat(req)
-    max_tokens = sampling.max_tokens_from(service, [
-        ("n_predict", req.n_predict), ("max_completion_tokens", req.max_completion_tokens),
-        ("max_tokens", req.max_tokens)])
-    messages = [template_message(m) for m in req.messages]
-    constraints = chat_constraints(req)
-    rendered = service.render_chat(messages, tools=constraints.tools, template_kwargs=req.chat_template_kwargs,
-                                   add_generation_prompt=req.add_generation_prompt is not False)
-    top_logprobs = (req.top_logprobs if req.top_logprobs is not None else 0) if req.logprobs else None
-    generation = GenerationRequest(
-        prompt_tokens=rendered.tokens,
-        sampling=sampling.sampling_from(service, req, grammar=constraints.grammar),
-        max_tokens=max_tokens,
-        stop=sampling.stop_list(req.stop),
-        n_probs=max(top_logprobs or 0, 1) if req.logprobs else 0,
-        cache_prompt=req.cache_prompt is not False,
-        id_slot=req.id_slot if req.id_slot is not None else -1,
-    )
-    context = ChatContext(
+def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str) -> ChatContext:
+    return ChatContext(
         id=completion_id(),
         created=int(time.time()),
-        model=service.model_name,
-        reasoning_format=req.reasoning_format or service.settings.reasoning_format,
-        starts_in_reasoning=rendered.starts_in_reasoning,
-        top_logprobs=top_logprobs,
+        model=model,
+        prepared=prepared,
+        top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        fingerprint=service.system_fingerprint,
-        tool_mode=constraints.tool_mode,
-        tool_names=constraints.tool_names,
+        fingerprint=fingerprint,
     )
-    return generation, context
 
 
 # -------------------------------------------------------------------------- chat: outward
-
-
-def answer_calls(content: str, ctx: ChatContext) -> tuple[str | None, list[ParsedCall]]:
-    """The answer's text and its tool calls; text is null when the answer is only calls (OpenAI)."""
-    if ctx.tool_mode == "forced":
-        calls = parse_forced_calls(content)
-        if calls is None:  # cut short by the token limit: what was generated is returned as text
-            return content, []
-        return None, calls
-    if ctx.tool_mode == "auto":
-        reply = parse_tool_calls(content, ctx.tool_names)
-        if reply.calls:
-            return reply.content or None, reply.calls
-    return content, []
 
 
 def finish_reason(finished: Finished, has_calls: bool) -> str:
@@ -204,21 +167,20 @@ def finish_reason(finished: Finished, has_calls: bool) -> str:
 
 
 def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatContext) -> dict[str, Any]:
-    splitter = ctx.splitter()
-    reasoning, content = splitter.push(finished.text)
-    tail_reasoning, tail_content = splitter.flush()
-    text, calls = answer_calls(content + tail_content, ctx)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if reasoning + tail_reasoning:
-        message["reasoning_content"] = reasoning + tail_reasoning
-    if calls:
+    answer = parse_answer(finished.text, ctx.prepared)
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.reasoning:
+        message["reasoning_content"] = answer.reasoning
+    if answer.calls:
         message["tool_calls"] = [
             {"type": "function", "id": call.id or new_call_id(),
              "function": {"name": call.name, "arguments": call.arguments}}
-            for call in calls]
-    choice: dict[str, Any] = {"finish_reason": finish_reason(finished, bool(calls)), "index": 0, "message": message}
+            for call in answer.calls]
+    choice: dict[str, Any] = {"finish_reason": finish_reason(finished, bool(answer.calls)), "index": 0,
+                              "message": message}
     if ctx.top_logprobs is not None:
-        choice["logprobs"] = {"content": [logprob_entry(d.logprob, ctx.top_logprobs) for d in deltas if d.logprob]}
+        choice["logprobs"] = {"content": [common.logprob_entry(d.logprob, ctx.top_logprobs)
+                                          for d in deltas if d.logprob]}
     return {
         "choices": [choice],
         "created": ctx.created,
@@ -231,17 +193,21 @@ def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatCon
     }
 
 
+def call_delta(delta: CallDelta) -> dict[str, Any]:
+    """OpenAI's streamed tool-call piece: the first names the call, later ones add argument text."""
+    if delta.id is not None:
+        return {"index": delta.index, "id": delta.id, "type": "function",
+                "function": {"name": delta.name, "arguments": delta.arguments}}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}
+
+
 class ChunkEncoder:
     """Engine events -> `data: {chat.completion.chunk}` frames, ending with `data: [DONE]`."""
 
     def __init__(self, ctx: ChatContext):
         self.ctx = ctx
-        self.splitter = ctx.splitter()
+        self.answer = AnswerStream(ctx.prepared)
         self.started = False
-        self.forced = ForcedCallStreamer() if ctx.tool_mode == "forced" else None
-        self.forced_text = ""  # forced output, returned as text if it never became a call
-        self.auto = AutoCallStream(ctx.tool_names) if ctx.tool_mode == "auto" else None
-        self.n_calls = 0
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse_data({"choices": choices, "created": self.ctx.created, "id": self.ctx.id,
@@ -254,6 +220,15 @@ class ChunkEncoder:
             choice["logprobs"] = logprobs
         return self._chunk([choice])
 
+    def _frames(self, piece: AnswerPiece, logprobs: dict[str, Any] | None = None) -> list[bytes]:
+        frames = []
+        if piece.reasoning:
+            frames.append(self._delta({"reasoning_content": piece.reasoning}))
+        if piece.content or (logprobs and not piece.reasoning):
+            frames.append(self._delta({"content": piece.content}, logprobs))
+        frames += [self._delta({"tool_calls": [call_delta(d)]}) for d in piece.calls]
+        return frames
+
     def encode(self, event: TextDelta | Finished) -> list[bytes]:
         frames: list[bytes] = []
         if not self.started:
@@ -261,53 +236,15 @@ class ChunkEncoder:
             frames.append(self._delta({"role": "assistant", "content": None}))
         if isinstance(event, Finished):
             return frames + self._finish(event)
-        reasoning, content = self.splitter.push(event.text)
-        frames += self._text_frames(reasoning, content, event)
-        return frames
-
-    def _text_frames(self, reasoning: str, content: str, event: TextDelta | None) -> list[bytes]:
-        if self.ctx.reasoning_format == "deepseek-legacy":
-            reasoning = ""  # legacy streams keep the thoughts inside content
         logprobs = None
-        if event is not None and event.logprob is not None and self.ctx.top_logprobs is not None:
-            logprobs = {"content": [logprob_entry(event.logprob, self.ctx.top_logprobs)]}
-        frames = []
-        if reasoning:
-            frames.append(self._delta({"reasoning_content": reasoning}))
-        if self.forced is not None:
-            self.forced_text += content
-            return frames + self._call_frames(self.forced.feed(content))
-        if self.auto is not None:
-            content = self.auto.push(content)
-        if content or (logprobs and not reasoning):
-            frames.append(self._delta({"content": content}, logprobs))
-        return frames
-
-    def _call_frames(self, deltas: list[CallDelta]) -> list[bytes]:
-        self.n_calls = max([self.n_calls] + [d.index + 1 for d in deltas])
-        return [self._delta({"tool_calls": [d.to_dict()]}) for d in deltas]
-
-    def _held_back(self) -> list[bytes]:
-        """At the end: what tool handling kept back, as content and/or whole calls."""
-        if self.forced is not None:
-            if self.n_calls == 0 and self.forced_text:
-                return [self._delta({"content": self.forced_text})]
-            return []
-        if self.auto is None:
-            return []
-        content, calls = self.auto.finish()
-        frames = [self._delta({"content": content})] if content else []
-        for index, call in enumerate(calls):
-            pieces = split_arguments(call.arguments)
-            deltas = [CallDelta(index=index, arguments=pieces[0], id=call.id or new_call_id(), name=call.name)]
-            deltas += [CallDelta(index=index, arguments=piece) for piece in pieces[1:]]
-            frames += self._call_frames(deltas)
-        return frames
+        if event.logprob is not None and self.ctx.top_logprobs is not None:
+            logprobs = {"content": [common.logprob_entry(event.logprob, self.ctx.top_logprobs)]}
+        return frames + self._frames(self.answer.push(event.text), logprobs)
 
     def _finish(self, finished: Finished) -> list[bytes]:
-        frames = self._text_frames(*self.splitter.flush(), None) + self._held_back()
+        frames = [frame for piece in self.answer.finish() for frame in self._frames(piece)]
         timings = finished.timings.to_dict()
-        finish_choice = {"finish_reason": finish_reason(finished, self.n_calls > 0), "index": 0, "delta": {}}
+        finish_choice = {"finish_reason": finish_reason(finished, self.answer.n_calls > 0), "index": 0, "delta": {}}
         if self.ctx.include_usage:
             frames.append(self._chunk([finish_choice]))
             frames.append(self._chunk([], usage=usage_dict(finished), timings=timings))
@@ -317,7 +254,9 @@ class ChunkEncoder:
         return frames
 
     def error(self, err: KineticError) -> list[bytes]:
-        return [sse_data(error_body(err))]
+        """A failure after the headers went out: the error in-band, then the stream still ends as
+        OpenAI streams end, so clients waiting for [DONE] do not hang or crash."""
+        return [sse_data(error_body(err)), sse_done()]
 
 
 # ----------------------------------------------------------------------- legacy completions
@@ -332,45 +271,29 @@ class CompletionContext:
     fingerprint: str
 
 
-def prompt_tokens(prompt: Any, service: Service, field_name: str = "prompt") -> list[int]:
-    """A prompt given as text, token ids, or a one-element list of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return service.tokenize_prompt(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        invalid = [t for t in prompt if not service.engine.valid_token(t)]
-        if invalid:
-            raise InvalidRequestError("Prompt contains invalid tokens", param=field_name)
-        return list(prompt)
-    if isinstance(prompt, list) and not prompt:
-        raise field_error(field_name, "must not be empty")
-    raise field_error(field_name, "must be a string or a list of token ids (one prompt per request)")
-
-
-def to_completion_generation(req: CompletionRequest, service: Service) -> tuple[GenerationRequest, CompletionContext]:
+def to_prompt_request(req: CompletionRequest) -> PromptRequest:
     if req.n is not None and req.n != 1:
         raise range_error("n", 1, 1, req.n)
     n_probs = req.n_probs if req.n_probs is not None else (req.logprobs or 0)
-    sampling.check_range("logprobs", n_probs, 0, sampling.MAX_TOP_LOGPROBS)
-    generation = GenerationRequest(
-        prompt_tokens=prompt_tokens(req.prompt, service),
-        sampling=sampling.sampling_from(service, req, grammar=req.grammar),
-        max_tokens=sampling.max_tokens_from(service, [("n_predict", req.n_predict), ("max_tokens", req.max_tokens)]),
-        stop=sampling.stop_list(req.stop),
-        n_probs=n_probs,
-        cache_prompt=req.cache_prompt is not False,
-        id_slot=req.id_slot if req.id_slot is not None else -1,
-    )
-    ctx = CompletionContext(id=completion_id(), created=int(time.time()), model=service.model_name,
-                            n_probs=n_probs, fingerprint=service.system_fingerprint)
-    return generation, ctx
+    common.check_range("logprobs", n_probs, 0, common.MAX_TOP_LOGPROBS)
+    max_tokens = common.max_tokens_from([("n_predict", req.n_predict), ("max_tokens", req.max_tokens)])
+    output = OutputConstraint(grammar=req.grammar, schema=req.json_schema,
+                              param="json_schema" if req.json_schema is not None else "grammar")
+    return PromptRequest(prompt=common.prompt_input(req.prompt),
+                         options=common.generation_options(req, max_tokens=max_tokens, n_probs=n_probs),
+                         output=output)
+
+
+def completion_context(req: CompletionRequest, *, model: str, fingerprint: str) -> CompletionContext:
+    n_probs = req.n_probs if req.n_probs is not None else (req.logprobs or 0)
+    return CompletionContext(id=completion_id(), created=int(time.time()), model=model, n_probs=n_probs,
+                             fingerprint=fingerprint)
 
 
 def _completion_logprobs(deltas: list[TextDelta], ctx: CompletionContext) -> dict[str, Any] | None:
     if not ctx.n_probs:
         return None
-    return {"content": [logprob_entry(d.logprob, ctx.n_probs) for d in deltas if d.logprob]}
+    return {"content": [common.logprob_entry(d.logprob, ctx.n_probs) for d in deltas if d.logprob]}
 
 
 def _completion_envelope(ctx: CompletionContext, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -402,53 +325,36 @@ class CompletionChunkEncoder:
         return [sse_data(_completion_envelope(self.ctx, [choice]))]
 
     def error(self, err: KineticError) -> list[bytes]:
-        return [sse_data(error_body(err))]
+        return [sse_data(error_body(err)), sse_done()]
 
 
 # ------------------------------------------------------------------------------- embeddings
 
 
-def embedding_inputs(req: EmbeddingRequest, service: Service) -> list[list[int]]:
-    """Token lists to embed: `input` as a string, strings, token ids, or lists of token ids."""
-    if not service.settings.embeddings:
-        raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
+def embedding_inputs(req: EmbeddingRequest) -> tuple[list[PromptInput], list[str]]:
+    """What to embed (texts or token-id lists) and the field each came from, validated."""
     raw = req.input
     if isinstance(raw, list) and not raw:
         raise InvalidRequestError('"input" must not be empty', param="input")
-    if isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
-        items: list[Any] = [raw]  # one text, or one prompt of token ids
-    else:
-        items = list(raw)
-    limit = service.engine.embedding_n_ctx
-    token_lists = []
-    for index, item in enumerate(items):
-        param = "input" if len(items) == 1 else f"input[{index}]"
-        if isinstance(item, str):
-            tokens = service.engine.tokenize(item, add_special=True, parse_special=True)
-        else:
-            tokens = list(item)
-            if any(not service.engine.valid_token(t) for t in tokens):
-                raise InvalidRequestError("Input contains invalid tokens", param=param)
-        if not tokens:
-            raise InvalidRequestError("Input content cannot be empty", param=param)
-        if len(tokens) > limit:
-            raise InvalidRequestError(f"input ({len(tokens)} tokens) is too large to process: the embedding "
-                                      f"context holds {limit} tokens", param=param)
-        token_lists.append(tokens)
-    return token_lists
-
-
-def check_embedding_request(req: EmbeddingRequest, n_embd: int) -> None:
     if req.encoding_format not in (None, "float", "base64"):
         raise InvalidRequestError("The format to return the embeddings in. Can be either float or base64",
                                   param="encoding_format")
+    if isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
+        items: list[PromptInput] = [raw]  # type: ignore[list-item]  # one text, or one prompt of token ids
+    else:
+        items = list(raw)  # type: ignore[arg-type]
+    params = ["input"] if len(items) == 1 else [f"input[{i}]" for i in range(len(items))]
+    return items, params
+
+
+def check_dimensions(req: EmbeddingRequest, n_embd: int) -> None:
     if req.dimensions is not None and req.dimensions != n_embd:
         # the pooled vector has the model's width; truncating it would silently change its meaning
         raise field_error("dimensions", f"this model's embeddings have {n_embd} dimensions, but got {req.dimensions}")
 
 
 def to_embeddings(req: EmbeddingRequest, inputs: list[list[int]], vectors: list[list[float]],
-                  service: Service) -> dict[str, Any]:
+                  model: str) -> dict[str, Any]:
     data = []
     for index, vector in enumerate(vectors):
         item: dict[str, Any] = {"index": index, "object": "embedding"}
@@ -460,5 +366,6 @@ def to_embeddings(req: EmbeddingRequest, inputs: list[list[int]], vectors: list[
             item["embedding"] = vector
         data.append(item)
     n_tokens = sum(len(tokens) for tokens in inputs)
-    return {"model": service.model_name, "object": "list", "data": data,
+    return {"model": model, "object": "list", "data": data,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+

@@ -1,7 +1,7 @@
 """Tool calls in generated text: the schema that forces one, and parsers for models' own syntaxes.
 
 Pure functions and small state machines, no llama_cpp: the grammar itself comes from
-`llama.grammar_from_json_schema(tool_call_schema(...))`.
+`kinetic.engine.grammar.grammar_from_json_schema(tool_call_schema(...))`.
 
 Forced calls (`tool_choice` required or named) are generated as `{"name": ..., "arguments": {...}}`
 (an array of those when parallel calls are allowed). With `auto`, the model writes calls in its own
@@ -233,12 +233,6 @@ class CallDelta:
     arguments: str
     id: str | None = None
     name: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.id is not None:
-            return {"index": self.index, "id": self.id, "type": "function",
-                    "function": {"name": self.name, "arguments": self.arguments}}
-        return {"index": self.index, "function": {"arguments": self.arguments}}
 
 
 @dataclass

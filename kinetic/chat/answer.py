@@ -1,0 +1,102 @@
+"""A generated chat answer, split into reasoning, content and tool calls — whole or as it streams.
+
+Protocol-neutral: each protocol shapes the pieces into its own wire format (OpenAI deltas,
+Anthropic blocks, Ollama lines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kinetic.chat.reasoning import ReasoningSplitter
+from kinetic.chat.toolcalls import (
+    AutoCallStream,
+    CallDelta,
+    ForcedCallStreamer,
+    ParsedCall,
+    new_call_id,
+    parse_forced_calls,
+    parse_tool_calls,
+    split_arguments,
+)
+from kinetic.chat.types import PreparedChat
+
+
+@dataclass(frozen=True)
+class Answer:
+    reasoning: str
+    content: str | None  # None when the answer is only calls
+    calls: list[ParsedCall] = field(default_factory=list)
+
+
+def parse_answer(text: str, prepared: PreparedChat) -> Answer:
+    splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
+    reasoning, content = splitter.push(text)
+    tail_reasoning, tail_content = splitter.flush()
+    content += tail_content
+    reasoning += tail_reasoning
+    if prepared.tool_mode == "forced":
+        calls = parse_forced_calls(content)
+        if calls is not None:  # None: cut short by the token limit, what was generated is text
+            return Answer(reasoning, None, calls)
+    elif prepared.tool_mode == "auto":
+        reply = parse_tool_calls(content, prepared.tool_names)
+        if reply.calls:
+            return Answer(reasoning, reply.content or None, reply.calls)
+    return Answer(reasoning, content)
+
+
+@dataclass(frozen=True)
+class AnswerPiece:
+    reasoning: str = ""
+    content: str = ""
+    calls: tuple[CallDelta, ...] = ()
+
+
+class AnswerStream:
+    """Feed generated text; get the reasoning, content and call deltas that can be sent now.
+
+    Forced calls stream as soon as each piece of the forced JSON is known; with `auto`, text that
+    may be a call is held back and parsed at the end. `deepseek-legacy` streams keep the thoughts
+    inside the content, so no reasoning pieces are given for it."""
+
+    def __init__(self, prepared: PreparedChat):
+        self.legacy = prepared.reasoning_format == "deepseek-legacy"
+        self.splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
+        self.forced = ForcedCallStreamer() if prepared.tool_mode == "forced" else None
+        self.forced_text = ""  # forced output, returned as text if it never became a call
+        self.auto = AutoCallStream(prepared.tool_names) if prepared.tool_mode == "auto" else None
+        self.n_calls = 0
+
+    def push(self, text: str) -> AnswerPiece:
+        return self._piece(*self.splitter.push(text))
+
+    def _piece(self, reasoning: str, content: str) -> AnswerPiece:
+        if self.legacy:
+            reasoning = ""
+        if self.forced is not None:
+            self.forced_text += content
+            return AnswerPiece(reasoning=reasoning, calls=self._count(self.forced.feed(content)))
+        if self.auto is not None:
+            content = self.auto.push(content)
+        return AnswerPiece(reasoning=reasoning, content=content)
+
+    def _count(self, deltas: list[CallDelta]) -> tuple[CallDelta, ...]:
+        self.n_calls = max([self.n_calls] + [d.index + 1 for d in deltas])
+        return tuple(deltas)
+
+    def finish(self) -> list[AnswerPiece]:
+        """What is left at the end: flushed text, then whatever tool handling held back."""
+        pieces = [self._piece(*self.splitter.flush())]
+        if self.forced is not None and self.n_calls == 0 and self.forced_text:
+            pieces.append(AnswerPiece(content=self.forced_text))
+        if self.auto is not None:
+            content, calls = self.auto.finish()
+            if content:
+                pieces.append(AnswerPiece(content=content))
+            for index, call in enumerate(calls):
+                chunks = split_arguments(call.arguments)
+                deltas = [CallDelta(index=index, arguments=chunks[0], id=call.id or new_call_id(), name=call.name)]
+                deltas += [CallDelta(index=index, arguments=chunk) for chunk in chunks[1:]]
+                pieces.append(AnswerPiece(calls=self._count(deltas)))
+        return [piece for piece in pieces if piece.reasoning or piece.content or piece.calls]

@@ -1,0 +1,172 @@
+"""From a protocol-neutral request to a GenerationRequest: render, tokenize, compile constraints,
+resolve the server's defaults. The one place below the protocols where that happens.
+
+Every method here is blocking CPU work (Jinja, the tokenizer, schema-to-grammar): the service
+runs them in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetic.chat.constraints import chat_constraints, output_grammar
+from kinetic.chat.reasoning import OPEN_TAG
+from kinetic.chat.templates import ChatTemplate
+from kinetic.chat.types import (
+    ChatRequest,
+    GenerationOptions,
+    MediaPart,
+    Message,
+    PreparedChat,
+    PromptInput,
+    PromptRequest,
+    SamplingOptions,
+)
+from kinetic.engine.base import Engine
+from kinetic.engine.types import GenerationRequest, SamplingParams
+from kinetic.errors import InvalidRequestError, field_error
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """What a request gets for the fields it leaves out (the server's flags)."""
+
+    temperature: float = 0.8
+    seed: int = -1
+    n_predict: int = -1
+    reasoning_format: str = "auto"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    prompt: str
+    tokens: list[int]
+    starts_in_reasoning: bool
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    """A message as chat templates read it: text parts joined, tool-call arguments as objects."""
+    media = [part.kind for part in message.parts or () if isinstance(part, MediaPart)]
+    if media:
+        raise InvalidRequestError(f"{media[0]} input is not supported: this model reads text only", param="messages")
+    data: dict[str, Any] = {**message.extra, "role": message.role}
+    if message.parts is not None:
+        data["content"] = message.text
+    if message.name is not None:
+        data["name"] = message.name
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        data["reasoning_content"] = message.reasoning_content
+    if message.tool_calls:
+        data["tool_calls"] = [{"id": call.id, "type": "function",
+                               "function": {"name": call.name, "arguments": call.arguments}}
+                              if call.id is not None else
+                              {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                              for call in message.tool_calls]
+    return data
+
+
+class ChatLayer:
+    """Renders and tokenizes requests for one engine and its chat template."""
+
+    def __init__(self, engine: Engine, template: ChatTemplate, defaults: ServerDefaults):
+        self.engine = engine
+        self.template = template
+        self.defaults = defaults
+
+    # ------------------------------------------------------------------ prompts
+
+    def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True) -> RenderedChat:
+        kwargs = {**self.defaults.template_kwargs, **(template_kwargs or {})}
+        if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+            got = type(kwargs["enable_thinking"]).__name__
+            raise InvalidRequestError(f'invalid type for "enable_thinking" (expected boolean, got {got})',
+                                      param="chat_template_kwargs")
+        prompt = self.template.render([template_message(m) for m in messages],
+                                      add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
+        return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
+                            starts_in_reasoning=prompt.rstrip().endswith(OPEN_TAG))
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokens of a prompt with the model's BOS, never twice (templates often write it too)."""
+        info = self.engine.require_ready()
+        tokens = self.engine.tokenize(text, add_special=False, parse_special=True)
+        if info.add_bos and info.bos_id >= 0 and (not tokens or tokens[0] != info.bos_id):
+            tokens.insert(0, info.bos_id)
+        return tokens
+
+    def prompt_tokens(self, prompt: PromptInput, param: str = "prompt") -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize_prompt(prompt)
+        if any(not self.engine.valid_token(t) for t in prompt):
+            raise InvalidRequestError("Prompt contains invalid tokens", param=param)
+        return list(prompt)
+
+    # ------------------------------------------------------------------ requests
+
+    def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        if not req.messages:
+            raise field_error("messages", "must contain at least one message, but got an empty list")
+        constraints = chat_constraints(req)
+        rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
+                               add_generation_prompt=req.add_generation_prompt)
+        generation = self.generation(rendered.tokens, req.options, constraints.grammar)
+        prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
+                                starts_in_reasoning=rendered.starts_in_reasoning,
+                                reasoning_format=req.reasoning_format or self.defaults.reasoning_format,
+                                tool_mode=constraints.tool_mode, tool_names=constraints.tool_names)
+        return generation, prepared
+
+    def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        tokens = self.prompt_tokens(req.prompt, req.param)
+        return self.generation(tokens, req.options, output_grammar(req.output))
+
+    def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
+        max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
+        return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
+                                 max_tokens=max_tokens, stop=options.stop, n_probs=options.n_probs,
+                                 cache_prompt=options.cache_prompt, id_slot=options.id_slot)
+
+    def sampling(self, options: SamplingOptions, grammar: str | None) -> SamplingParams:
+        base = SamplingParams(temperature=self.defaults.temperature, seed=self.defaults.seed)
+        chosen = {name: value for name, value in (
+            ("temperature", options.temperature), ("top_k", options.top_k), ("top_p", options.top_p),
+            ("min_p", options.min_p), ("typical_p", options.typical_p), ("repeat_penalty", options.repeat_penalty),
+            ("repeat_last_n", options.repeat_last_n), ("presence_penalty", options.presence_penalty),
+            ("frequency_penalty", options.frequency_penalty), ("seed", options.seed)) if value is not None}
+        return SamplingParams(**{**base.__dict__, **chosen, "grammar": grammar, "ignore_eos": options.ignore_eos,
+                                 "logit_bias": self.logit_bias(options.logit_bias)})
+
+    def logit_bias(self, raw: dict[int | str, float]) -> dict[int, float]:
+        """Token-id keys as they are; text keys give every token of the text the bias."""
+        bias: dict[int, float] = {}
+        for key, amount in raw.items():
+            tokens = [key] if isinstance(key, int) else self.engine.tokenize(key, add_special=False,
+                                                                              parse_special=False)
+            for token in tokens:
+                if self.engine.valid_token(token):
+                    bias[token] = amount
+        return bias
+
+    def embedding_inputs(self, inputs: list[PromptInput], params: list[str]) -> list[list[int]]:
+        """Token lists to embed, each checked against the embedding context (`params` name the fields)."""
+        limit = self.engine.embedding_n_ctx
+        token_lists = []
+        for item, param in zip(inputs, params):
+            if isinstance(item, str):
+                tokens = self.engine.tokenize(item, add_special=True, parse_special=True)
+            else:
+                tokens = list(item)
+                if any(not self.engine.valid_token(t) for t in tokens):
+                    raise InvalidRequestError("Input contains invalid tokens", param=param)
+            if not tokens:
+                raise InvalidRequestError("Input content cannot be empty", param=param)
+            if len(tokens) > limit:
+                raise InvalidRequestError(f"input ({len(tokens)} tokens) is too large to process: the embedding "
+                                          f"context holds {limit} tokens", param=param)
+            token_lists.append(tokens)
+        return token_lists

@@ -1,0 +1,157 @@
+"""The protocol-neutral requests every protocol's translator produces.
+
+A translator turns its wire request into one of these without touching an engine; the chat
+layer (kinetic.chat.prepare) then renders, tokenizes and compiles them into a GenerationRequest.
+Fields left None take the server's defaults there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class MediaPart:
+    """An image, audio, video or document part; the wire name says which (e.g. "image_url")."""
+
+    kind: str
+
+
+ContentPart = Union[TextPart, MediaPart]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Any  # an object, or the JSON text the caller sent when it does not parse
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn. `parts` is None when the wire message had no content (an assistant's call)."""
+
+    role: str  # "system", "user", "assistant", "tool" (others pass through to the template)
+    parts: tuple[ContentPart, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # fields a template may read, passed through
+
+    @property
+    def text(self) -> str | None:
+        if self.parts is None:
+            return None
+        return "\n".join(part.text for part in self.parts if isinstance(part, TextPart))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """`auto`: the model may call; `none`: it may not (and is not told about tools); `required`:
+    it must call one (`name` set: that one)."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What the answer must look like: a GBNF grammar, a JSON schema, or any JSON value.
+    `param` names the request field that asked, for error messages."""
+
+    grammar: str | None = None
+    schema: dict[str, Any] | None = None
+    any_json: bool = False
+    param: str = ""
+
+    @property
+    def is_set(self) -> bool:
+        return self.grammar is not None or self.schema is not None or self.any_json
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampler fields as the client sent them (validated ranges); None means the server default.
+    `logit_bias` keys are token ids or text (every token of the text gets the bias)."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    logit_bias: dict[int | str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What every generation route asks besides its input."""
+
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    max_tokens: int | None = None  # None: the server's -n
+    stop: tuple[str, ...] = ()
+    n_probs: int = 0
+    cache_prompt: bool = True
+    id_slot: int = -1
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    reasoning_format: str | None = None  # None: the server's --reasoning-format
+    output: OutputConstraint = field(default_factory=OutputConstraint)
+
+
+PromptInput = Union[str, list[int]]
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """A raw prompt (text, or token ids) to continue: /completion, /v1/completions, /api/generate raw."""
+
+    prompt: PromptInput
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    output: OutputConstraint = field(default_factory=OutputConstraint)
+    param: str = "prompt"  # the field the prompt came from, for error messages
+
+
+ToolMode = Literal["forced", "auto", "none"]
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A ChatRequest made ready for the engine, with what the outward translation needs to know."""
+
+    prompt: str
+    prompt_tokens: int
+    starts_in_reasoning: bool
+    reasoning_format: str
+    tool_mode: ToolMode
+    tool_names: tuple[str, ...]
+

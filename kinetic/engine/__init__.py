@@ -1,0 +1,1 @@
+"""Engines: what generates tokens. `base.Engine` is the interface; `llama` the llama.cpp backend."""

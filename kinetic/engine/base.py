@@ -1,0 +1,116 @@
+"""The engine interface: what the service, the streaming layer and the routes may ask of an engine.
+
+A local llama.cpp engine, an embedding-only model or a remote server can each satisfy it. It is
+the bottom of the engine package: it imports only the neutral types, and every backend imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Callable, Protocol, runtime_checkable
+
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    SlotState,
+    TextDelta,
+)
+from kinetic.errors import ServerError
+
+
+class Generation:
+    """A submitted request seen from the event loop: iterate `events()`, or await `result()`.
+
+    The engine pushes events (or an exception) into `queue` from whatever thread it runs on, via
+    `loop.call_soon_threadsafe`. Leaving the iteration early cancels the request, which frees its
+    slot (or drops it from the queue if it never got one).
+    """
+
+    def __init__(self, queue: "asyncio.Queue[Event | BaseException]", cancel: Callable[[], None]):
+        self._queue = queue
+        self._cancel = cancel
+        self.done = False
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            while True:
+                event = await self._queue.get()
+                if isinstance(event, BaseException):
+                    self.done = True
+                    raise event
+                yield event
+                if isinstance(event, Finished):
+                    self.done = True
+                    return
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.done = True
+            self._cancel()
+
+    async def result(self) -> tuple[list[TextDelta], Finished]:
+        deltas: list[TextDelta] = []
+        async for event in self.events():
+            if isinstance(event, TextDelta):
+                deltas.append(event)
+            else:
+                return deltas, event
+        raise ServerError("generation ended without a result")
+
+
+class Tokenizer(Protocol):
+    """The model's vocabulary: cheap, thread-safe, callable from any thread."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str: ...
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes: ...
+
+    def valid_token(self, token: int) -> bool: ...
+
+
+@runtime_checkable
+class Engine(Tokenizer, Protocol):
+    """A loaded model with generation slots (or none, for an embedding-only model)."""
+
+    n_slots: int
+    slot_n_ctx: int
+
+    @property
+    def ready(self) -> bool: ...
+
+    def load(self) -> None:
+        """Blocking: loads the model; called once from a worker thread."""
+
+    def close(self) -> None: ...
+
+    def require_ready(self) -> ModelInfo:
+        """The model's description; raises UnavailableError while it loads."""
+
+    # generation
+    @property
+    def can_generate(self) -> bool: ...
+
+    async def submit(self, request: GenerationRequest) -> Generation:
+        """Validates and queues a request; errors a client should see as 4xx are raised here,
+        before any response bytes are sent."""
+
+    # embeddings
+    @property
+    def embedding_n_ctx(self) -> int:
+        """Longest input `embed` accepts (0: this engine has no embeddings)."""
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """Blocking: one pooled, L2-normalised vector per token list."""
+
+    # state, for /slots and /metrics
+    def slot_states(self) -> list[SlotState]: ...
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,168 @@
+"""LlamaEngine: the Engine interface over one GGUF, assembled from the model, scheduler and embeddings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+
+from kinetic.engine.base import Generation
+from kinetic.engine.llama.embeddings import EmbeddingContext
+from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.sampler import Sampler
+from kinetic.engine.llama.scheduler import Job, Scheduler
+from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotState
+from kinetic.errors import (
+    ContextOverflowError,
+    InvalidRequestError,
+    ModelLoadError,
+    NotSupportedError,
+    UnavailableError,
+)
+
+AUTO_SLOTS = 4  # llama-server's -np -1: four slots over one unified KV cache
+DEFAULT_BATCH = 2048  # llama-server's -b
+DEFAULT_UBATCH = 512  # llama-server's -ub
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaEngine:
+    """One GGUF served from N slots of one llama.cpp context (see scheduler.py for the decode loop)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int = 0,
+        n_parallel: int = -1,
+        n_threads: int = -1,
+        n_batch: int = DEFAULT_BATCH,
+        n_ubatch: int = DEFAULT_UBATCH,
+        embeddings: bool = False,
+        verbose: bool = False,
+    ):
+        self.model_path = model_path
+        self.requested_ctx = n_ctx
+        self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
+        self.kv_unified = n_parallel < 0
+        self.n_threads = default_threads() if n_threads <= 0 else n_threads
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
+        self.embeddings_enabled = embeddings
+        self.verbose = verbose
+        self.slot_n_ctx = 0
+        self._model: LoadedModel | None = None
+        self._scheduler: Scheduler | None = None
+        self._embeddings: EmbeddingContext | None = None
+        # Generation steps and embedding decodes take turns on the CPU.
+        self._decode_lock = threading.Lock()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def ready(self) -> bool:
+        return self._scheduler is not None
+
+    def load(self) -> None:
+        model = LoadedModel(self.model_path, verbose=self.verbose)
+        total_ctx = self.requested_ctx if self.requested_ctx > 0 else model.info.n_ctx_train
+        try:
+            scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
+                                  n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                                  decode_lock=self._decode_lock)
+        except ValueError as exc:
+            raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
+                                 f"for {self.model_path}") from exc
+        if self.embeddings_enabled:
+            self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
+                                                decode_lock=self._decode_lock)
+        _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
+        self._model = model
+        self.slot_n_ctx = scheduler.slot_n_ctx
+        self._scheduler = scheduler
+
+    def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.close()
+
+    def require_ready(self) -> ModelInfo:
+        return self._require_model().info
+
+    def _require_model(self) -> LoadedModel:
+        if self._model is None or self._scheduler is None:
+            raise UnavailableError("Loading model")
+        return self._model
+
+    # ---------------------------------------------------------------- tokenizer
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._require_model().tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return self._require_model().detokenize(tokens, special=special)
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        return self._require_model().token_piece(token, special=special)
+
+    def valid_token(self, token: int) -> bool:
+        return self._require_model().valid_token(token)
+
+    # ---------------------------------------------------------------- generation
+
+    @property
+    def can_generate(self) -> bool:
+        return True
+
+    async def submit(self, request: GenerationRequest) -> Generation:
+        model = self._require_model()
+        scheduler = self._scheduler
+        assert scheduler is not None
+        n_prompt = len(request.prompt_tokens)
+        if n_prompt == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if n_prompt >= self.slot_n_ctx:
+            raise ContextOverflowError(n_prompt, self.slot_n_ctx)
+        if any(not model.valid_token(t) for t in request.prompt_tokens):
+            raise InvalidRequestError("Prompt contains invalid tokens", param="prompt")
+        if request.id_slot >= 0:
+            request = replace(request, id_slot=request.id_slot % self.n_slots)
+        # Parsing a grammar can take a while: keep it off the event loop.
+        sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling)
+        queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        job = Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
+        scheduler.enqueue(job)
+        return Generation(queue, lambda: scheduler.cancel(job))
+
+    # ---------------------------------------------------------------- embeddings
+
+    @property
+    def embedding_n_ctx(self) -> int:
+        return self._embeddings.n_ctx if self._embeddings is not None else 0
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        if self._embeddings is None:
+            raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
+        return self._embeddings.embed(inputs)
+
+    # ---------------------------------------------------------------- state
+
+    def slot_states(self) -> list[SlotState]:
+        return [slot.state() for slot in self._scheduler.slots] if self._scheduler else []
+
+    def stats(self) -> EngineStats:
+        scheduler = self._scheduler
+        if scheduler is None:
+            return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
+        return EngineStats(counters=dict(scheduler.metrics),
+                           requests_processing=sum(1 for s in scheduler.slots if s.is_processing),
+                           requests_deferred=scheduler.n_deferred)

@@ -1,0 +1,96 @@
+"""A GGUF loaded by llama.cpp, and its tokenizer.
+
+The model's weights and vocabulary are read-only once loaded, so tokenizing is safe from any
+thread while the decode thread runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+from llama_cpp import _internals
+from llama_cpp import _logger as llama_logger
+
+from kinetic.engine.types import ModelInfo
+from kinetic.errors import ModelLoadError
+
+
+class LoadedModel:
+    """llama.cpp's model and vocabulary handles plus the tokenizer calls kinetic makes."""
+
+    def __init__(self, path: Path, *, verbose: bool = False):
+        llama_logger.set_verbose(verbose)
+        llama_cpp.llama_backend_init()
+        self.path = path
+        self.verbose = verbose
+        try:
+            self.model = _internals.LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
+                                               verbose=verbose)
+        except ValueError as exc:
+            raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "
+                                 "(truncated, corrupt, or an architecture this build does not know)") from exc
+        self.vocab = self.model.vocab
+        self.n_vocab = self.model.n_vocab()
+        metadata = self.model.metadata()
+        bos, eos = self.model.token_bos(), self.model.token_eos()
+        self.info = ModelInfo(
+            path=path,
+            architecture=metadata.get("general.architecture", ""),
+            description=self.model.desc(),
+            n_vocab=self.n_vocab,
+            n_ctx_train=self.model.n_ctx_train(),
+            n_embd=self.model.n_embd(),
+            n_params=self.model.n_params(),
+            size=self.model.size(),
+            vocab_type=self.model.vocab_type(),
+            bos_token=self.token_piece(bos, special=True).decode("utf-8", "replace") if bos >= 0 else "",
+            eos_token=self.token_piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else "",
+            bos_id=bos,
+            add_bos=self.model.add_bos_token(),
+            chat_template=metadata.get("tokenizer.chat_template"),
+            metadata=metadata,
+        )
+
+    def new_context(self, params: Any) -> _internals.LlamaContext:
+        return _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+
+    def pooling_type(self) -> int:
+        """The pooling the GGUF declares for embeddings, or -1 when it declares none."""
+        value = self.info.metadata.get(f"{self.info.architecture}.pooling_type")
+        return int(value) if value is not None else -1
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        if n < 0:
+            buffer = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buffer, -n, add_special, parse_special)
+        return list(buffer[:n])
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, special)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -n, 0, special)
+        return buffer.raw[:n]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.token_piece(t, special=special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token (EOS, EOT, <end_of_turn>...): scanned once, the vocabulary is large."""
+        return tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+
+    def valid_token(self, token: int) -> bool:
+        return 0 <= token < self.n_vocab

@@ -1,0 +1,1 @@
+"""What more than one protocol adapter shares: wire models (types.py) and pure helpers (translate.py)."""

@@ -1,0 +1,217 @@
+"""Pure helpers more than one protocol's translator uses: sampler-field validation, chat messages
+and tools into the neutral types, raw prompts, token log-probabilities, ids.
+
+Nothing here touches an engine: values the server must resolve (defaults, text logit-bias keys,
+tokenization) travel on in the neutral request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import string
+from typing import Any, Iterable
+
+from kinetic.chat.types import (
+    GenerationOptions,
+    MediaPart,
+    Message,
+    PromptInput,
+    SamplingOptions,
+    TextPart,
+    ToolCall,
+    ToolSpec,
+)
+from kinetic.engine.types import TokenLogprob
+from kinetic.errors import InvalidRequestError, field_error, range_error
+from kinetic.protocols.common.types import ChatMessage, SamplingFields, Tool
+
+MAX_TOP_LOGPROBS = 20
+ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def random_id(prefix: str, length: int) -> str:
+    return prefix + "".join(secrets.choice(ALPHANUMERIC) for _ in range(length))
+
+
+# ----------------------------------------------------------------------------- sampler fields
+
+
+def check_range(field: str, value: float | int | None, low: float, high: float) -> None:
+    if value is None:
+        return
+    if not (low <= value <= high) or (isinstance(value, float) and math.isnan(value)):
+        raise range_error(field, low, high, value)
+
+
+def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    return tuple(s for s in stop if s)
+
+
+def max_tokens_from(candidates: Iterable[tuple[str, int | None]], *, minimum: int = 1) -> int | None:
+    """The first limit the client set (named so an error can name it); None: the server's -n."""
+    for name, value in candidates:
+        if value is None:
+            continue
+        if value < minimum and not (minimum == -1 and value == -1):
+            raise field_error(name, f"Value must be >= {minimum}, but got {value}")
+        return value
+    return None
+
+
+def logit_bias_from(raw: dict[str, Any] | list[Any] | None) -> dict[int | str, float]:
+    """OpenAI object form ({"15043": -100}) or llama.cpp array form ([[15043, -100], ["Hello", 2]]).
+    Keys that are not integers are text, tokenized by the server. `false` bans the token."""
+    if not raw:
+        return {}
+    items = raw.items() if isinstance(raw, dict) else [tuple(pair) for pair in raw if isinstance(pair, list) and len(pair) == 2]
+    bias: dict[int | str, float] = {}
+    for key, value in items:
+        if value is False:
+            amount = float("-inf")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            amount = float(value)
+        else:
+            raise field_error("logit_bias", f"bias for {key!r} must be a number or false")
+        if isinstance(key, int) or (isinstance(key, str) and key.lstrip("-").isdigit()):
+            bias[int(key)] = amount
+        else:
+            bias[str(key)] = amount
+    return bias
+
+
+def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOptions:
+    """SamplingOptions out of a request model with llama.cpp/OpenAI sampler field names (any of
+    them may be missing on a given protocol's model)."""
+    def get(name: str) -> Any:
+        return getattr(body, name, None)
+
+    check_range("temperature", get("temperature"), 0.0, temperature_max)
+    check_range("top_p", get("top_p"), 0.0, 1.0)
+    check_range("min_p", get("min_p"), 0.0, 1.0)
+    check_range("presence_penalty", get("presence_penalty"), -2.0, 2.0)
+    check_range("frequency_penalty", get("frequency_penalty"), -2.0, 2.0)
+    repeat_penalty = get("repeat_penalty")
+    if repeat_penalty is None:
+        repeat_penalty = get("repetition_penalty")
+    if repeat_penalty is not None and not (math.isfinite(repeat_penalty) and repeat_penalty > 0):
+        raise InvalidRequestError("Failed to initialize samplers: penalty_repeat must be finite and greater than 0",
+                                  param="repeat_penalty")
+    repeat_last_n = get("repeat_last_n")
+    if repeat_last_n is not None and repeat_last_n < 0:
+        raise range_error("repeat_last_n", 0, 2147483647, repeat_last_n)
+    top_k = get("top_k")
+    return SamplingOptions(
+        temperature=get("temperature"),
+        top_k=max(0, top_k) if top_k is not None else None,
+        top_p=get("top_p"),
+        min_p=get("min_p"),
+        typical_p=get("typical_p"),
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        presence_penalty=get("presence_penalty"),
+        frequency_penalty=get("frequency_penalty"),
+        seed=get("seed"),
+        ignore_eos=bool(get("ignore_eos")),
+        logit_bias=logit_bias_from(get("logit_bias")),
+    )
+
+
+def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs: int = 0) -> GenerationOptions:
+    return GenerationOptions(
+        sampling=sampling_options(body),
+        max_tokens=max_tokens,
+        stop=stop_list(body.stop),
+        n_probs=n_probs,
+        cache_prompt=body.cache_prompt is not False,
+        id_slot=body.id_slot if body.id_slot is not None else -1,
+    )
+
+
+# ------------------------------------------------------------------------- messages and tools
+
+
+def _arguments(arguments: str | dict[str, Any]) -> Any:
+    """Tool-call arguments as an object, as templates read them (JSON text that does not parse stays text)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return arguments
+
+
+def to_message(message: ChatMessage) -> Message:
+    """An OpenAI-style chat message as a neutral one (`developer` is a system turn)."""
+    known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+    extra = {k: v for k, v in message.model_dump(exclude_none=True).items() if k not in known}
+    if message.content is None:
+        parts = None
+    elif isinstance(message.content, str):
+        parts = (TextPart(message.content),)
+    else:
+        parts = tuple(TextPart(p.text) if p.type == "text" else MediaPart(p.type)  # type: ignore[union-attr]
+                      for p in message.content)
+    calls = tuple(ToolCall(name=c.function.name, arguments=_arguments(c.function.arguments), id=c.id)
+                  for c in message.tool_calls or ())
+    return Message(role="system" if message.role == "developer" else message.role, parts=parts,
+                   tool_calls=calls, tool_call_id=message.tool_call_id, name=message.name,
+                   reasoning_content=message.reasoning_content, extra=extra)
+
+
+def to_messages(messages: list[ChatMessage]) -> tuple[Message, ...]:
+    """Validated neutral messages, llama-server's wording for what is missing."""
+    if not messages:
+        raise field_error("messages", "must contain at least one message, but got an empty list")
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            if message.content is None and not message.tool_calls:
+                raise InvalidRequestError("Assistant message must contain either 'content' or 'tool_calls'!",
+                                          param=f"messages[{index}]")
+        elif message.content is None:
+            raise InvalidRequestError("All non-assistant messages must contain 'content'",
+                                      param=f"messages[{index}].content")
+    return tuple(to_message(m) for m in messages)
+
+
+def to_tools(tools: list[Tool] | None) -> tuple[ToolSpec, ...]:
+    return tuple(ToolSpec(name=t.function.name, description=t.function.description,
+                          parameters=t.function.parameters,
+                          extra={"strict": t.function.strict} if t.function.strict is not None else {})
+                 for t in tools or ())
+
+
+# ------------------------------------------------------------------------------------ prompts
+
+
+def prompt_input(prompt: Any, field_name: str = "prompt") -> PromptInput:
+    """A prompt given as text, token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and not prompt:
+        raise field_error(field_name, "must not be empty")
+    raise field_error(field_name, "must be a string or a list of token ids (one prompt per request)")
+
+
+def logprob_entry(logprob: TokenLogprob, n_top: int) -> dict[str, Any]:
+    """A token's log-probability and its top alternatives, the shape OpenAI's `logprobs.content`
+    and llama-server's `completion_probabilities` share."""
+    return {
+        "id": logprob.id,
+        "token": logprob.token,
+        "bytes": logprob.bytes,
+        "logprob": logprob.logprob,
+        "top_logprobs": [
+            {"id": alt.id, "token": alt.token, "bytes": alt.bytes, "logprob": alt.logprob}
+            for alt in logprob.top_logprobs[:n_top]
+        ],
+    }

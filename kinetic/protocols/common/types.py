@@ -1,0 +1,95 @@
+"""Wire models more than one protocol accepts: OpenAI-style chat messages and tools (llama-server's
+native /apply-template and /completion take the same shapes) and the sampler fields that OpenAI's
+routes and llama-server's share. https://platform.openai.com/docs/api-reference/chat/create
+
+Requests allow unknown fields: newer SDKs and tools send fields kinetic does not know, and
+those must never cause a 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class TextPart(WireModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(WireModel):
+    type: Literal["image_url", "input_audio", "input_video", "video_url"]
+
+
+ContentPart = Union[TextPart, ImagePart]
+
+
+class FunctionCall(WireModel):
+    name: str
+    arguments: Union[str, dict[str, Any]] = ""
+
+
+class ToolCall(WireModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(WireModel):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class StreamOptions(WireModel):
+    include_usage: bool = False
+
+
+class FunctionDefinition(WireModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(WireModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class SamplingFields(WireModel):
+    """Sampler fields shared by chat and completions (OpenAI's plus llama.cpp's)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    repetition_penalty: float | None = None  # SillyTavern's spelling
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    logit_bias: Union[dict[str, float], list[list[Any]], None] = None
+    n: int | None = None
+    max_tokens: int | None = None
+    n_predict: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    cache_prompt: bool | None = True
+    id_slot: int | None = -1
+    ignore_eos: bool | None = False
+    n_probs: int | None = None
+    user: str | None = None

@@ -1,0 +1,212 @@
+"""One error contract, protocol by protocol: every kind of error has its status and the protocol's
+own envelope, and a stream that fails midway still ends the way its protocol ends.
+
+The first part runs the real `kinetic serve` on the bundled model. Two kinds cannot be produced on
+demand by a real model (staying in "loading" while a client knocks, failing in the middle of a
+stream): those run the real app on real uvicorn over the scripted engine of tests/scripted.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from kinetic.errors import ServerError
+from tests.scripted import ScriptedEngine, ScriptedServer, wait_until_ready
+from tests.server import KineticServer
+
+pytestmark = pytest.mark.e2e
+
+KEY = "contract-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LONG = "hello " * 3000  # far beyond the 2048-token context below
+ROUTES = {  # protocol -> (generation route, a request that works there)
+    "openai": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    "llamacpp": ("/completion", {"prompt": "hi", "n_predict": 2}),
+    "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+}
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                   408: "timeout_error", 413: "request_too_large", 503: "overloaded_error"}
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                408: "timeout_error", 413: "invalid_request_error", 501: "not_supported_error",
+                503: "unavailable_error"}
+
+
+def check_envelope(protocol: str, status: int, body: dict[str, Any], *, kind: str | None = None) -> None:
+    if protocol == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == (kind or ANTHROPIC_TYPES[status]), body
+        assert body["error"]["message"]
+    else:
+        assert body["error"]["code"] == status and body["error"]["type"] == (kind or OPENAI_TYPES[status]), body
+        assert body["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def keyed_server(model_lock: None) -> Iterator[KineticServer]:
+    with KineticServer("-c", "2048", "-np", "1", "--api-key", KEY, "--body-timeout", "1") as server:
+        yield server
+
+
+def raw_exchange(url: str, request: bytes, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+    """Sends bytes as they are (a stalled body, a lying Content-Length) and reads the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            data += chunk
+            if b"\r\n\r\n" in data:
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), None)
+                if length is not None and len(rest) >= length:
+                    break
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_field_error_is_400_naming_the_field(keyed_server: KineticServer, protocol: str) -> None:
+    path, good = ROUTES[protocol]
+    bad = {**good, "max_tokens": 0} if protocol == "anthropic" else {**good, "temperature": 5}
+    r = httpx.post(keyed_server.url + path, json=bad, headers=AUTH)
+    assert r.status_code == 400
+    check_envelope(protocol, 400, r.json())
+    assert ("max_tokens" if protocol == "anthropic" else "temperature") in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_missing_key_is_401(keyed_server: KineticServer, protocol: str) -> None:
+    path, good = ROUTES[protocol]
+    r = httpx.post(keyed_server.url + path, json=good)
+    assert r.status_code == 401
+    check_envelope(protocol, 401, r.json())
+    if protocol == "openai":
+        assert r.json() == {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}
+
+
+@pytest.mark.parametrize("protocol, path", [("openai", "/v1/nope"), ("llamacpp", "/nope"),
+                                            ("anthropic", "/v1/messages/nope")])
+def test_unknown_route_is_404(keyed_server: KineticServer, protocol: str, path: str) -> None:
+    r = httpx.post(keyed_server.url + path, json={}, headers=AUTH)
+    assert r.status_code == 404
+    check_envelope(protocol, 404, r.json())
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_stalled_body_is_408(keyed_server: KineticServer, protocol: str) -> None:
+    path, _ = ROUTES[protocol]
+    request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"messa").encode()
+    status, body = raw_exchange(keyed_server.url, request)
+    assert status == 408
+    check_envelope(protocol, 408, body)
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_oversized_body_is_413_without_reading_it(keyed_server: KineticServer, protocol: str) -> None:
+    path, _ = ROUTES[protocol]
+    request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {10 ** 10}\r\n\r\n").encode()
+    status, body = raw_exchange(keyed_server.url, request)
+    assert status == 413
+    check_envelope(protocol, 413, body)
+
+
+@pytest.mark.parametrize("protocol, path", [("openai", "/v1/embeddings"), ("llamacpp", "/metrics")])
+def test_disabled_feature_is_501(keyed_server: KineticServer, protocol: str, path: str) -> None:
+    if path == "/metrics":
+        r = httpx.get(keyed_server.url + path, headers=AUTH)
+    else:
+        r = httpx.post(keyed_server.url + path, json={"input": "hi"}, headers=AUTH)
+    assert r.status_code == 501
+    check_envelope(protocol, 501, r.json())
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_context_overflow_is_400_with_the_sizes(keyed_server: KineticServer, protocol: str) -> None:
+    path, good = ROUTES[protocol]
+    if protocol == "llamacpp":
+        body = {**good, "prompt": LONG}
+    else:
+        body = {**good, "messages": [{"role": "user", "content": LONG}]}
+    r = httpx.post(keyed_server.url + path, json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 400
+    if protocol == "anthropic":
+        check_envelope(protocol, 400, r.json())
+    else:
+        check_envelope(protocol, 400, r.json(), kind="exceed_context_size_error")
+        assert r.json()["error"]["n_ctx"] == 2048 and r.json()["error"]["n_prompt_tokens"] > 2048
+    assert httpx.post(keyed_server.url + path, json=good, headers=AUTH, timeout=60).status_code == 200
+
+
+# ----------------------------------------------------------------- the scripted engine's kinds
+
+
+@pytest.mark.parametrize("protocol", ROUTES)
+def test_loading_is_503(protocol: str) -> None:
+    with ScriptedServer(ScriptedEngine(["x"])) as server:  # never loads until the test ends
+        path, good = ROUTES[protocol]
+        r = httpx.post(server.url + path, json=good)
+        assert r.status_code == 503
+        check_envelope(protocol, 503, r.json())
+        assert httpx.get(server.url + "/health").status_code == 503
+
+
+@pytest.fixture()
+def failing_server() -> Iterator[ScriptedServer]:
+    engine = ScriptedEngine(["Hel", "lo", ServerError("llama_decode failed with status 1 (KV cache full?)")])
+    engine.loaded.set()
+    with ScriptedServer(engine) as server:
+        wait_until_ready(server.url)
+        yield server
+
+
+def sse_lines(url: str, path: str, body: dict[str, Any]) -> list[str]:
+    with httpx.stream("POST", url + path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line]
+
+
+def test_openai_stream_failing_midway_sends_the_error_then_done(failing_server: ScriptedServer) -> None:
+    lines = sse_lines(failing_server.url, *ROUTES["openai"])
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))
+    assert error["error"]["code"] == 500 and "KV cache" in error["error"]["message"]
+    client = openai.OpenAI(base_url=failing_server.url + "/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+    received = ""
+    with pytest.raises(openai.APIError, match="KV cache"):
+        for chunk in stream:
+            received += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert received == "Hello"  # what was generated before the failure arrived
+
+
+def test_anthropic_stream_failing_midway_sends_an_error_event(failing_server: ScriptedServer) -> None:
+    lines = sse_lines(failing_server.url, *ROUTES["anthropic"])
+    assert lines[-2] == "event: error"
+    assert json.loads(lines[-1].removeprefix("data: "))["error"]["type"] == "api_error"
+    client = anthropic.Anthropic(base_url=failing_server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.APIError, match="KV cache"):
+        with client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
+            for _ in s.text_stream:
+                pass
+
+
+def test_llamacpp_stream_failing_midway_ends_with_the_error(failing_server: ScriptedServer) -> None:
+    lines = sse_lines(failing_server.url, *ROUTES["llamacpp"])
+    contents = [json.loads(line.removeprefix("data: ")).get("content") for line in lines[:-1]]
+    assert "".join(c or "" for c in contents) == "Hello"
+    assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 500

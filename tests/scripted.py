@@ -1,0 +1,159 @@
+"""A scripted engine: the Engine interface with canned events, for what a real model cannot be
+made to do on demand (stay loading while a test knocks, fail in the middle of a stream).
+
+It never replaces the real model in e2e tests; it drives the real app, served by real uvicorn on
+a free port, so clients still talk HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from kinetic.app import create_app
+from kinetic.engine.base import Generation
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    SlotState,
+    TextDelta,
+    Timings,
+    Usage,
+)
+from kinetic.errors import KineticError, UnavailableError
+from kinetic.service import Service
+from kinetic.settings import ServerSettings
+from tests.server import free_port
+
+# Step: a piece of text to emit, or an error to raise there.
+Step = str | KineticError
+
+
+class ScriptedEngine:
+    """Bytes are tokens; every generation plays `script` and finishes (unless a step raises)."""
+
+    n_slots = 1
+    slot_n_ctx = 4096
+
+    def __init__(self, script: list[Step], *, loaded: threading.Event | None = None):
+        self.script = script
+        self.loaded = loaded or threading.Event()
+        self._ready = False
+        self.info = ModelInfo(path=Path("scripted.gguf"), architecture="scripted", description="scripted 0M F32",
+                              n_vocab=256, n_ctx_train=4096, n_embd=4, n_params=0, size=0, vocab_type=0,
+                              bos_token="", eos_token="", bos_id=-1, add_bos=False, chat_template=None, metadata={})
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def load(self) -> None:
+        self.loaded.wait()  # the test decides when loading ends
+        self._ready = True
+
+    def close(self) -> None:
+        self.loaded.set()
+
+    def require_ready(self) -> ModelInfo:
+        if not self._ready:
+            raise UnavailableError("Loading model")
+        return self.info
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return bytes(tokens).decode("utf-8", "replace")
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        return bytes([token])
+
+    def valid_token(self, token: int) -> bool:
+        return 0 <= token < 256
+
+    @property
+    def can_generate(self) -> bool:
+        return True
+
+    async def submit(self, request: GenerationRequest) -> Generation:
+        queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        text = ""
+        for step in self.script:
+            if isinstance(step, KineticError):
+                queue.put_nowait(step)
+                break
+            text += step
+            queue.put_nowait(TextDelta(text=step, token_id=0))
+        else:
+            n_prompt = len(request.prompt_tokens)
+            queue.put_nowait(Finished(
+                finish_reason="stop", stop_type="eos", stopping_word="", text=text, tokens=[0] * len(self.script),
+                usage=Usage(prompt_tokens=n_prompt, completion_tokens=len(self.script), cached_tokens=0),
+                timings=Timings(cache_n=0, prompt_n=n_prompt, prompt_ms=1.0, predicted_n=len(self.script),
+                                predicted_ms=1.0),
+                id_slot=0, tokens_cached=n_prompt, truncated=False))
+        return Generation(queue, lambda: None)
+
+    @property
+    def embedding_n_ctx(self) -> int:
+        return 0
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        raise AssertionError("the scripted engine has no embeddings")
+
+    def slot_states(self) -> list[SlotState]:
+        return [SlotState(id=0, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,
+                          n_prompt_tokens_cache=0, n_decoded=0)]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
+
+
+class ScriptedServer:
+    """The real kinetic app over a ScriptedEngine, served by uvicorn in a thread on a free port."""
+
+    def __init__(self, engine: ScriptedEngine, **settings: object):
+        self.engine = engine
+        service = Service.create(ServerSettings(**settings), engine, "scripted")  # type: ignore[arg-type]
+        self.port = free_port()
+        config = uvicorn.Config(create_app(service), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ScriptedServer":
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/health", timeout=1)  # 503 while loading counts as up
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("scripted server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.loaded.set()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+
+def wait_until_ready(url: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if httpx.get(url + "/health").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("scripted server never became ready")

@@ -1,0 +1,46 @@
+"""The layering DESIGN.md promises, checked on the source: protocols never import each other,
+translators never reach an engine, and only the llama backend imports llama_cpp at module level."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kinetic"
+PROTOCOLS = sorted(p.name for p in (PACKAGE / "protocols").iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def module_imports(path: Path, *, top_level_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS if p != "common"])
+def test_protocols_import_no_other_protocol(protocol: str) -> None:
+    others = [p for p in PROTOCOLS if p not in (protocol, "common")]
+    for path in (PACKAGE / "protocols" / protocol).glob("*.py"):
+        for name in module_imports(path):
+            assert not any(name.startswith(f"kinetic.protocols.{other}") for other in others), (path, name)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_translators_never_reach_an_engine_backend(protocol: str) -> None:
+    path = PACKAGE / "protocols" / protocol / "translate.py"
+    for name in module_imports(path):
+        assert not name.startswith(("kinetic.engine.llama", "llama_cpp", "kinetic.chat.prepare")), name
+
+
+def test_only_the_llama_backend_imports_llama_cpp_at_module_level() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        if "engine/llama" in path.as_posix():
+            continue
+        assert not any(n.split(".")[0] == "llama_cpp" for n in module_imports(path, top_level_only=True)), path

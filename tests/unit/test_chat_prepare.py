@@ -1,0 +1,97 @@
+"""The chat layer: neutral requests rendered, tokenized and compiled, with the scripted engine's
+byte tokenizer standing in for a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetic.chat.prepare import ChatLayer, ServerDefaults
+from kinetic.chat.templates import ChatTemplate, builtin_template
+from kinetic.chat.types import (
+    ChatRequest,
+    GenerationOptions,
+    MediaPart,
+    Message,
+    PromptRequest,
+    SamplingOptions,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
+from kinetic.errors import InvalidRequestError
+from tests.scripted import ScriptedEngine
+
+WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+@pytest.fixture()
+def layer() -> ChatLayer:
+    engine = ScriptedEngine([])
+    engine.loaded.set()
+    engine.load()
+    template = ChatTemplate(builtin_template("gemma"), "builtin:gemma")
+    return ChatLayer(engine, template, ServerDefaults(temperature=0.3, seed=5, n_predict=77,
+                                                      template_kwargs={"enable_thinking": False}))
+
+
+def user(text: str) -> Message:
+    return Message(role="user", parts=(TextPart(text),))
+
+
+def test_defaults_fill_what_the_request_leaves_out(layer: ChatLayer) -> None:
+    generation, prepared = layer.prepare_chat(ChatRequest(messages=(user("hi"),)))
+    assert generation.sampling.temperature == 0.3 and generation.sampling.seed == 5
+    assert generation.max_tokens == 77 and generation.sampling.grammar is None
+    assert prepared.prompt.endswith("<start_of_turn>model\n") and prepared.tool_mode == "none"
+    assert generation.prompt_tokens == list(prepared.prompt.encode()) and prepared.prompt_tokens == len(prepared.prompt)
+
+
+def test_request_values_win_and_text_bias_keys_are_tokenized(layer: ChatLayer) -> None:
+    options = GenerationOptions(sampling=SamplingOptions(temperature=0.0, logit_bias={"AB": -5.0, 7: 1.0}),
+                                max_tokens=3)
+    generation, _ = layer.prepare_chat(ChatRequest(messages=(user("hi"),), options=options))
+    assert generation.sampling.temperature == 0.0 and generation.max_tokens == 3
+    assert generation.sampling.logit_bias == {65: -5.0, 66: -5.0, 7: 1.0}
+
+
+def test_tools_are_rendered_for_auto_not_for_none_and_forced_gets_a_grammar(layer: ChatLayer) -> None:
+    _, auto = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,)))
+    assert auto.tool_mode == "auto" and "get_weather" in auto.prompt
+    _, none = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,), tool_choice=ToolChoice("none")))
+    assert none.tool_mode == "none" and "get_weather" not in none.prompt
+    forced, prepared = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,),
+                                                      tool_choice=ToolChoice("required", "get_weather")))
+    assert prepared.tool_mode == "forced" and "get_weather" in (forced.sampling.grammar or "")
+
+
+def test_tool_calls_and_results_reach_the_prompt(layer: ChatLayer) -> None:
+    messages = (user("weather?"),
+                Message(role="assistant", tool_calls=(ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)),
+                Message(role="tool", parts=(TextPart("sunny and 31 degrees"),), tool_call_id="c1"))
+    _, prepared = layer.prepare_chat(ChatRequest(messages=messages))
+    assert "sunny and 31 degrees" in prepared.prompt
+
+
+@pytest.mark.parametrize("request_, param", [
+    (ChatRequest(messages=(Message(role="user", parts=(TextPart("look"), MediaPart("image_url"))),)), "messages"),
+    (ChatRequest(messages=(user("x"),), template_kwargs={"enable_thinking": "yes"}), "chat_template_kwargs"),
+    (ChatRequest(messages=(user("x"),), tool_choice=ToolChoice("required")), "tool_choice"),
+    (ChatRequest(messages=()), "messages"),
+])
+def test_what_cannot_be_prepared_names_the_field(layer: ChatLayer, request_: ChatRequest, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        layer.prepare_chat(request_)
+    assert err.value.param == param
+
+
+def test_prompts_of_token_ids_are_checked(layer: ChatLayer) -> None:
+    assert layer.prepare_prompt(PromptRequest(prompt=[1, 2, 3])).prompt_tokens == [1, 2, 3]
+    with pytest.raises(InvalidRequestError, match="invalid tokens"):
+        layer.prepare_prompt(PromptRequest(prompt=[1, 999]))
+
+
+def test_embedding_inputs_respect_the_embedding_context(layer: ChatLayer) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        layer.embedding_inputs(["abc"], ["input[0]"])  # the scripted engine has no embedding context
+    assert err.value.param == "input[0]" and "too large" in err.value.message

@@ -1,0 +1,78 @@
+"""llama-server's native translator with no model: /completion inward, results, stream events,
+/slots, /metrics and /tokenize outward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kinetic.engine.types import (
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    SlotState,
+    TextDelta,
+    Timings,
+    Usage,
+)
+from kinetic.errors import InvalidRequestError
+from kinetic.protocols.llamacpp import translate
+from kinetic.protocols.llamacpp.types import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tests.scripted import ScriptedEngine
+
+
+def finished() -> Finished:
+    return Finished(finish_reason="stop", stop_type="word", stopping_word="\n", text="ab", tokens=[97, 98],
+                    usage=Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=1),
+                    timings=Timings(cache_n=1, prompt_n=4, prompt_ms=1.0, predicted_n=2, predicted_ms=1.0),
+                    id_slot=1, tokens_cached=7, truncated=False)
+
+
+def test_to_prompt_request_fields() -> None:
+    req = translate.to_prompt_request(CompletionRequest(prompt="hi", n_predict=-1, n_probs=2, top_k=1,
+                                                        json_schema={"type": "object"}, id_slot=1))
+    assert req.prompt == "hi" and req.options.max_tokens == -1 and req.options.n_probs == 2
+    assert req.options.sampling.top_k == 1 and req.options.id_slot == 1
+    assert req.output.schema == {"type": "object"} and req.output.param == "json_schema"
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_prompt_request(CompletionRequest(prompt="hi", n_predict=-2))
+    assert err.value.param == "n_predict"
+
+
+def test_final_result_and_stream_events() -> None:
+    generation = GenerationRequest(prompt_tokens=[1, 2], sampling=SamplingParams(seed=-1), max_tokens=8)
+    ctx = translate.native_context(CompletionRequest(prompt="hi", return_tokens=True), generation,
+                                   model="m", prompt_text="hi")
+    body = translate.to_completion([], finished(), ctx)
+    assert body["content"] == "ab" and body["tokens"] == [97, 98] and body["stop_type"] == "word"
+    assert body["tokens_evaluated"] == 5 and body["tokens_cached"] == 7 and body["timings"]["cache_n"] == 1
+    assert body["generation_settings"]["seed"] == 4294967295 and body["generation_settings"]["n_predict"] == 8
+    encoder = translate.NativeEncoder(ctx)
+    first = json.loads(encoder.encode(TextDelta(text="a", token_id=97))[0].decode().removeprefix("data: "))
+    assert first == {"index": 0, "content": "a", "tokens": [97], "stop": False, "id_slot": -1, "tokens_predicted": 1}
+    last = json.loads(encoder.encode(finished())[0].decode().removeprefix("data: "))
+    assert last["stop"] is True and last["content"] == ""
+
+
+def test_slots_and_metrics_from_engine_state() -> None:
+    states = [SlotState(id=0, is_processing=True, used=True, n_prompt_tokens=9, n_prompt_tokens_processed=4,
+                        n_prompt_tokens_cache=5, n_decoded=3),
+              SlotState(id=1, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,
+                        n_prompt_tokens_cache=0, n_decoded=0)]
+    busy, idle = translate.slots(states, 1024)
+    assert busy["n_prompt_tokens_cache"] == 5 and busy["next_token"][0]["n_decoded"] == 3 and busy["n_ctx"] == 1024
+    assert idle == {"id": 1, "n_ctx": 1024, "speculative": False, "is_processing": False}
+    text = translate.metrics_text(EngineStats(counters={"prompt_tokens_total": 12}, requests_processing=1,
+                                              requests_deferred=2))
+    assert "llamacpp:prompt_tokens_total 12" in text and "llamacpp:requests_deferred 2" in text
+    assert "# TYPE llamacpp:requests_processing gauge" in text
+
+
+def test_tokenize_mixes_text_and_ids_and_shows_pieces() -> None:
+    engine = ScriptedEngine([])
+    body = translate.tokenize(TokenizeRequest(content=["ab", 7], with_pieces=True), engine)
+    assert body == {"tokens": [{"id": 97, "piece": "a"}, {"id": 98, "piece": "b"}, {"id": 7, "piece": "\x07"}]}
+    assert translate.tokenize(TokenizeRequest(content=None), engine) == {"tokens": []}
+    assert translate.detokenize(DetokenizeRequest(tokens=[104, 105, 9999]), engine) == {"content": "hi"}

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kinetic.classroom.identity import ClientIdentity
 from kinetic.errors import (
     InvalidRequestError,
     KineticError,
@@ -51,8 +52,8 @@ ERROR_RENDERERS: tuple[tuple[str, ErrorRenderer], ...] = (
 def error_response(path: str, err: KineticError) -> JSONResponse:
     for prefix, renderer in ERROR_RENDERERS:
         if path.startswith(prefix):
-            return JSONResponse(renderer(err), status_code=err.status)
-    return JSONResponse(openai_translate.error_body(err), status_code=err.status)
+            return JSONResponse(renderer(err), status_code=err.status, headers=err.headers)
+    return JSONResponse(openai_translate.error_body(err), status_code=err.status, headers=err.headers)
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -91,11 +92,16 @@ class RequestGate:
         allowed = [o.strip() for o in self.cors_origins.split(",")]
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
-    def _key_ok(self, headers: dict[str, str]) -> bool:
+    def _client_name(self, headers: dict[str, str]) -> str | None:
+        """`key-N` for the N-th key (never the key itself), None for no key or a wrong one."""
         sent = headers.get("authorization", "") or headers.get("x-api-key", "")
         if sent.startswith("Bearer "):
             sent = sent[len("Bearer "):]
-        return any(secrets.compare_digest(sent.encode(), key.encode()) for key in self.api_keys)
+        found = None
+        for index, key in enumerate(self.api_keys, start=1):
+            if secrets.compare_digest(sent.encode(), key.encode()):
+                found = f"key-{index}"
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,13 +119,16 @@ class RequestGate:
             await send(message)
 
         path = scope["path"]
+        client_name = self._client_name(headers) if self.api_keys else None
+        if client_name is not None:  # who is asking, for the fair queue
+            scope.setdefault("state", {})["client_name"] = client_name
         if scope["method"] == "OPTIONS":
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": CORS_METHODS,
                 "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
         elif not self.service.ready:
             response = error_response(path, UnavailableError("Loading model"))
-        elif self.api_keys and path not in PUBLIC_PATHS and not self._key_ok(headers):
+        elif self.api_keys and path not in PUBLIC_PATHS and client_name is None:
             response = error_response(path, UnauthorizedError("Invalid API Key"))
         elif int(headers.get("content-length", "0") or 0) > MAX_BODY_BYTES:
             response = error_response(path, PayloadTooLargeError("request body too large"))
@@ -237,6 +246,7 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(llamacpp_router)
     app.include_router(anthropic_router)
+    app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
                        cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)
     return app

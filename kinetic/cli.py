@@ -120,8 +120,13 @@ def serve(settings: ServerSettings) -> int:
     except OSError as exc:
         print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
+    keyed = bool(settings.api_keys())
     engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
-                         n_threads=settings.threads, embeddings=settings.embeddings, verbose=settings.verbose)
+                         n_threads=settings.threads, n_batch=settings.batch_size,
+                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
+                         fair_share=settings.fair_share,
+                         max_in_flight_per_client=settings.max_in_flight if keyed else 0,
+                         verbose=settings.verbose)
     service = Service.create(settings, engine, resolved.name)
     config_holder: dict[str, uvicorn.Server] = {}
 

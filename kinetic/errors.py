@@ -23,6 +23,11 @@ class KineticError(Exception):
         self.param = param
         self.extra = extra or {}
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer carries besides the body."""
+        return {}
+
 
 class InvalidRequestError(KineticError):
     status = 400
@@ -68,6 +73,14 @@ class PayloadTooLargeError(KineticError):
 class RateLimitError(KineticError):
     status = 429
     kind = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class HeadersTooLargeError(KineticError):

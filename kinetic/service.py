@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from kinetic import __version__
+from kinetic.classroom.identity import CLIENT
 from kinetic.chat.prepare import ChatLayer, RenderedChat, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import ChatRequest, Message, PreparedChat, PromptInput, PromptRequest
@@ -87,10 +88,12 @@ class Service:
     # ------------------------------------------------ chat-layer work, off the event loop
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
-        return await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+        generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+        return replace(generation, client=CLIENT.get()), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
-        return await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
+        generation = await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
+        return replace(generation, client=CLIENT.get())
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None,

@@ -49,6 +49,10 @@ FLAGS: tuple[Flag, ...] = (
          default=0, type=int, llama_env="LLAMA_ARG_CTX_SIZE", metavar="N"),
     Flag("parallel", ("-np", "--parallel"), "number of slots (requests served at once; -1 = auto: 4 with a unified KV cache)",
          default=-1, type=int, llama_env="LLAMA_ARG_N_PARALLEL", metavar="N"),
+    Flag("batch_size", ("-b", "--batch-size"), "most tokens one decode step evaluates, prompts included",
+         default=2048, type=int, llama_env="LLAMA_ARG_BATCH", metavar="N"),
+    Flag("ubatch_size", ("-ub", "--ubatch-size"), "physical batch size llama.cpp computes at once",
+         default=512, type=int, llama_env="LLAMA_ARG_UBATCH", metavar="N"),
     Flag("host", ("--host",), "address to listen on", default="127.0.0.1", llama_env="LLAMA_ARG_HOST"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)", default=8080, type=int,
          llama_env="LLAMA_ARG_PORT"),
@@ -82,6 +86,10 @@ FLAGS: tuple[Flag, ...] = (
          llama_env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS"),
     Flag("body_timeout", ("--body-timeout",), "seconds a client may take to send its request body before it is dropped",
          default=30.0, type=float, metavar="S"),
+    Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, first served)",
+         default=True, type=None, negation="--no-fair-share"),
+    Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
+         "more get 429 (0 = no limit; applies when keys are set)", default=4, type=int, metavar="N"),
     Flag("verbose", ("-v", "--verbose"), "log every request", default=False, type=None),
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only",
          default=False, type=None, llama_env="LLAMA_OFFLINE"),
@@ -92,7 +100,7 @@ FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
 # llama-server flags kinetic accepts without acting on them; these take a value, so the value
 # must be consumed too (a bare value would otherwise be taken for the model path).
 IGNORED_FLAGS_WITH_VALUE = frozenset({
-    "-ngl", "--gpu-layers", "--n-gpu-layers", "-b", "--batch-size", "-ub", "--ubatch-size",
+    "-ngl", "--gpu-layers", "--n-gpu-layers",
     "-tb", "--threads-batch", "-to", "--timeout", "--threads-http", "--sse-ping-interval",
     "--pooling", "--embd-normalize", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
     "--top-k", "--top-p", "--min-p", "--typical", "--repeat-penalty", "--repeat-last-n",
@@ -117,6 +125,8 @@ class ServerSettings:
     alias: str | None = None
     ctx_size: int = 0
     parallel: int = -1
+    batch_size: int = 2048
+    ubatch_size: int = 512
     host: str = "127.0.0.1"
     port: int = 8080
     threads: int = -1
@@ -135,6 +145,8 @@ class ServerSettings:
     embeddings: bool = False
     cors_origins: str = "*"
     body_timeout: float = 30.0
+    fair_share: bool = True
+    max_in_flight: int = 4
     verbose: bool = False
     offline: bool = False
     ignored_flags: tuple[str, ...] = field(default=())

@@ -14,9 +14,24 @@ MODEL_ALIAS = "kinetic-test"
 DEFAULT_ARGS = ("-c", "4096", "-np", "2", "-a", MODEL_ALIAS, "--embeddings", "--metrics")
 
 
+_session_lock = FileLock(str(MODEL_LOCK_PATH))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Waits for the machine-wide model lock before the first test, when any collected test may start
+    a model: waiting inside a fixture would count against that test's timeout."""
+    if any("e2e" in item.nodeid or "docs" in item.nodeid for item in session.items):
+        _session_lock.acquire()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _session_lock.is_locked:
+        _session_lock.release()
+
+
 @pytest.fixture(scope="session")
 def model_lock() -> Iterator[None]:
-    with FileLock(str(MODEL_LOCK_PATH)):
+    with _session_lock:  # already held since collection; re-entrant within this process
         yield
 
 

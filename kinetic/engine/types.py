@@ -38,6 +38,7 @@ class GenerationRequest:
     n_probs: int = 0  # top alternatives reported per token (0: no logprobs)
     cache_prompt: bool = True
     id_slot: int = -1
+    client: str = ""  # who asked (a key's name): waiting requests are served round-robin by client
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class SlotState:
     n_prompt_tokens_processed: int
     n_prompt_tokens_cache: int
     n_decoded: int
+    client: str = ""
 
 
 @dataclass(frozen=True)
@@ -167,3 +169,4 @@ class EngineStats:
     counters: dict[str, float]
     requests_processing: int
     requests_deferred: int
+    deferred_by_client: dict[str, int] = field(default_factory=dict)

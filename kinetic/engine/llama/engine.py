@@ -49,6 +49,8 @@ class LlamaEngine:
         n_batch: int = DEFAULT_BATCH,
         n_ubatch: int = DEFAULT_UBATCH,
         embeddings: bool = False,
+        fair_share: bool = True,
+        max_in_flight_per_client: int = 0,
         verbose: bool = False,
     ):
         self.model_path = model_path
@@ -59,6 +61,8 @@ class LlamaEngine:
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
         self.embeddings_enabled = embeddings
+        self.fair_share = fair_share
+        self.max_in_flight_per_client = max_in_flight_per_client
         self.verbose = verbose
         self.slot_n_ctx = 0
         self._model: LoadedModel | None = None
@@ -79,7 +83,8 @@ class LlamaEngine:
         try:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                                  decode_lock=self._decode_lock)
+                                  decode_lock=self._decode_lock, fair=self.fair_share,
+                                  max_in_flight=self.max_in_flight_per_client)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
@@ -140,7 +145,11 @@ class LlamaEngine:
         sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         job = Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
-        scheduler.enqueue(job)
+        try:
+            scheduler.enqueue(job)
+        except BaseException:
+            sampler.close()
+            raise
         return Generation(queue, lambda: scheduler.cancel(job))
 
     # ---------------------------------------------------------------- embeddings
@@ -165,4 +174,5 @@ class LlamaEngine:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
         return EngineStats(counters=dict(scheduler.metrics),
                            requests_processing=sum(1 for s in scheduler.slots if s.is_processing),
-                           requests_deferred=scheduler.n_deferred)
+                           requests_deferred=scheduler.n_deferred,
+                           deferred_by_client=scheduler.deferred_by_client())

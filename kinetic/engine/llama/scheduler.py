@@ -6,7 +6,12 @@ much pending prompt as fits, calls llama_decode once, and samples each slot from
 logits. So two decodes never run at once (llama.cpp's worker threads spin, and two concurrent
 decodes on two cores collapse to about one token a second), every active stream advances each
 step, and several slots share one batch. Each slot keeps the tokens in its KV cache and reuses
-the longest common prefix of the next prompt (`cache_n`).
+the longest common prefix of the next prompt (`cache_n`), or, when another slot holds a longer
+one (the shared system prompt of a class), copies those KV cells over instead of evaluating them.
+
+Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
+the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
+never holds back the others. Events reach the event loop in one hand-off per step.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import llama_cpp
 from llama_cpp import _internals
 
+from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler, token_logprob
 from kinetic.engine.text import TextAssembler
@@ -37,9 +42,12 @@ from kinetic.engine.types import (
     TokenLogprob,
     Usage,
 )
-from kinetic.errors import ServerError
+from kinetic.errors import RateLimitError, ServerError
 
 log = logging.getLogger(__name__)
+
+# Copying another slot's cells pays off only for a real shared prefix, not a BOS and a few tokens.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass
@@ -52,9 +60,7 @@ class Job:
     queue: "asyncio.Queue[Event | BaseException]"
     cancelled: bool = False
     done: bool = False
-
-    def emit(self, event: Event | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+    counted: bool = True  # still counted against its client's requests in flight
 
 
 @dataclass
@@ -75,6 +81,7 @@ class Slot:
     t_generation_start: float = 0.0
     prompt_ms: float = 0.0
     n_prompt_tokens_processed: int = 0  # shown by GET /slots
+    client: str = ""
 
     @property
     def is_processing(self) -> bool:
@@ -84,14 +91,15 @@ class Slot:
         return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),
                          n_prompt_tokens=len(self.prompt), n_prompt_tokens_processed=self.n_prompt_tokens_processed,
                          n_prompt_tokens_cache=self.n_cached,
-                         n_decoded=len(self.generated) if self.is_processing else 0)
+                         n_decoded=len(self.generated) if self.is_processing else 0, client=self.client)
 
 
 class Scheduler:
     """Owns the generation context, its slots, the waiting queue and the decode thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
-                 n_batch: int, n_ubatch: int, decode_lock: threading.Lock):
+                 n_batch: int, n_ubatch: int, decode_lock: threading.Lock, fair: bool = True,
+                 max_in_flight: int = 0, share_prefixes: bool = True):
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -107,6 +115,7 @@ class Scheduler:
         self.ctx = model.new_context(params)
         self.n_ctx = self.ctx.n_ctx()
         self.n_batch = params.n_batch
+        self.kv_unified = kv_unified
         self.slot_n_ctx = self.n_ctx if kv_unified else self.n_ctx // n_slots
         self.batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=model.verbose)
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -115,8 +124,13 @@ class Scheduler:
             "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0, "prompt_seconds_total": 0.0,
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
             "n_tokens_max": 0}
+        self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
+        self.share_prefixes = share_prefixes
         self._cv = threading.Condition()
-        self._pending: deque[Job] = deque()
+        self._pending: FairQueue[Job] = FairQueue(fair=fair)
+        self._in_flight: dict[str, int] = {}
+        self._outbox: list[tuple[Job, Event | BaseException]] = []
+        self._prompt_turn = 0
         self._stopping = False
         self._use_counter = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
@@ -125,21 +139,40 @@ class Scheduler:
     # ------------------------------------------------------------ from the event loop
 
     def enqueue(self, job: Job) -> None:
+        """Queues a job; a client already at its limit of requests in flight gets a 429."""
+        client = job.request.client
         with self._cv:
-            self._pending.append(job)
+            if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
+                raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
+                                     "retry when one has finished", retry_after=1)
+            self._in_flight[client] = self._in_flight.get(client, 0) + 1
+            self._pending.push(client, job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
         with self._cv:
-            if job in self._pending:
-                self._pending.remove(job)
+            if self._pending.remove(job):  # never got a slot: it leaves the line without one
                 job.sampler.close()
+                self._uncount(job)
             self._cv.notify()
+
+    def _uncount(self, job: Job) -> None:
+        """Called under the lock."""
+        if job.counted:
+            job.counted = False
+            client = job.request.client
+            self._in_flight[client] -= 1
+            if not self._in_flight[client]:
+                del self._in_flight[client]
 
     @property
     def n_deferred(self) -> int:
         return len(self._pending)
+
+    def deferred_by_client(self) -> dict[str, int]:
+        with self._cv:
+            return self._pending.counts()
 
     def close(self) -> None:
         with self._cv:
@@ -164,33 +197,83 @@ class Scheduler:
                 log.exception("decode step failed")
                 for slot in self.slots:
                     if slot.job is not None:
-                        slot.job.emit(ServerError(f"generation failed: {exc}"))
+                        self._emit(slot.job, ServerError(f"generation failed: {exc}"))
                         self._forget_cache(slot)
                         self._release(slot)
+            self._flush()
+
+    def _emit(self, job: Job, event: Event | BaseException) -> None:
+        self._outbox.append((job, event))
+
+    def _flush(self) -> None:
+        """Hands the step's events to their event loops, one call per loop: each call wakes the loop."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Event | BaseException]]] = {}
+        for job, event in self._outbox:
+            by_loop.setdefault(job.loop, []).append((job, event))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop has closed: nobody is listening any more
+                pass
 
     def _assign_pending(self) -> None:
-        """Gives waiting jobs to idle slots: the one holding the longest common prefix wins."""
-        for job in list(self._pending):
-            idle = [s for s in self.slots if s.job is None]
-            if job.request.id_slot >= 0:
-                idle = [s for s in idle if s.id == job.request.id_slot]
-            if not idle:
-                continue
-            prompt = job.request.prompt_tokens
-            slot = max(idle, key=lambda s: (_common_prefix(s.tokens, prompt), -s.last_used))
-            self._pending.remove(job)
-            self._start(slot, job)
+        """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
+        holding the longest common prefix of the prompt wins."""
+        while self._pending and any(s.job is None for s in self.slots):
+            for client, job in self._pending.in_order():
+                idle = [s for s in self.slots if s.job is None]
+                if job.request.id_slot >= 0:
+                    idle = [s for s in idle if s.id == job.request.id_slot]
+                if idle:
+                    prompt = job.request.prompt_tokens
+                    slot = max(idle, key=lambda s: (_common_prefix(s.tokens, prompt), -s.last_used))
+                    self._pending.served(client, job)
+                    self._start(slot, job)
+                    break
+            else:
+                return  # every waiting job wants a busy slot
+
+    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+        """How many prompt tokens `slot` need not evaluate: its own cached prefix, or a longer one
+        copied from another slot's cells (also while that slot is still generating)."""
+        # The last prompt token is always evaluated again: its logits give the first sample.
+        limit = len(prompt) - 1
+        n_own = min(_common_prefix(slot.tokens, prompt), limit)
+        memory = self.ctx.memory
+        source, n_source = None, n_own
+        if self.share_prefixes:
+            for other in self.slots:
+                n = min(_common_prefix(other.tokens, prompt), limit) if other is not slot else 0
+                if n >= MIN_SHARED_PREFIX and n > n_source:
+                    source, n_source = other, n
+        if source is not None:
+            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+            if self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
+                llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n_source)
+            else:
+                # Each slot has its own stream, and llama.cpp copies between streams only whole:
+                # copy all of it, then drop what is past the shared prefix.
+                llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
+                llama_cpp.llama_memory_seq_rm(memory, slot.id, n_source, -1)
+            self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n_source
+            return n_source
+        if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
+            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+            return 0
+        return n_own
 
     def _start(self, slot: Slot, job: Job) -> None:
         prompt = job.request.prompt_tokens
-        n_common = _common_prefix(slot.tokens, prompt) if job.request.cache_prompt else 0
-        # The last prompt token is always evaluated again: its logits give the first sample.
-        n_common = min(n_common, len(prompt) - 1)
-        memory = self.ctx.memory
-        if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_common, -1):
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+        if job.request.cache_prompt:
+            n_common = self._reuse_prefix(slot, prompt)
+        else:
+            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
             n_common = 0
         slot.tokens = list(prompt[:n_common])
+        slot.client = job.request.client
         slot.job = job
         slot.prompt = list(prompt)
         slot.to_evaluate = list(prompt[n_common:])
@@ -217,15 +300,10 @@ class Scheduler:
                 self._batch_add(slot.next_token, len(slot.tokens), slot.id, True)
                 slot.tokens.append(slot.next_token)
                 slot.next_token = None
-        for slot in self.slots:
-            if slot.job is None or not slot.to_evaluate:
-                continue
-            room = self.n_batch - batch.n_tokens
-            if room <= 0:
-                break
+        for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens):
             if not slot.t_prompt_start:
                 slot.t_prompt_start = time.perf_counter()
-            chunk, slot.to_evaluate = slot.to_evaluate[:room], slot.to_evaluate[room:]
+            chunk, slot.to_evaluate = slot.to_evaluate[:take], slot.to_evaluate[take:]
             for i, token in enumerate(chunk):
                 last = not slot.to_evaluate and i == len(chunk) - 1
                 if last:
@@ -239,13 +317,35 @@ class Scheduler:
         if status != 0:
             for slot, _ in sample_rows:
                 if slot.job is not None:
-                    slot.job.emit(ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
+                    self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
                     self._forget_cache(slot)
                     self._release(slot)
             return
         for slot, row in sample_rows:
             if slot.job is not None:
                 self._sample(slot, row)
+
+    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
+        """The step's prompt budget split evenly across the slots still reading a prompt (what one
+        does not need goes to the others), starting from a different slot each step."""
+        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
+        if not reading or budget <= 0:
+            return []
+        self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
+        reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
+        shares = {s.id: 0 for s in reading}
+        open_slots = list(reading)
+        while budget > 0 and open_slots:
+            even = max(1, budget // len(open_slots))
+            for slot in list(open_slots):
+                give = min(even, len(slot.to_evaluate) - shares[slot.id], budget)
+                shares[slot.id] += give
+                budget -= give
+                if shares[slot.id] == len(slot.to_evaluate):
+                    open_slots.remove(slot)
+                if budget == 0:
+                    break
+        return [(slot, shares[slot.id]) for slot in reading if shares[slot.id]]
 
     def _batch_add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
         batch = self.batch.batch
@@ -297,7 +397,7 @@ class Scheduler:
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None
         slot.text_parts.append(text)
-        slot.job.emit(TextDelta(text=text, token_id=token, logprob=logprob))
+        self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob))
 
     def _finish(self, slot: Slot, reason: FinishReason, stop_type: StopType, *, truncated: bool = False) -> None:
         job = slot.job
@@ -315,7 +415,7 @@ class Scheduler:
         metrics["tokens_predicted_total"] += n_predicted
         metrics["tokens_predicted_seconds_total"] += predicted_ms / 1000.0
         metrics["n_tokens_max"] = max(metrics["n_tokens_max"], n_prompt + n_predicted)
-        job.emit(Finished(
+        self._emit(job, Finished(
             finish_reason=reason,
             stop_type=stop_type,
             stopping_word=slot.assembler.stopping_word,
@@ -333,6 +433,8 @@ class Scheduler:
     def _release(self, slot: Slot) -> None:
         if slot.job is not None:
             slot.job.sampler.close()
+            with self._cv:
+                self._uncount(slot.job)
         slot.job = None
         slot.next_token = None
         slot.to_evaluate = []
@@ -343,6 +445,11 @@ class Scheduler:
     def _forget_cache(self, slot: Slot) -> None:
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
         slot.tokens = []
+
+
+def _deliver(items: list[tuple[Job, Event | BaseException]]) -> None:
+    for job, event in items:
+        job.queue.put_nowait(event)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

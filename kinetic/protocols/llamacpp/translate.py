@@ -133,6 +133,8 @@ def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:
     for slot in states:
         entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
                                  "is_processing": slot.is_processing}
+        if slot.is_processing:
+            entry["key"] = slot.client  # whose request it is: a key's name, never the key
         if slot.used:
             entry.update(n_prompt_tokens=slot.n_prompt_tokens, n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
                          n_prompt_tokens_cache=slot.n_prompt_tokens_cache,
@@ -163,6 +165,11 @@ def metrics_text(stats: EngineStats) -> str:
     for name, (kind, help_text) in METRIC_HELP.items():
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
                   f"llamacpp:{name} {values.get(name, 0)}"]
+    lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
+              "# TYPE llamacpp:requests_deferred_by_key gauge"]
+    for client, count in sorted(stats.deferred_by_client.items()):
+        label = client.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'llamacpp:requests_deferred_by_key{{key="{label}"}} {count}')
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,228 @@
+"""kinetic against llama-server (and in-process llama-cpp-python) on the same model and flags.
+
+Three modes, each measured in one run with the servers taking turns (never decoding together):
+
+  streams     1, 2, 4 and 8 concurrent streams (fixed prompt, fixed max_tokens, ignore_eos):
+              aggregate tokens/s, per-stream decode tokens/s, TTFT p50/p95, and the ratios
+              kinetic/llama-server (and kinetic/in-process for one stream)
+  classroom   N students send the lab's request (a shared system prompt, their own question) a
+              fraction of a second apart: TTFT p50/p95/max, cache_n, wall time
+  class-size  students who think 2-5 s between the lab's request, plus one who loops without
+              pause, growing until the p95 TTFT passes 2 s: the largest class each server keeps
+
+    python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3]
+    python bench/bench_streams.py classroom [--students 16] [--spacing 0.25]
+    python bench/bench_streams.py class-size [--sizes 8,12,16,20,24,28,32] [--duration 40]
+
+llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
+vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from load import (  # noqa: E402
+    QUESTIONS,
+    Server,
+    Student,
+    Timed,
+    kinetic_server,
+    lab_request,
+    llama_server,
+    median,
+    percentile,
+    run_students,
+    stream_request,
+    table,
+)
+
+PROMPT = "The history of the printing press begins"
+
+
+def model_path(given: str | None) -> str:
+    if given:
+        return given
+    from kinetic.models import bundled_model_path
+
+    return str(bundled_model_path())
+
+
+def concurrent(url: str, n: int, tokens: int) -> list[Timed]:
+    results: list[Timed] = [Timed(ok=False)] * n
+    body = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+
+    def one(i: int) -> None:
+        results[i] = stream_request(url, "/v1/completions", body)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def in_process(model: str, tokens: int, threads: int, ctx: int) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s) of one stream with llama_cpp.Llama in this process."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model, n_ctx=ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    try:
+        started = time.perf_counter()
+        stamps = [time.perf_counter() for _ in llm.create_completion(
+            PROMPT, max_tokens=tokens, temperature=0.0, stream=True, logit_bias={llm.token_eos(): float("-inf")})]
+        return stamps[0] - started, (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    finally:
+        llm.close()
+
+
+def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
+    counts = [int(n) for n in args.streams.split(",")]
+    figures: dict[tuple[str, int], list[list[Timed]]] = {}
+    for _ in range(args.rounds):
+        for n in counts:
+            for server in servers:  # take turns: never two servers decoding at once
+                figures.setdefault((server.name, n), []).append(concurrent(server.url, n, args.tokens))
+    rows = []
+    summary: dict[tuple[str, int], tuple[float, float, float]] = {}
+    for (name, n), rounds in figures.items():
+        aggregate = median([sum(r.tokens for r in run) / (max(r.ended for r in run) - min(r.started for r in run))
+                            for run in rounds if all(r.ok for r in run)])
+        per_stream = median([r.decode_tps for run in rounds for r in run if r.ok])
+        ttfts = [r.ttft for run in rounds for r in run if r.ok]
+        summary[(name, n)] = (aggregate, per_stream, percentile(ttfts, 0.5))
+        rows.append([name, n, aggregate, per_stream, 1000 * percentile(ttfts, 0.5), 1000 * percentile(ttfts, 0.95)])
+    print(table(["server", "streams", "aggregate tok/s", "per-stream tok/s", "TTFT p50 ms", "TTFT p95 ms"], rows))
+    if len(servers) > 1:
+        print()
+        ratio_rows = []
+        for n in counts:
+            k, ls = summary[("kinetic", n)], summary[("llama-server", n)]
+            ratio_rows.append([n, k[0] / ls[0], k[1] / ls[1], k[2] / ls[2]])
+        print("kinetic / llama-server (above 1 is kinetic faster, except TTFT where below 1 is better)")
+        print(table(["streams", "aggregate", "per-stream decode", "TTFT p50"], ratio_rows))
+    if args.in_process:  # the servers are idle now: their threads do not spin
+        ttft, tps = in_process(args.model, args.tokens, args.threads, args.ctx)
+        k = summary[("kinetic", 1)]
+        print()
+        print(f"in-process llama-cpp-python, one stream: decode {tps:.1f} tok/s, TTFT {1000 * ttft:.0f} ms; "
+              f"kinetic/in-process decode {k[1] / tps:.2f}, TTFT {k[2] / ttft:.2f}")
+
+
+def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[list[Timed], float]:
+    results: list[Timed] = [Timed(ok=False)] * students
+
+    def one(i: int) -> None:
+        time.sleep(i * spacing)
+        results[i] = stream_request(url, "/v1/chat/completions", lab_request(QUESTIONS[i % len(QUESTIONS)], tokens))
+
+    begin = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(students)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - begin
+
+
+def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> None:
+    rows = []
+    p95: dict[str, float] = {}
+    for server in servers:
+        stream_request(server.url, "/v1/chat/completions", lab_request("warm up", 4))  # both start equally warm
+        results, wall = classroom(server.url, args.students, args.spacing, args.tokens)
+        ttfts = [r.ttft for r in results if r.ok]
+        cached = [r.cache_n for r in results[1:] if r.ok and r.cache_n is not None]
+        p95[server.name] = percentile(ttfts, 0.95)
+        rows.append([server.name, sum(r.ok for r in results), 1000 * percentile(ttfts, 0.5), 1000 * p95[server.name],
+                     1000 * max(ttfts, default=math.nan), min(cached, default=-1), wall])
+    print(f"{args.students} students, {args.spacing}s apart, {args.tokens} tokens each, -np {args.parallel}")
+    print(table(["server", "served", "TTFT p50 ms", "TTFT p95 ms", "TTFT max ms", "least cache_n after the first",
+                 "wall s"], rows))
+    if len(servers) > 1:
+        print(f"kinetic/llama-server TTFT p95: {p95['kinetic'] / p95['llama-server']:.2f}")
+
+
+def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
+    sizes = sorted(int(n) for n in args.sizes.split(","))
+    rows = []
+    largest: dict[str, int] = {s.name: 0 for s in servers}
+    still_fine = {s.name: True for s in servers}
+    for size in sizes:
+        for server in servers:
+            if not still_fine[server.name]:
+                continue
+            students = [Student(f"s{i}", None, (2.0, 5.0)) for i in range(size)] + [Student("greedy", None, (0, 0))]
+            run_students(server.url, students, duration=args.duration, tokens=32)
+            ttfts = [r.ttft for s in students for r in s.results if r.ok]
+            p95 = percentile(ttfts, 0.95)
+            errors = sum(not r.ok for s in students for r in s.results)
+            rows.append([server.name, size, len(ttfts), errors, 1000 * percentile(ttfts, 0.5), 1000 * p95])
+            if p95 <= 2.0 and errors == 0:
+                largest[server.name] = size
+            else:
+                still_fine[server.name] = False
+        if not any(still_fine.values()):
+            break
+    print(f"-np {args.parallel}, students think 2-5 s between 32-token streamed lab requests, plus one greedy")
+    print(table(["server", "students", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms"], rows))
+    print("largest class with p95 TTFT <= 2 s: " + ", ".join(f"{k} {v}" for k, v in largest.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["streams", "classroom", "class-size"])
+    parser.add_argument("--model", help="GGUF (default: the bundled model)")
+    parser.add_argument("--llama-server", help="llama-server binary to compare with")
+    parser.add_argument("--no-llama-server", action="store_true", help="measure kinetic alone")
+    parser.add_argument("-c", "--ctx", type=int, default=8192)
+    parser.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: 8 for streams, 4 otherwise)")
+    parser.add_argument("-t", "--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--kinetic-flags", default="", help="extra flags for kinetic serve only")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per request (96 streams, 24 classroom)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--in-process", action="store_true", help="also time in-process llama-cpp-python")
+    parser.add_argument("--students", type=int, default=16)
+    parser.add_argument("--spacing", type=float, default=0.25)
+    parser.add_argument("--sizes", default="8,12,16,20,24,28,32")
+    parser.add_argument("--duration", type=float, default=40.0)
+    args = parser.parse_args()
+    args.model = model_path(args.model)
+    args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
+    args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
+    flags = ["-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
+    from filelock import FileLock
+
+    from kinetic.launch import MODEL_LOCK_PATH
+
+    with FileLock(str(MODEL_LOCK_PATH)):
+        candidates = [kinetic_server(args.model, flags + args.kinetic_flags.split())]
+        other = None if args.no_llama_server else llama_server(args.llama_server, args.model, flags)
+        if other is not None:
+            candidates.append(other)
+        else:
+            print("no llama-server binary: measuring kinetic alone")
+        started: list[Server] = []
+        try:
+            for server in candidates:
+                started.append(server.__enter__())
+            run: dict[str, Any] = {"streams": mode_streams, "classroom": mode_classroom, "class-size": mode_class_size}
+            run[args.mode](args, started)
+        finally:
+            for server in started:
+                server.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    main()

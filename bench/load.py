@@ -1,0 +1,232 @@
+"""What the benchmarks share: starting kinetic or llama-server the same way, streaming a request
+while timing it, simulated students, and the statistics printed at the end.
+
+Only one server decodes at a time (llama.cpp's threads spin: two decoding at once on 2 cores fall
+to ~1 token/s), so benchmarks alternate between servers, and hold the model lock while they run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+LAB_SYSTEM = ("Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli "
+              "linguistici: spieghi llama.cpp, llama-server, kinetic, i token, la cache KV, il time to first "
+              "token e la velocità di generazione con esempi concreti e senza formule inutili. ") * 4
+QUESTIONS = ["Che cos'è llama.cpp?", "A cosa serve la cache KV?", "Che cos'è il TTFT?", "Perché il prompt costa?",
+             "Che cosa misura cache_n?", "Che differenza c'è tra stream e risposta intera?",
+             "Che cosa fa --parallel?", "Perché serve una chiave API?"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """A server process (kinetic or llama-server) with llama-server's flags, ready when /health is 200."""
+
+    def __init__(self, name: str, command: list[str], *, env: dict[str, str] | None = None):
+        self.name = name
+        self.port = free_port()
+        self.command = [*command, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Server":
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode}: {' '.join(self.command)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"{self.name} did not become ready")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def rss_mib(self) -> float:
+        """Resident memory of the server process (Linux /proc; 0 elsewhere)."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():  # type: ignore[union-attr]
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+
+def kinetic_server(model: str, flags: list[str]) -> Server:
+    import sys
+
+    return Server("kinetic", [sys.executable, "-m", "kinetic", "serve", "-m", model, *flags])
+
+
+def llama_server(binary: str | None, model: str, flags: list[str]) -> Server | None:
+    path = binary or shutil.which("llama-server") or ("/tmp/lsbuild/bin/llama-server"
+                                                      if Path("/tmp/lsbuild/bin/llama-server").exists() else None)
+    return Server("llama-server", [path, "-m", model, *flags]) if path else None
+
+
+@dataclass
+class Timed:
+    """One streamed request as the client saw it."""
+
+    ok: bool
+    error: str = ""
+    ttft: float = math.nan  # seconds to the first text
+    total: float = math.nan
+    tokens: int = 0  # text chunks received (one per token on both servers)
+    decode_tps: float = math.nan
+    cache_n: int | None = None
+    started: float = 0.0
+    ended: float = 0.0
+
+
+def stream_request(url: str, path: str, body: dict[str, Any], *, key: str | None = None,
+                   client: httpx.Client | None = None) -> Timed:
+    """Streams one request and times it: TTFT, chunks, per-stream decode speed, cache_n."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    started = time.perf_counter()
+    stamps: list[float] = []
+    cache_n = None
+    http = client or httpx.Client(timeout=600)
+    try:
+        with http.stream("POST", url + path, json={**body, "stream": True}, headers=headers) as response:
+            if response.status_code != 200:
+                response.read()
+                return Timed(ok=False, error=f"HTTP {response.status_code}", started=started,
+                             ended=time.perf_counter())
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    return Timed(ok=False, error="in-stream error", started=started, ended=time.perf_counter())
+                if "timings" in data:
+                    cache_n = data["timings"].get("cache_n")
+                choices = data.get("choices") or [{}]
+                text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or data.get("content")
+                if text:
+                    stamps.append(time.perf_counter())
+    except httpx.HTTPError as exc:
+        return Timed(ok=False, error=type(exc).__name__, started=started, ended=time.perf_counter())
+    finally:
+        if client is None:
+            http.close()
+    ended = time.perf_counter()
+    if not stamps:
+        return Timed(ok=False, error="no text", started=started, ended=ended)
+    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else math.nan
+    return Timed(ok=True, ttft=stamps[0] - started, total=ended - started, tokens=len(stamps), decode_tps=decode,
+                 cache_n=cache_n, started=started, ended=ended)
+
+
+def lab_request(question: str, tokens: int) -> dict[str, Any]:
+    """The lab's streamed chat request (chat.py --stream), with its own question."""
+    return {"model": "local", "max_tokens": tokens, "ignore_eos": True,
+            "messages": [{"role": "system", "content": LAB_SYSTEM}, {"role": "user", "content": question}],
+            "chat_template_kwargs": {"enable_thinking": False}}
+
+
+@dataclass
+class Student:
+    name: str
+    key: str | None
+    think: tuple[float, float]  # seconds between requests (0, 0: a greedy student)
+    results: list[Timed] = field(default_factory=list)
+
+
+def run_students(url: str, students: list[Student], *, duration: float, tokens: int,
+                 connections: Callable[[Student], int] = lambda s: 1, seed: int = 1) -> float:
+    """Each student sends the lab's request, thinks, and again, until `duration` is over.
+    Returns the wall time. A student with more connections runs that many loops at once."""
+    rng = random.Random(seed)
+    stop_at = time.perf_counter() + duration
+    lock = threading.Lock()
+
+    def loop(student: Student, offset: float) -> None:
+        time.sleep(offset)
+        with httpx.Client(timeout=600) as client:
+            while time.perf_counter() < stop_at:
+                result = stream_request(url, "/v1/chat/completions",
+                                        lab_request(rng.choice(QUESTIONS), tokens), key=student.key, client=client)
+                with lock:
+                    student.results.append(result)
+                low, high = student.think
+                if high > 0:
+                    time.sleep(rng.uniform(low, high))
+
+    threads = []
+    begin = time.perf_counter()
+    for student in students:
+        for _ in range(connections(student)):
+            offset = 0.0 if student.think == (0, 0) else rng.uniform(0, student.think[1])
+            threads.append(threading.Thread(target=loop, args=(student, offset), daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - begin
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(v for v in values if not math.isnan(v))
+    if not values:
+        return math.nan
+    if len(values) == 1:
+        return values[0]
+    position = (len(values) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def jain_index(amounts: list[float]) -> float:
+    """Jain's fairness index: 1 when everyone got the same, 1/n when one got everything."""
+    if not amounts or not any(amounts):
+        return math.nan
+    return sum(amounts) ** 2 / (len(amounts) * sum(a * a for a in amounts))
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -105,6 +105,14 @@ UNREACHABLE_ADVICE = ("to start without the network, use --offline with a model 
                       "or -m PATH with a local GGUF file")
 
 
+def pick_repo_gguf(repo: str, files: list[str], quant: str | None) -> str:
+    """pick_gguf, with the repo named in its error."""
+    try:
+        return pick_gguf(files, quant)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{repo}: {exc}") from None
+
+
 def shard_names(filename: str) -> list[str]:
     """Every shard of a split GGUF (`x-00001-of-00003.gguf`), or the file alone."""
     if match := SHARD_PATTERN.search(filename):
@@ -122,7 +130,7 @@ def cached_hf_file(repo: str, quant: str | None, hf_file: str | None) -> Path:
         filename = hf_file
     else:
         snapshot = Path(huggingface_hub.snapshot_download(repo, local_files_only=True))
-        filename = pick_gguf([p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")], quant)
+        filename = pick_repo_gguf(repo, [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")], quant)
     paths = [huggingface_hub.hf_hub_download(repo, shard, local_files_only=True) for shard in shard_names(filename)]
     return Path(paths[0])
 
@@ -144,7 +152,9 @@ def download_hf_file(repo: str, filename: str, token: str | None) -> Path:
 
 
 def _network_failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+    """`Type: first line of the message` (hub errors run over several lines: request ids, URLs)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
 def resolve_hf(spec: str, hf_file: str | None, offline: bool, token: str | None = None) -> ResolvedModel:
@@ -176,7 +186,10 @@ def resolve_hf(spec: str, hf_file: str | None, offline: bool, token: str | None 
         return ResolvedModel(path=check_gguf(path), name=name)
     try:
         files = hub_files(repo, token)  # first, so that an unreachable hub is known after one short try
-        filename = hf_file or pick_gguf(files, quant)
+        if hf_file and hf_file not in files:
+            raise ModelLoadError(f"{repo} has no file {hf_file} (-hff); its GGUF files: "
+                                 + ", ".join(f for f in files if f.endswith(".gguf")))
+        filename = hf_file or pick_repo_gguf(repo, files, quant)
         path = download_hf_file(repo, filename, token)
     except GatedRepoError:
         raise ModelLoadError(f"{repo} is gated on Hugging Face: accept its terms on the model page and pass "
@@ -184,7 +197,8 @@ def resolve_hf(spec: str, hf_file: str | None, offline: bool, token: str | None 
     except RepositoryNotFoundError:
         raise ModelLoadError(f"{repo} was not found on Hugging Face ({hf_constants.ENDPOINT}); check the name, "
                              "or pass --hf-token for a private repo") from None
-    except (httpx2.TransportError, HfHubHTTPError) as exc:
+    except (httpx2.TransportError, HfHubHTTPError, LocalEntryNotFoundError) as exc:
+        # LocalEntryNotFoundError here: the hub stopped answering between the file list and the download.
         if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code < 500:
             raise ModelLoadError(f"cannot fetch {spec} from Hugging Face: {_network_failure(exc)}") from None
         reason = _network_failure(exc)
@@ -196,6 +210,9 @@ def resolve_hf(spec: str, hf_file: str | None, offline: bool, token: str | None 
                                  + UNREACHABLE_ADVICE) from None
         note = f"Hugging Face ({hf_constants.ENDPOINT}) cannot be reached ({reason}); using the cached copy {path}"
         return ResolvedModel(path=check_gguf(path), name=name, note=note)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot store {spec} in the Hugging Face cache ({cache}): "
+                             f"{exc.strerror or exc}") from None
     return ResolvedModel(path=check_gguf(path), name=name)
 
 

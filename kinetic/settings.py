@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, ValidationError, field_validator
@@ -197,6 +198,23 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
         if not isinstance(parsed, dict):
             raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
+        return value
+
+    @field_validator("chat_template_file", "api_key_file")
+    @classmethod
+    def _existing_file(cls, value: str | None) -> str | None:
+        # Checked now, so a typo stops the start before the model loads, naming the flag.
+        if value is not None and not Path(value).expanduser().is_file():
+            raise ValueError("no such file" if not Path(value).expanduser().exists() else "not a file")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_name_or_jinja(cls, value: str | None) -> str | None:
+        from kinetic.chat.templates import BUILTIN_NAMES
+
+        if value is not None and value not in BUILTIN_NAMES and "{%" not in value and "{{" not in value:
+            raise ValueError(f"expected a built-in template name ({', '.join(BUILTIN_NAMES)}) or Jinja text")
         return value
 
     @field_validator("hf_repo")

@@ -143,11 +143,19 @@ def test_hf_downloads_with_a_progress_bar_then_serves(model_lock: None, tmp_path
     assert "HTTP Request:" not in log and "Traceback" not in log
 
 
-def test_hf_repo_not_on_the_hub_is_one_clear_error(tmp_path: Path) -> None:
-    with FakeHub({}) as hub:
-        result = run_serve("-hf", "nobody/nothing-GGUF", env={"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url})
-    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1
-    assert result.stderr.startswith(f"error: nobody/nothing-GGUF was not found on Hugging Face ({hub.url})")
+def test_hf_repo_or_file_not_on_the_hub_is_one_clear_error(tmp_path: Path) -> None:
+    with FakeHub({"test-org/tiny-gemma-GGUF": {"tiny-gemma-Q8_0.gguf": bundled_model_path()}}) as hub:
+        env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url}
+        no_repo = run_serve("-hf", "nobody/nothing-GGUF", env=env)
+        no_file = run_serve("-hf", "test-org/tiny-gemma-GGUF", "-hff", "tiny-gemma-Q2_K.gguf", env=env)
+        no_quant = run_serve("-hf", "test-org/tiny-gemma-GGUF:Q2_K", env=env)
+    for result in (no_repo, no_file, no_quant):
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert no_repo.stderr.startswith(f"error: nobody/nothing-GGUF was not found on Hugging Face ({hub.url})")
+    assert no_file.stderr == ("error: test-org/tiny-gemma-GGUF has no file tiny-gemma-Q2_K.gguf (-hff); "
+                              "its GGUF files: tiny-gemma-Q8_0.gguf\n")
+    assert no_quant.stderr == ("error: test-org/tiny-gemma-GGUF: no file for quant Q2_K among: "
+                               "tiny-gemma-Q8_0.gguf\n")
 
 
 def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:

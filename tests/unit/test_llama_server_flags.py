@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_generator():
-    spec = importlib.util.spec_from_file_location("gen_llama_server_flags", ROOT / "scripts" / "gen_llama_server_flags.py")
+    path = ROOT / "scripts" / "gen_llama_server_flags.py"
+    spec = importlib.util.spec_from_file_location("gen_llama_server_flags", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -69,7 +70,7 @@ def test_table_holds_the_flags_the_issue_names() -> None:
 PARSER_INIT = """
 static std::initializer_list<enum llama_example> mm_examples = {
     LLAMA_EXAMPLE_MTMD, LLAMA_EXAMPLE_SERVER };
-common_params_context common_params_parser_init(common_params & params, llama_example ex, void(*print_usage)(int, char **)) {
+common_params_context common_params_parser_init(common_params & params, llama_example ex, void(*usage)(int, char **)) {
     if (ex == LLAMA_EXAMPLE_COMPLETION) {
         params.use_jinja = false;
     }

@@ -139,6 +139,12 @@ BAD = [
     ([], {"KINETIC_METRICS": "maybe"}, "invalid value 'maybe' for KINETIC_METRICS: expected on/off"),
     (["--body-timeout", "0"], {}, "invalid value '0' for --body-timeout: must be > 0"),
     (["-hf", "just-a-name"], {}, "invalid value 'just-a-name' for -hf: expected <user>/<model>[:quant]"),
+    (["--chat-template-file", "/no/such/template.jinja"], {},
+     "invalid value '/no/such/template.jinja' for --chat-template-file: no such file"),
+    ([], {"LLAMA_ARG_API_KEY_FILE": "/no/such/keys.txt"}, "for LLAMA_ARG_API_KEY_FILE: no such file"),
+    (["--api-key-file", "/"], {}, "invalid value '/' for --api-key-file: not a file"),
+    (["--chat-template", "chatlm"], {}, "invalid value 'chatlm' for --chat-template: expected a built-in template "
+                                        "name (chatml, gemma, llama3) or Jinja text"),
     (["--frobnicate"], {}, "unknown flag --frobnicate (neither kinetic nor llama-server has it)"),
     (["--ctx", "512"], {}, "did you mean --ctx-size?"),
     (["-c"], {}, "-c expects a value (N)"),
@@ -176,6 +182,14 @@ def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
     assert "-ngl" in out and "accepted" in out and "ignored" in out  # the other flags are mentioned...
     assert "--override-kv" not in out and len(out.splitlines()) < 150  # ...but not listed one by one
     assert len(llama_server_flags()) > 200
+
+
+def test_template_names_and_files_that_exist_are_taken(tmp_path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    s = parse_serve_args(["--chat-template", "chatml", "--chat-template-file", str(template)], environ={})
+    assert (s.chat_template, s.chat_template_file) == ("chatml", str(template))
+    assert parse_serve_args(["--chat-template", "{% for m in messages %}{% endfor %}"], environ={}).chat_template
 
 
 def test_api_keys_from_flag_and_file(tmp_path) -> None:

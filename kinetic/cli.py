@@ -27,7 +27,9 @@ def build_serve_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", nargs="?", metavar="MODEL", help="GGUF model path (same as -m)")
     for flag in FLAGS:
         env = " / ".join(flag.env_names)
-        default = f" (default: {flag.default})" if flag.default not in (None, False) else ""
+        default = "" if flag.default is None or flag.default is False else f" (default: {flag.default})"
+        if flag.default is True:
+            default = " (default: on)"
         help_text = f"{flag.help}{default} [env: {env}]"
         if flag.is_switch:
             parser.add_argument(*flag.names, dest=flag.dest, action="store_true", help=help_text)
@@ -42,10 +44,10 @@ def build_serve_parser(parser: argparse.ArgumentParser) -> None:
 def serve_epilog() -> str:
     implemented = set(FLAGS_BY_SPELLING)
     others = [f for f in llama_server_flags() if not implemented & {*f.names, *f.negations}]
-    return (f"Every other llama-server flag ({len(others)} more, such as -ngl, -fa, --mlock, --no-webui, -sps, "
-            "--dry-multiplier) is accepted with its value(s) and ignored with a one-line warning, and so are "
-            "their LLAMA_ARG_* variables. A flag llama-server does not know either is an error. Bad values "
-            "exit with code 2.")
+    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --no-webui, -sps N,\n"
+            "--dry-multiplier N...) is accepted with its values and ignored with a one-line warning;\n"
+            "so are their LLAMA_ARG_* variables. A flag llama-server does not know either is an error.\n"
+            "A bad value stops the start with one line naming the flag or variable (exit code 2).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="serve a model over HTTP (llama-server compatible)",
-        description="Serve a GGUF model over HTTP: llama-server's routes plus the OpenAI, Ollama and "
+        description="Serve a GGUF model over HTTP: llama-server's routes plus the OpenAI, Ollama and\n"
                     "Anthropic APIs. Without a model, serves the bundled Gemma 3 270M Q4_K_M.",
-        epilog=serve_epilog(),
+        epilog=serve_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     build_serve_parser(serve)
     try:

@@ -174,7 +174,9 @@ def serve(settings: ServerSettings) -> int:
     for flag in settings.ignored_flags:
         print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
     for name in settings.ignored_env:
-        print(f"warning: {name} is a llama-server variable kinetic does not implement; ignored", file=sys.stderr)
+        what = "not a kinetic setting" if name.startswith("KINETIC_") else \
+            "a llama-server variable kinetic does not implement"
+        print(f"warning: {name} is {what}; ignored", file=sys.stderr)
     try:
         resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
                                  token=settings.hf_token)

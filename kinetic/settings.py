@@ -268,10 +268,20 @@ class FlagEnvSource(PydanticBaseSettingsSource):
         return {dest: value for dest, (_, value) in self.found.items()}
 
 
+# KINETIC_* variables that are not server settings (read where they are used).
+OTHER_KINETIC_VARIABLES = frozenset({
+    "KINETIC_CACHE_DIR",  # kinetic.models.cache_dir(): where the bundled model is assembled
+    "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
+    "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
+})
+
+
 def ignored_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """llama-server variables for flags kinetic does not implement (warned about, like the flags)."""
+    """Variables that look like settings but set nothing: llama-server's for flags kinetic does not
+    implement, and KINETIC_* names that are no setting (a typo such as KINETIC_PROT)."""
     implemented = {name for flag in FLAGS for name in flag.env_names}
-    names: list[str] = []
+    names: list[str] = [name for name in environ if name.startswith("KINETIC_") and environ[name] != ""
+                        and name not in implemented and name not in OTHER_KINETIC_VARIABLES]
     for spelling, llama in by_spelling().items():
         for env in (llama.env, llama.negative_env):
             if (env and env.startswith("LLAMA_") and env not in implemented and environ.get(env, "") != ""

@@ -111,6 +111,8 @@ def test_unimplemented_variables_are_reported() -> None:
     s = parse_serve_args([], environ={"LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_NO_KV_OFFLOAD": "1",
                                       "LLAMA_ARG_PORT": "9000", "LLAMA_ARG_THREADS_HTTP": ""})
     assert s.ignored_env == ("LLAMA_ARG_NO_KV_OFFLOAD", "LLAMA_ARG_N_GPU_LAYERS") and s.port == 9000
+    s = parse_serve_args([], environ={"KINETIC_PROT": "9000", "KINETIC_CACHE_DIR": "/tmp/k", "KINETIC_PORT": "1"})
+    assert s.ignored_env == ("KINETIC_PROT",) and s.port == 1
 
 
 def test_help_and_version_are_actions() -> None:

@@ -28,14 +28,17 @@ gen = load_generator()
 
 
 @pytest.fixture(scope="session")
-def sdist(request: pytest.FixtureRequest) -> Path:
+def sdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pinned llama-cpp-python sdist: KINETIC_LLAMA_SDIST, else fetched once from PyPI with pip.
 
     Never skipped: without the sdist the table cannot be checked, and that is a failure to see.
     """
     if override := os.environ.get("KINETIC_LLAMA_SDIST"):
         return Path(override)
-    cache = Path(request.config.cache.mkdir("llama-cpp-python-sdist"))
+    if request.config.cache is not None:  # kept between runs in .pytest_cache: one download, then none
+        cache = Path(request.config.cache.mkdir("llama-cpp-python-sdist"))
+    else:
+        cache = tmp_path_factory.mktemp("llama-cpp-python-sdist")
     try:
         return gen.download_sdist(gen.pinned_version(), cache)
     except subprocess.CalledProcessError as exc:

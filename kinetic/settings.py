@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -168,10 +168,11 @@ class ServerSettings(BaseSettings):
         # by the environment; load_settings() adds the variables explicitly.
         return (init_settings,)
 
-    @field_validator("offline", "jinja", "slots", "metrics", "embeddings", "verbose", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _llama_bool(cls, value: Any) -> Any:
-        if isinstance(value, str):
+    def _llama_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        """Switches read from variables take llama.cpp's words (enabled/disabled too)."""
+        if isinstance(value, str) and cls.model_fields[info.field_name].annotation is bool:
             word = value.strip().lower()
             if word in TRUE_WORDS:
                 return True

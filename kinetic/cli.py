@@ -3,32 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
 import socket
 import sys
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
 
 from kinetic import __version__
 from kinetic.errors import ModelLoadError
-from kinetic.settings import FLAGS, IGNORED_FLAGS_WITH_VALUE, ServerSettings, env_defaults
+from kinetic.llama_flags import by_spelling, llama_server_flags
+from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
+                              load_settings)
 
 log = logging.getLogger("kinetic")
 
+HELP_FLAGS = ("-h", "--help", "--usage")
+
 
 def build_serve_parser(parser: argparse.ArgumentParser) -> None:
+    """The implemented flags, for `kinetic serve --help` (the command line itself is read by scan_serve_args)."""
     parser.add_argument("model_path", nargs="?", metavar="MODEL", help="GGUF model path (same as -m)")
     for flag in FLAGS:
-        env = " / ".join(n for n in (flag.kinetic_env, flag.llama_env) if n)
-        default = f" (default: {flag.default})" if flag.default not in (None, False) else ""
+        env = " / ".join(flag.env_names)
+        default = "" if flag.default is None or flag.default is False else f" (default: {flag.default})"
+        if flag.default is True:
+            default = " (default: on)"
         help_text = f"{flag.help}{default} [env: {env}]"
-        if flag.is_bool:
-            parser.add_argument(*flag.names, dest=flag.dest, action="store_true", default=None, help=help_text)
-            if flag.negation:
-                parser.add_argument(flag.negation, dest=flag.dest, action="store_false", default=None,
+        if flag.is_switch:
+            parser.add_argument(*flag.names, dest=flag.dest, action="store_true", help=help_text)
+            if flag.negations:
+                parser.add_argument(*flag.negations, dest=flag.dest, action="store_false",
                                     help=f"turn {flag.names[-1]} off")
         else:
-            parser.add_argument(*flag.names, dest=flag.dest, type=flag.type, default=None, metavar=flag.metavar,
+            parser.add_argument(*flag.names, dest=flag.dest, metavar=flag.metavar or flag.dest.upper(),
                                 help=help_text)
+
+
+def serve_epilog() -> str:
+    implemented = set(FLAGS_BY_SPELLING)
+    others = [f for f in llama_server_flags() if not implemented & {*f.names, *f.negations}]
+    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --no-webui, -sps N,\n"
+            "--dry-multiplier N...) is accepted with its values and ignored with a one-line warning;\n"
+            "so are their LLAMA_ARG_* variables. A flag llama-server does not know either is an error.\n"
+            "A bad value stops the start with one line naming the flag or variable (exit code 2).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="serve a model over HTTP (llama-server compatible)",
-        description="Serve a GGUF model over HTTP: llama-server's routes plus the OpenAI, Ollama and "
-                    "Anthropic APIs. Without a model, serves the bundled Gemma 3 270M Q4_K_M. Flags not "
-                    "listed here but known to llama-server are accepted with a warning.",
+        description="Serve a GGUF model over HTTP: llama-server's routes plus the OpenAI, Ollama and\n"
+                    "Anthropic APIs. Without a model, serves the bundled Gemma 3 270M Q4_K_M.",
+        epilog=serve_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     build_serve_parser(serve)
     try:
@@ -51,44 +70,88 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def split_ignored_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Removes llama-server flags kinetic does not implement (with their values)."""
-    kept: list[str] = []
-    ignored: list[str] = []
+@dataclass
+class ServeArgs:
+    """What a `kinetic serve` command line holds, before validation."""
+
+    values: dict[str, tuple[str, Any]] = field(default_factory=dict)  # dest -> (spelling, value)
+    ignored: list[str] = field(default_factory=list)  # llama-server flags kinetic does not implement
+    action: Literal["serve", "help", "version"] = "serve"
+
+
+def _looks_like_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not token[1:2].isdigit()
+
+
+def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
+    """Read a llama-server command line with llama-server's whole flag table.
+
+    As llama-server does, a flag reads exactly the values its table row says (a switch none, so `-kvu`
+    never swallows the next argument; a value flag the next argument whatever it looks like) and `_`
+    in a long flag reads as `-`. kinetic also takes `--flag=value` and one positional model path.
+    """
+    scanned = ServeArgs()
+    positional: list[str] = []
     index = 0
     while index < len(argv):
         token = argv[index]
-        name = token.split("=", 1)[0]
-        if name in IGNORED_FLAGS_WITH_VALUE:
-            ignored.append(token)
-            if "=" not in token and index + 1 < len(argv):
-                index += 1
-        else:
-            kept.append(token)
         index += 1
-    return kept, ignored
+        if token == "--":
+            positional += argv[index:]
+            break
+        if not _looks_like_flag(token):
+            positional.append(token)
+            continue
+        name, has_inline, inline = token.partition("=")
+        if name.startswith("--"):
+            name = name.replace("_", "-")
+        if name in HELP_FLAGS or name == "--version":
+            scanned.action = "help" if name in HELP_FLAGS else "version"
+            continue
+        flag = FLAGS_BY_SPELLING.get(name)
+        llama = by_spelling().get(name)
+        if flag is not None:
+            count = 0 if flag.is_switch else 1
+        elif llama is not None:
+            count = llama.values
+        else:
+            raise SettingsError(_unknown_flag(name))
+        if has_inline and count != 1:
+            raise SettingsError(f"{name} takes {'no value' if count == 0 else 'two values'}, not {token!r}")
+        values = [inline] if has_inline else list(argv[index:index + count])
+        if len(values) < count:
+            raise SettingsError(f"{name} expects a value" + (f" ({llama.value_hint})" if llama and llama.value_hint
+                                                             else ""))
+        index += 0 if has_inline else count
+        if flag is None:
+            if name not in scanned.ignored:
+                scanned.ignored.append(name)
+        elif flag.is_switch:
+            scanned.values[flag.dest] = (name, name not in flag.negations)
+        else:
+            scanned.values[flag.dest] = (name, values[0])
+    if len(positional) > 1:
+        raise SettingsError(f"unexpected argument(s): {' '.join(positional[1:])} (only one model path is taken)")
+    if positional:
+        scanned.values["model"] = ("MODEL", positional[0])
+    return scanned
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None,
-                       ignored: Sequence[str] = ()) -> ServerSettings:
-    values: dict[str, Any] = env_defaults(environ)
-    for flag in FLAGS:
-        value = getattr(args, flag.dest, None)
-        if value is not None:
-            values[flag.dest] = value
-    if getattr(args, "model_path", None):
-        values["model"] = args.model_path
-    return ServerSettings(**values, ignored_flags=tuple(ignored))
+def _unknown_flag(name: str) -> str:
+    spellings = [*FLAGS_BY_SPELLING, *by_spelling(), *HELP_FLAGS, "--version"]
+    # kinetic's own flags first: `--ctx` more likely meant --ctx-size than --ctx-checkpoints
+    close = ([s for s in FLAGS_BY_SPELLING if s.startswith(name)] or [s for s in spellings if s.startswith(name)]
+             or difflib.get_close_matches(name, spellings, n=1))
+    hint = f"; did you mean {close[0]}?" if close else "; see kinetic serve --help"
+    return f"unknown flag {name} (neither kinetic nor llama-server has it){hint}"
 
 
-def parse_serve_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerSettings:
-    kept, ignored = split_ignored_flags(argv)
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(["serve", *kept])
-    stray = [u for u in unknown if not u.startswith("-")]
-    if stray:
-        parser.error(f"unexpected argument(s): {' '.join(stray)}")
-    return settings_from_args(args, environ, [*ignored, *unknown])
+def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """The validated settings of a `kinetic serve` command line; SettingsError names a bad flag or variable."""
+    environ = os.environ if environ is None else environ
+    scanned = scan_serve_args(argv)
+    return load_settings(scanned.values, environ, ignored_flags=tuple(scanned.ignored),
+                         ignored_env=ignored_variables(environ))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -109,10 +172,16 @@ def serve(settings: ServerSettings) -> int:
     from kinetic.service import Service
 
     for flag in settings.ignored_flags:
-        if flag.startswith("-"):
-            print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
+        print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
+    for name in settings.ignored_env:
+        what = "not a kinetic setting" if name.startswith("KINETIC_") else \
+            "a llama-server variable kinetic does not implement"
+        print(f"warning: {name} is {what}; ignored", file=sys.stderr)
     try:
-        resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline)
+        resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
+                                 token=settings.hf_token)
+        if resolved.note:
+            print(f"warning: {resolved.note}", file=sys.stderr)
         settings.api_keys()  # an unreadable --api-key-file should stop us now, not on the first request
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -164,9 +233,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "serve":
-        settings = parse_serve_args(argv[1:])
+        try:
+            scanned = scan_serve_args(argv[1:])
+            if scanned.action == "help":
+                build_parser().parse_args(["serve", "--help"])  # prints the help and exits 0
+            if scanned.action == "version":
+                print(f"kinetic {__version__}")
+                return 0
+            settings = load_settings(scanned.values, os.environ, ignored_flags=tuple(scanned.ignored),
+                                     ignored_env=ignored_variables(os.environ))
+        except SettingsError as exc:
+            for line in str(exc).splitlines():
+                print(f"error: {line}", file=sys.stderr)
+            return 2
         if settings.verbose:
             logging.getLogger().setLevel(logging.DEBUG)
+        else:
+            # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
+            for name in ("httpx", "httpx2"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         return serve(settings)
     parser = build_parser()
     args = parser.parse_args(argv)

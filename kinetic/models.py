@@ -23,6 +23,7 @@ SHARD_PATTERN = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 class ResolvedModel:
     path: Path
     name: str  # the id clients see when no --alias is given
+    note: str | None = None  # one line worth telling the user (e.g. the cached copy is used)
 
 
 def check_gguf(path: Path) -> Path:
@@ -97,44 +98,130 @@ def pick_gguf(files: list[str], quant: str | None) -> str:
     return candidates[0]
 
 
-def resolve_hf(spec: str, hf_file: str | None, offline: bool) -> ResolvedModel:
-    """Download (or find in the HF cache when offline) the GGUF an -hf spec names."""
+# One quick request tells whether the hub answers; huggingface_hub's own calls retry five times
+# over ~25 s before giving up, which is what a user on a machine without network would sit through.
+HUB_CHECK_TIMEOUT = 5.0
+UNREACHABLE_ADVICE = ("to start without the network, use --offline with a model already in the cache, "
+                      "or -m PATH with a local GGUF file")
+
+
+def pick_repo_gguf(repo: str, files: list[str], quant: str | None) -> str:
+    """pick_gguf, with the repo named in its error."""
+    try:
+        return pick_gguf(files, quant)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{repo}: {exc}") from None
+
+
+def shard_names(filename: str) -> list[str]:
+    """Every shard of a split GGUF (`x-00001-of-00003.gguf`), or the file alone."""
+    if match := SHARD_PATTERN.search(filename):
+        total = int(match.group(2))
+        stem = filename[: match.start()]
+        return [f"{stem}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+    return [filename]
+
+
+def cached_hf_file(repo: str, quant: str | None, hf_file: str | None) -> Path:
+    """The GGUF an -hf spec names, from the Hugging Face cache only (LocalEntryNotFoundError if absent)."""
+    import huggingface_hub
+
+    if hf_file:
+        filename = hf_file
+    else:
+        snapshot = Path(huggingface_hub.snapshot_download(repo, local_files_only=True))
+        filename = pick_repo_gguf(repo, [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")], quant)
+    paths = [huggingface_hub.hf_hub_download(repo, shard, local_files_only=True) for shard in shard_names(filename)]
+    return Path(paths[0])
+
+
+def hub_files(repo: str, token: str | None) -> list[str]:
+    """The repo's file names, in one request with a short timeout (no retries)."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo, timeout=HUB_CHECK_TIMEOUT, token=token)
+    return [sibling.rfilename for sibling in info.siblings or []]
+
+
+def download_hf_file(repo: str, filename: str, token: str | None) -> Path:
+    """Download (with huggingface_hub's progress bar) or reuse the cached copy of every shard."""
+    import huggingface_hub
+
+    paths = [huggingface_hub.hf_hub_download(repo, shard, token=token) for shard in shard_names(filename)]
+    return Path(paths[0])
+
+
+def _network_failure(exc: BaseException) -> str:
+    """`Type: first line of the message` (hub errors run over several lines: request ids, URLs)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def resolve_hf(spec: str, hf_file: str | None, offline: bool, token: str | None = None) -> ResolvedModel:
+    """Download (or take from the Hugging Face cache) the GGUF an -hf spec names.
+
+    Online, the hub is asked once with a short timeout; when it cannot be reached the cached copy is
+    used (ResolvedModel.note says so), and when there is none the error names the repo, what was
+    tried and what to do.
+    """
     repo, quant = split_hf_repo(spec)
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    import huggingface_hub
+    import httpx2
     from huggingface_hub import constants as hf_constants
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.utils import logging as hf_logging
 
-    is_offline = offline or hf_constants.HF_HUB_OFFLINE
-    try:
-        if hf_file:
-            filename = hf_file
-        elif is_offline:
-            snapshot = Path(huggingface_hub.snapshot_download(repo, local_files_only=True))
-            files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
-            filename = pick_gguf(files, quant)
-        else:
-            filename = pick_gguf(huggingface_hub.list_repo_files(repo), quant)
-        shards = [filename]
-        if match := SHARD_PATTERN.search(filename):
-            total = int(match.group(2))
-            stem = filename[: match.start()]
-            shards = [f"{stem}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
-        paths = [huggingface_hub.hf_hub_download(repo, shard, local_files_only=is_offline) for shard in shards]
-    except LocalEntryNotFoundError as exc:
-        raise ModelLoadError(f"{spec} is not in the Hugging Face cache and the network is off (offline mode)") from exc
-    except HfHubHTTPError as exc:
-        raise ModelLoadError(f"cannot fetch {spec} from Hugging Face: {exc}") from exc
+    # The hub logs through its own handler; propagating too printed every warning twice.
+    hf_logging.disable_propagation()
     name = f"{repo}:{quant}" if quant else repo
-    return ResolvedModel(path=check_gguf(Path(paths[0])), name=name)
+    cache = hf_constants.HF_HUB_CACHE
+    if offline or hf_constants.HF_HUB_OFFLINE:
+        try:
+            path = cached_hf_file(repo, quant, hf_file)
+        except LocalEntryNotFoundError:
+            raise ModelLoadError(f"{spec} is not in the Hugging Face cache ({cache}) and the network is off "
+                                 "(offline mode): run once without --offline to download it, or pass -m PATH "
+                                 "to a local GGUF file") from None
+        return ResolvedModel(path=check_gguf(path), name=name)
+    try:
+        files = hub_files(repo, token)  # first, so that an unreachable hub is known after one short try
+        if hf_file and hf_file not in files:
+            raise ModelLoadError(f"{repo} has no file {hf_file} (-hff); its GGUF files: "
+                                 + ", ".join(f for f in files if f.endswith(".gguf")))
+        filename = hf_file or pick_repo_gguf(repo, files, quant)
+        path = download_hf_file(repo, filename, token)
+    except GatedRepoError:
+        raise ModelLoadError(f"{repo} is gated on Hugging Face: accept its terms on the model page and pass "
+                             "--hf-token (or set HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{repo} was not found on Hugging Face ({hf_constants.ENDPOINT}); check the name, "
+                             "or pass --hf-token for a private repo") from None
+    except (httpx2.TransportError, HfHubHTTPError, LocalEntryNotFoundError) as exc:
+        # LocalEntryNotFoundError here: the hub stopped answering between the file list and the download.
+        if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code < 500:
+            raise ModelLoadError(f"cannot fetch {spec} from Hugging Face: {_network_failure(exc)}") from None
+        reason = _network_failure(exc)
+        try:
+            path = cached_hf_file(repo, quant, hf_file)
+        except (LocalEntryNotFoundError, ModelLoadError):
+            raise ModelLoadError(f"cannot get {spec}: Hugging Face ({hf_constants.ENDPOINT}) cannot be reached "
+                                 f"({reason}) and the model is not in the Hugging Face cache ({cache}); "
+                                 + UNREACHABLE_ADVICE) from None
+        note = f"Hugging Face ({hf_constants.ENDPOINT}) cannot be reached ({reason}); using the cached copy {path}"
+        return ResolvedModel(path=check_gguf(path), name=name, note=note)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot store {spec} in the Hugging Face cache ({cache}): "
+                             f"{exc.strerror or exc}") from None
+    return ResolvedModel(path=check_gguf(path), name=name)
 
 
-def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None, offline: bool) -> ResolvedModel:
+def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None, offline: bool,
+                  token: str | None = None) -> ResolvedModel:
     """The precedence llama-server uses: an explicit path, then -hf, then (kinetic's) bundled default."""
     if model:
         return ResolvedModel(path=check_gguf(Path(model).expanduser()), name=model)
     if hf_repo:
-        return resolve_hf(hf_repo, hf_file, offline)
+        return resolve_hf(hf_repo, hf_file, offline, token)
     path = bundled_model_path()
     return ResolvedModel(path=check_gguf(path), name="gemma-3-270m-q4_k_m")

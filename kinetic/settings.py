@@ -1,155 +1,240 @@
-"""Server settings: the single table of flags, environment variables, defaults and help.
+"""Server settings: one validated model, and the table of the flags and variables that fill it.
 
-Flag spellings copy llama-server's (`-m`, `-hf`, `-a`, `-c`, `-np`...). Each setting can also come
-from `KINETIC_<NAME>` or from the `LLAMA_ARG_*` variable llama-server reads; the command line wins.
+Flag spellings copy llama-server's (`-m`, `-hf`, `-a`, `-c`, `-np`...). Each setting can also come from
+`KINETIC_<NAME>` or from the variable llama-server reads for it (`LLAMA_ARG_*`); the command line wins,
+then KINETIC_*, then llama-server's variable. Whatever the source, the value goes through
+`ServerSettings` (pydantic-settings), and a bad one is a `SettingsError` naming the flag or variable.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from kinetic.llama_flags import LlamaFlag, by_spelling
+
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp's common/chat.cpp names
+# llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
+TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
+FALSE_WORDS = frozenset({"off", "disabled", "false", "0", "no"})
 
 
 @dataclass(frozen=True)
 class Flag:
+    """A flag kinetic implements: its spellings and help; type and default live on ServerSettings."""
+
     dest: str
     names: tuple[str, ...]
     help: str
-    default: Any = None
-    type: Callable[[str], Any] | None = str
-    llama_env: str | None = None
-    negation: str | None = None  # "--no-x" spelling for boolean flags that default to on
+    negations: tuple[str, ...] = ()  # "--no-x" spellings of a boolean switch that defaults to on
     metavar: str | None = None
 
     @property
-    def is_bool(self) -> bool:
-        return self.type is None
+    def llama(self) -> LlamaFlag | None:
+        """The llama-server flag with the same spellings (None for kinetic's own flags)."""
+        return next((by_spelling()[n] for n in self.names if n in by_spelling()), None)
 
     @property
     def kinetic_env(self) -> str:
         return "KINETIC_" + self.dest.upper()
 
+    @property
+    def llama_env(self) -> str | None:
+        return self.llama.env if self.llama else None
 
-def _bool_env(value: str) -> bool:
-    return value.strip().lower() in {"1", "true", "on", "enabled", "yes"}
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        """Variables in the order they are looked up (the first one set wins)."""
+        negative = self.llama.negative_env if self.llama else None
+        return tuple(n for n in (self.kinetic_env, negative, self.llama_env) if n)
+
+    @property
+    def is_switch(self) -> bool:
+        return ServerSettings.model_fields[self.dest].annotation is bool
+
+    @property
+    def default(self) -> Any:
+        return ServerSettings.model_fields[self.dest].default
 
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model", ("-m", "--model"), "path of the GGUF model to serve (default: the bundled Gemma 3 270M)",
-         llama_env="LLAMA_ARG_MODEL", metavar="FNAME"),
-    Flag("hf_repo", ("-hf", "-hfr", "--hf-repo"), "Hugging Face repo to serve, <user>/<model>[:quant] (quant default Q4_K_M)",
-         llama_env="LLAMA_ARG_HF_REPO", metavar="REPO"),
-    Flag("hf_file", ("-hff", "--hf-file"), "file inside the -hf repo (overrides the quant)",
-         llama_env="LLAMA_ARG_HF_FILE", metavar="FILE"),
+         metavar="FNAME"),
+    Flag("hf_repo", ("-hf", "-hfr", "--hf-repo"),
+         "Hugging Face repo to serve, <user>/<model>[:quant] (quant default Q4_K_M); downloaded once, then "
+         "taken from the Hugging Face cache", metavar="REPO"),
+    Flag("hf_file", ("-hff", "--hf-file"), "file inside the -hf repo (overrides the quant)", metavar="FILE"),
+    Flag("hf_token", ("-hft", "--hf-token"), "Hugging Face access token for gated or private repos",
+         metavar="TOKEN"),
+    Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only"),
     Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id)",
-         llama_env="LLAMA_ARG_ALIAS", metavar="NAME"),
+         metavar="NAME"),
     Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
-         default=0, type=int, llama_env="LLAMA_ARG_CTX_SIZE", metavar="N"),
-    Flag("parallel", ("-np", "--parallel"), "number of slots (requests served at once; -1 = auto: 4 with a unified KV cache)",
-         default=-1, type=int, llama_env="LLAMA_ARG_N_PARALLEL", metavar="N"),
-    Flag("batch_size", ("-b", "--batch-size"), "most tokens one decode step evaluates, prompts included",
-         default=2048, type=int, llama_env="LLAMA_ARG_BATCH", metavar="N"),
-    Flag("ubatch_size", ("-ub", "--ubatch-size"), "physical batch size llama.cpp computes at once",
-         default=512, type=int, llama_env="LLAMA_ARG_UBATCH", metavar="N"),
-    Flag("host", ("--host",), "address to listen on", default="127.0.0.1", llama_env="LLAMA_ARG_HOST"),
-    Flag("port", ("--port",), "port to listen on (0 = any free port)", default=8080, type=int,
-         llama_env="LLAMA_ARG_PORT"),
-    Flag("threads", ("-t", "--threads"), "generation threads (-1 = all cores)", default=-1, type=int,
-         llama_env="LLAMA_ARG_THREADS", metavar="N"),
-    Flag("n_predict", ("-n", "--predict", "--n-predict"), "default max tokens to generate (-1 = until the end of the context)",
-         default=-1, type=int, llama_env="LLAMA_ARG_N_PREDICT", metavar="N"),
-    Flag("temp", ("--temp",), "default sampling temperature", default=0.8, type=float, metavar="T"),
-    Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", default=-1, type=int, metavar="N"),
-    Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", llama_env="LLAMA_API_KEY",
-         metavar="KEY"),
+         metavar="N"),
+    Flag("parallel", ("-np", "--parallel"),
+         "number of slots (requests served at once; -1 = auto: 4 with a unified KV cache)", metavar="N"),
+    Flag("batch_size", ("-b", "--batch-size"), "logical batch: most prompt tokens decoded in one step", metavar="N"),
+    Flag("ubatch_size", ("-ub", "--ubatch-size"), "physical batch: most tokens per llama.cpp compute call",
+         metavar="N"),
+    Flag("threads", ("-t", "--threads"), "generation threads (-1 = all cores)", metavar="N"),
+    Flag("n_predict", ("-n", "--predict", "--n-predict"),
+         "default max tokens to generate (-1 = until the end of the context)", metavar="N"),
+    Flag("temp", ("--temp", "--temperature"), "default sampling temperature", metavar="T"),
+    Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", metavar="N"),
+    Flag("host", ("--host",), "address to listen on"),
+    Flag("port", ("--port",), "port to listen on (0 = any free port)"),
+    Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
     Flag("api_key_file", ("--api-key-file",), "file with one API key a line (# comments allowed)",
-         llama_env="LLAMA_ARG_API_KEY_FILE", metavar="FNAME"),
-    Flag("chat_template", ("--chat-template",), "chat template: a built-in name (chatml, gemma, llama3...) or Jinja text",
-         llama_env="LLAMA_ARG_CHAT_TEMPLATE", metavar="TEMPLATE"),
-    Flag("chat_template_file", ("--chat-template-file",), "file with a Jinja chat template",
-         llama_env="LLAMA_ARG_CHAT_TEMPLATE_FILE", metavar="FNAME"),
+         metavar="FNAME"),
+    Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list",
+         metavar="ORIGINS"),
+    Flag("body_timeout", ("--body-timeout",),
+         "seconds a client may take to send its request body before it is dropped", metavar="S"),
+    Flag("chat_template", ("--chat-template",),
+         "chat template: a built-in name (chatml, gemma, llama3...) or Jinja text", metavar="TEMPLATE"),
+    Flag("chat_template_file", ("--chat-template-file",), "file with a Jinja chat template", metavar="FNAME"),
     Flag("chat_template_kwargs", ("--chat-template-kwargs",), "JSON object of default chat template variables",
-         llama_env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", metavar="JSON"),
-    Flag("jinja", ("--jinja",), "use Jinja chat templates (default: on)", default=True, type=None,
-         llama_env="LLAMA_ARG_JINJA", negation="--no-jinja"),
-    Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: none, auto, deepseek, deepseek-legacy",
-         default="auto", llama_env="LLAMA_ARG_THINK", metavar="FORMAT"),
-    Flag("slots", ("--slots",), "expose GET /slots (default: on)", default=True, type=None,
-         llama_env="LLAMA_ARG_ENDPOINT_SLOTS", negation="--no-slots"),
-    Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)", default=False, type=None,
-         llama_env="LLAMA_ARG_ENDPOINT_METRICS"),
-    Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes", default=False, type=None,
-         llama_env="LLAMA_ARG_EMBEDDINGS"),
-    Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list", default="*",
-         llama_env="LLAMA_ARG_CORS_ORIGINS", metavar="ORIGINS"),
-    Flag("body_timeout", ("--body-timeout",), "seconds a client may take to send its request body before it is dropped",
-         default=30.0, type=float, metavar="S"),
-    Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, first served)",
-         default=True, type=None, negation="--no-fair-share"),
+         metavar="JSON"),
+    Flag("jinja", ("--jinja",), "use Jinja chat templates", negations=("--no-jinja",)),
+    Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
+         metavar="FORMAT"),
+    Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
+    Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
+    Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
+    Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
+         "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
-         "more get 429 (0 = no limit; applies when keys are set)", default=4, type=int, metavar="N"),
-    Flag("verbose", ("-v", "--verbose"), "log every request", default=False, type=None),
-    Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only",
-         default=False, type=None, llama_env="LLAMA_OFFLINE"),
+         "more get 429 (0 = no limit; applies when keys are set)", metavar="N"),
+    Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
 )
 
 FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
+FLAGS_BY_SPELLING = {name: flag for flag in FLAGS for name in (*flag.names, *flag.negations)}
 
-# llama-server flags kinetic accepts without acting on them; these take a value, so the value
-# must be consumed too (a bare value would otherwise be taken for the model path).
-IGNORED_FLAGS_WITH_VALUE = frozenset({
-    "-ngl", "--gpu-layers", "--n-gpu-layers",
-    "-tb", "--threads-batch", "-to", "--timeout", "--threads-http", "--sse-ping-interval",
-    "--pooling", "--embd-normalize", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-    "--top-k", "--top-p", "--min-p", "--typical", "--repeat-penalty", "--repeat-last-n",
-    "--presence-penalty", "--frequency-penalty", "--mirostat", "--samplers", "-l", "--logit-bias",
-    "--grammar", "-j", "--json-schema", "-rea", "--reasoning", "--reasoning-budget",
-    "--reasoning-effort", "--api-prefix", "--cache-reuse", "--slot-save-path", "--path",
-    "--media-path", "--sleep-idle-seconds", "--lora", "--lora-scaled", "--models-dir",
-    "--models-preset", "--models-max", "-mu", "--model-url", "-hft", "--hf-token", "-fa",
-    "--flash-attn", "--cors-methods", "--cors-headers", "--tags", "-mm", "--mmproj",
-    "--ssl-key-file", "--ssl-cert-file", "-dev", "--device", "-sm", "--split-mode", "-ts",
-    "--tensor-split", "-mg", "--main-gpu", "--numa", "--rope-scaling", "--rope-freq-base",
-    "--rope-freq-scale", "-kvu", "--spec-replace", "-md", "--model-draft", "--draft-max",
-    "--draft-min", "-cram", "--cache-ram", "--chat-template-kwargs-file", "--alias-file",
-})
+Port = Annotated[int, Field(ge=0, le=65535)]
 
 
-@dataclass(frozen=True)
-class ServerSettings:
+class SettingsError(ValueError):
+    """A bad flag or variable value; the message is the one line the user sees."""
+
+
+class ServerSettings(BaseSettings):
+    """Every setting of `kinetic serve`. Build it with `load_settings()` to read flags and variables."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
+
     model: str | None = None
     hf_repo: str | None = None
     hf_file: str | None = None
+    hf_token: str | None = None
+    offline: bool = False
     alias: str | None = None
-    ctx_size: int = 0
+    ctx_size: Annotated[int, Field(ge=0)] = 0
     parallel: int = -1
-    batch_size: int = 2048
-    ubatch_size: int = 512
-    host: str = "127.0.0.1"
-    port: int = 8080
+    batch_size: Annotated[int, Field(ge=1)] = 2048  # llama-server's defaults
+    ubatch_size: Annotated[int, Field(ge=1)] = 512
     threads: int = -1
-    n_predict: int = -1
+    n_predict: Annotated[int, Field(ge=-2)] = -1
     temp: float = 0.8
     seed: int = -1
+    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    port: Port = 8080
     api_key: str | None = None
     api_key_file: str | None = None
+    cors_origins: str = "*"
+    body_timeout: Annotated[float, Field(gt=0)] = 30.0
+    fair_share: bool = True
+    max_in_flight: Annotated[int, Field(ge=0)] = 4
     chat_template: str | None = None
     chat_template_file: str | None = None
     chat_template_kwargs: str | None = None
     jinja: bool = True
-    reasoning_format: str = "auto"
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
     slots: bool = True
     metrics: bool = False
     embeddings: bool = False
-    cors_origins: str = "*"
-    body_timeout: float = 30.0
-    fair_share: bool = True
-    max_in_flight: int = 4
     verbose: bool = False
-    offline: bool = False
-    ignored_flags: tuple[str, ...] = field(default=())
+    # Not settings but what the command line held besides them: warned about at start.
+    ignored_flags: tuple[str, ...] = ()
+    ignored_env: tuple[str, ...] = ()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # ServerSettings(...) takes only its arguments, so tests and apps built in code are not steered
+        # by the environment; load_settings() adds the variables explicitly.
+        return (init_settings,)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _llama_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        """Switches read from variables take llama.cpp's words (enabled/disabled too)."""
+        if isinstance(value, str) and cls.model_fields[info.field_name].annotation is bool:
+            word = value.strip().lower()
+            if word in TRUE_WORDS:
+                return True
+            if word in FALSE_WORDS:
+                return False
+            raise ValueError("expected on/off, true/false, 1/0 or enabled/disabled")
+        return value
+
+    @field_validator("parallel")
+    @classmethod
+    def _slots_count(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("expected -1 (auto) or a number of slots >= 1")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _json_object(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
+        return value
+
+    @field_validator("chat_template_file", "api_key_file")
+    @classmethod
+    def _existing_file(cls, value: str | None) -> str | None:
+        # Checked now, so a typo stops the start before the model loads, naming the flag.
+        if value is not None and not Path(value).expanduser().is_file():
+            raise ValueError("no such file" if not Path(value).expanduser().exists() else "not a file")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_name_or_jinja(cls, value: str | None) -> str | None:
+        from kinetic.chat.templates import BUILTIN_NAMES
+
+        if value is not None and value not in BUILTIN_NAMES and "{%" not in value and "{{" not in value:
+            raise ValueError(f"expected a built-in template name ({', '.join(BUILTIN_NAMES)}) or Jinja text")
+        return value
+
+    @field_validator("hf_repo")
+    @classmethod
+    def _hf_repo(cls, value: str | None) -> str | None:
+        if value is not None:
+            repo = value.partition(":")[0]
+            if repo.count("/") != 1 or not all(repo.split("/")):
+                raise ValueError("expected <user>/<model>[:quant]")
+        return value
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
 
     def api_keys(self) -> tuple[str, ...]:
         """Every key a client may send; empty when the server is open."""
@@ -165,17 +250,90 @@ class ServerSettings:
         return tuple(keys)
 
     def replace(self, **changes: Any) -> "ServerSettings":
-        return dataclasses.replace(self, **changes)
+        return self.model_copy(update=changes)
 
 
-def env_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Setting values taken from KINETIC_* (preferred) or llama-server's LLAMA_ARG_* variables."""
-    environ = dict(os.environ if environ is None else environ)
-    values: dict[str, Any] = {}
-    for flag in FLAGS:
-        for name in (flag.kinetic_env, flag.llama_env):
-            if name and environ.get(name, "") != "":
-                raw = environ[name]
-                values[flag.dest] = _bool_env(raw) if flag.is_bool else flag.type(raw)  # type: ignore[misc]
-                break
-    return values
+class FlagEnvSource(PydanticBaseSettingsSource):
+    """The settings found in an environment: KINETIC_<DEST>, then llama-server's LLAMA_ARG_NO_X / LLAMA_ARG_X."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]):
+        super().__init__(settings_cls)
+        self.found: dict[str, tuple[str, Any]] = {}  # dest -> (variable, value)
+        for flag in FLAGS:
+            for name in flag.env_names:
+                raw = environ.get(name, "")
+                if raw != "":
+                    negative = flag.llama is not None and name == flag.llama.negative_env
+                    self.found[flag.dest] = (name, False if negative else raw)
+                    break
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name, value = self.found.get(field_name, (field_name, None))
+        return value, name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {dest: value for dest, (_, value) in self.found.items()}
+
+
+# KINETIC_* variables that are not server settings (read where they are used).
+OTHER_KINETIC_VARIABLES = frozenset({
+    "KINETIC_CACHE_DIR",  # kinetic.models.cache_dir(): where the bundled model is assembled
+    "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
+    "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
+})
+
+
+def ignored_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Variables that look like settings but set nothing: llama-server's for flags kinetic does not
+    implement, and KINETIC_* names that are no setting (a typo such as KINETIC_PROT)."""
+    implemented = {name for flag in FLAGS for name in flag.env_names}
+    names: list[str] = [name for name in environ if name.startswith("KINETIC_") and environ[name] != ""
+                        and name not in implemented and name not in OTHER_KINETIC_VARIABLES]
+    for spelling, llama in by_spelling().items():
+        for env in (llama.env, llama.negative_env):
+            if (env and env.startswith("LLAMA_") and env not in implemented and environ.get(env, "") != ""
+                    and env not in names):
+                names.append(env)
+    return tuple(sorted(names))
+
+
+def load_settings(cli: Mapping[str, tuple[str, Any]], environ: Mapping[str, str],
+                  **extra: Any) -> ServerSettings:
+    """Validate command-line values (dest -> (spelling, value)) over the environment's.
+
+    Raises SettingsError with one line per bad value, each naming the flag or variable it came from.
+    """
+    env = FlagEnvSource(ServerSettings, environ)
+    init = InitSettingsSource(ServerSettings, init_kwargs={**{d: v for d, (_, v) in cli.items()}, **extra})
+    try:
+        return ServerSettings(_build_sources=((init, env), {}))
+    except ValidationError as exc:
+        origins = {dest: spelling for dest, (spelling, _) in env.found.items()}
+        origins.update({dest: spelling for dest, (spelling, _) in cli.items()})
+        raise SettingsError("\n".join(_describe(error, origins) for error in exc.errors())) from None
+
+
+def _describe(error: Any, origins: Mapping[str, str]) -> str:
+    dest = str(error["loc"][0]) if error["loc"] else "?"
+    source = origins.get(dest, dest)
+    value = error.get("input")
+    return f"invalid value {value!r} for {source}: {_reason(error)}"
+
+
+def _reason(error: Any) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "int_parsing":
+        return "expected an integer"
+    if kind == "float_parsing":
+        return "expected a number"
+    if kind == "bool_parsing":
+        return "expected on/off, true/false, 1/0 or enabled/disabled"
+    if kind == "literal_error":
+        return "expected one of: " + str(ctx.get("expected", "")).replace("'", "")
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()))
+        return f"must be {sign} {bound}"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return str(error["msg"])

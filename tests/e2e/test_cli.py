@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import openai
 import pytest
 
 from kinetic.models import bundled_model_path
+from tests.fake_hub import FakeHub
 from tests.server import KineticServer, free_port
 
 
@@ -45,6 +47,21 @@ def test_help_lists_every_flag() -> None:
         assert spelling in result.stdout
 
 
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--port", "abc"], {}, "error: invalid value 'abc' for --port: expected an integer"),
+    ([], {"KINETIC_PORT": "abc"}, "error: invalid value 'abc' for KINETIC_PORT: expected an integer"),
+    (["--chat-template-kwargs", "{enable_thinking: false}"], {},
+     "error: invalid value '{enable_thinking: false}' for --chat-template-kwargs: not valid JSON"),
+    ([], {"LLAMA_ARG_THINK": "r1"}, "error: invalid value 'r1' for LLAMA_ARG_THINK: expected one of: none, auto"),
+    (["--no-such-flag"], {}, "error: unknown flag --no-such-flag"),
+])
+def test_bad_setting_is_one_line_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "kinetic", "serve", *args], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, **env})
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message)
+
+
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Hugging Face hub cache laid out by hand, holding the bundled GGUF under a repo name."""
@@ -74,16 +91,99 @@ def test_hf_repo_resolves_offline_from_cache(model_lock: None, hub_cache: Path) 
 
 def test_hf_repo_missing_offline_is_clear_error(hub_cache: Path) -> None:
     result = run_serve("-hf", "nobody/nothing-GGUF", "--offline", env={"HF_HOME": str(hub_cache)})
-    assert result.returncode == 1 and "nobody/nothing-GGUF" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: nobody/nothing-GGUF is not in the Hugging Face cache")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def closed_hub() -> str:
+    """A Hugging Face endpoint nothing listens on: what a machine without network gets."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def test_hf_unreachable_and_not_cached_is_one_clear_error(tmp_path: Path) -> None:
+    hub = closed_hub()
+    result = run_serve("-hf", "ggml-org/Qwen3.5-0.8B-GGUF", "-a", "qwen-0.8b",
+                       env={"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub})
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr  # no retry chatter, no traceback
+    line = lines[0]
+    assert line.startswith("error: cannot get ggml-org/Qwen3.5-0.8B-GGUF: ")
+    assert f"Hugging Face ({hub}) cannot be reached" in line  # what was tried: the hub...
+    assert f"not in the Hugging Face cache ({tmp_path / 'hub'})" in line  # ...and the cache
+    assert "--offline" in line and "-m PATH" in line  # what to do
+
+
+def test_hf_unreachable_uses_the_cached_copy(model_lock: None, hub_cache: Path) -> None:
+    hub = closed_hub()
+    env = {"HF_HOME": str(hub_cache), "HF_ENDPOINT": hub}
+    with KineticServer("-hf", "test-org/tiny-gemma-GGUF", "-c", "1024", "-np", "1", env=env) as server:
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "test-org/tiny-gemma-GGUF"
+        log = server.log()
+    notes = [line for line in log.splitlines() if "Hugging Face" in line]
+    assert len(notes) == 1 and notes[0].startswith(f"warning: Hugging Face ({hub}) cannot be reached")
+    assert "using the cached copy" in notes[0] and notes[0].endswith("tiny-gemma-Q4_K_M.gguf")
+    assert "Retry" not in log and "Traceback" not in log
+
+
+def test_hf_downloads_with_a_progress_bar_then_serves(model_lock: None, tmp_path: Path) -> None:
+    repo = {"tiny-gemma-Q8_0.gguf": bundled_model_path(), "tiny-gemma-Q4_K_M.gguf": bundled_model_path()}
+    with FakeHub({"test-org/tiny-gemma-GGUF": repo}) as hub:
+        # TQDM_POSITION=-1 is huggingface_hub's switch to draw the bar when stderr is not a terminal.
+        env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url, "TQDM_POSITION": "-1"}
+        with KineticServer("-hf", "test-org/tiny-gemma-GGUF", "-c", "1024", "-np", "1", env=env) as server:
+            assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "test-org/tiny-gemma-GGUF"
+            log = server.log()
+        assert [r for r in hub.requests if "/resolve/" in r and r.startswith("GET")] == [
+            "GET /test-org/tiny-gemma-GGUF/resolve/main/tiny-gemma-Q4_K_M.gguf"]
+    cached = list((tmp_path / "hub" / "models--test-org--tiny-gemma-GGUF" / "snapshots").glob("*/*.gguf"))
+    assert [p.name for p in cached] == ["tiny-gemma-Q4_K_M.gguf"]
+    assert "tiny-gemma-Q4_K_M.gguf: 100%|" in log  # the bar, finished
+    assert "HTTP Request:" not in log and "Traceback" not in log
+
+
+def test_hf_repo_or_file_not_on_the_hub_is_one_clear_error(tmp_path: Path) -> None:
+    with FakeHub({"test-org/tiny-gemma-GGUF": {"tiny-gemma-Q8_0.gguf": bundled_model_path()}}) as hub:
+        env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url}
+        no_repo = run_serve("-hf", "nobody/nothing-GGUF", env=env)
+        no_file = run_serve("-hf", "test-org/tiny-gemma-GGUF", "-hff", "tiny-gemma-Q2_K.gguf", env=env)
+        no_quant = run_serve("-hf", "test-org/tiny-gemma-GGUF:Q2_K", env=env)
+    for result in (no_repo, no_file, no_quant):
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert no_repo.stderr.startswith(f"error: nobody/nothing-GGUF was not found on Hugging Face ({hub.url})")
+    assert no_file.stderr == ("error: test-org/tiny-gemma-GGUF has no file tiny-gemma-Q2_K.gguf (-hff); "
+                              "its GGUF files: tiny-gemma-Q8_0.gguf\n")
+    assert no_quant.stderr == ("error: test-org/tiny-gemma-GGUF: no file for quant Q2_K among: "
+                               "tiny-gemma-Q8_0.gguf\n")
 
 
 def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
-    with KineticServer("-c", "1024", "-np", "1", "-ngl", "99", "--mlock", "-fa", "on") as server:
+    # Switches that must not swallow the next argument, and value flags whose value must not become the
+    # model path: a line that starts llama-server starts kinetic.
+    args = ("-c", "1024", "-kvu", "-np", "1", "-ngl", "99", "--mlock", "-fa", "on", "-sps", "0.5", "-r", "User:",
+            "--keep", "4", "-ot", "exps=CPU", "--override-kv", "tokenizer.ggml.add_bos_token=bool:true",
+            "--dry-multiplier", "0.8", "--xtc-probability", "0.1", "--no-webui")
+    with KineticServer(*args, env={"LLAMA_ARG_N_GPU_LAYERS": "99"}) as server:
         assert httpx.get(server.url + "/health").status_code == 200
+        assert httpx.get(server.url + "/props").json()["total_slots"] == 1
         log = server.log()
-    assert "warning: -ngl is a llama-server flag kinetic does not implement; ignored" in log
-    assert "warning: --mlock" in log
+    for flag in ("-kvu", "-ngl", "--mlock", "-fa", "-sps", "-r", "--keep", "-ot", "--override-kv", "--dry-multiplier",
+                 "--xtc-probability", "--no-webui"):
+        assert log.count(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored\n") == 1
+    assert log.count("warning: LLAMA_ARG_N_GPU_LAYERS is a llama-server variable kinetic does not implement") == 1
     assert "listening on http://127.0.0.1:" in log
+
+
+def test_batch_sizes_reach_llama_cpp(model_lock: None) -> None:
+    """-b/-ub set llama.cpp's context (its verbose load log says so) and a prompt longer than a batch works."""
+    with KineticServer("-c", "1024", "-np", "1", "-b", "32", "-ub", "16", "-v") as server:
+        prompt = "one two three four five six seven eight nine ten " * 12
+        body = httpx.post(server.url + "/completion", json={"prompt": prompt, "n_predict": 4, "temperature": 0},
+                          timeout=120).json()
+        log = server.log()
+    assert re.search(r"llama_context: n_batch\s+= 32\n", log) and re.search(r"llama_context: n_ubatch\s+= 16\n", log)
+    assert body["tokens_evaluated"] > 100 and body["timings"]["predicted_n"] >= 1
 
 
 THINKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n"

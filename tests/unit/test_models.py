@@ -1,7 +1,7 @@
 import pytest
 
 from kinetic.errors import ModelLoadError
-from kinetic.models import check_gguf, pick_gguf, split_hf_repo
+from kinetic.models import check_gguf, pick_gguf, shard_names, split_hf_repo
 
 FILES = ["README.md", "model-Q8_0.gguf", "model-Q4_K_M.gguf", "mmproj-model-f16.gguf", "model-BF16.gguf"]
 
@@ -34,3 +34,9 @@ def test_check_gguf_names_the_file(tmp_path) -> None:
     broken.write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match="broken.gguf"):
         check_gguf(broken)
+
+
+def test_shard_names_of_a_split_model() -> None:
+    assert shard_names("big-Q4_K_M-00001-of-00003.gguf") == [
+        "big-Q4_K_M-00001-of-00003.gguf", "big-Q4_K_M-00002-of-00003.gguf", "big-Q4_K_M-00003-of-00003.gguf"]
+    assert shard_names("dir/small-Q8_0.gguf") == ["dir/small-Q8_0.gguf"]

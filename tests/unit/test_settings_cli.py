@@ -1,11 +1,16 @@
+from __future__ import annotations
+
+from pathlib import Path
+
 import pytest
 
-from kinetic.cli import parse_serve_args, split_ignored_flags
-from kinetic.settings import FLAGS
+from kinetic.cli import main, parse_serve_args, scan_serve_args
+from kinetic.llama_flags import by_spelling, llama_server_flags
+from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError
 
 
 def flag_names() -> set[str]:
-    return {name for flag in FLAGS for name in flag.names}
+    return {name for flag in FLAGS for name in (*flag.names, *flag.negations)}
 
 
 @pytest.mark.parametrize("spelling", ["-m", "--model", "-hf", "--hf-repo", "-hff", "--hf-file", "-a", "--alias",
@@ -13,9 +18,24 @@ def flag_names() -> set[str]:
                                       "--threads", "-n", "--n-predict", "--temp", "--seed", "--api-key",
                                       "--api-key-file", "--chat-template", "--chat-template-file", "--jinja",
                                       "--reasoning-format", "--slots", "--metrics", "--embeddings",
-                                      "--cors-origins", "-v", "--verbose", "--offline"])
+                                      "--cors-origins", "-v", "--verbose", "--offline", "-b", "--batch-size",
+                                      "-ub", "--ubatch-size", "--no-jinja", "--no-slots"])
 def test_llama_server_spellings_exist(spelling: str) -> None:
     assert spelling in flag_names()
+
+
+@pytest.mark.parametrize("flag", [f for f in FLAGS if f.llama], ids=lambda f: f.names[0])
+def test_implemented_flag_reads_like_llama_server(flag) -> None:
+    """Same spellings, same number of values, same variable as the vendored llama-server's flag."""
+    assert set(flag.names) == set(flag.llama.names) and set(flag.negations) == set(flag.llama.negations)
+    assert (0 if flag.is_switch else 1) == flag.llama.values
+    assert flag.llama_env == flag.llama.env
+
+
+def test_every_setting_has_one_flag() -> None:
+    fields = set(ServerSettings.model_fields) - {"ignored_flags", "ignored_env"}
+    assert fields == {flag.dest for flag in FLAGS}
+    assert len(FLAGS_BY_SPELLING) == sum(len(f.names) + len(f.negations) for f in FLAGS)
 
 
 def test_lab_command_line_parses() -> None:
@@ -30,17 +50,148 @@ def test_positional_model_and_negations() -> None:
     assert s.model == "model.gguf" and s.jinja is False and s.slots is False
 
 
+def test_long_flags_take_underscores_and_equals_like_llama_server() -> None:
+    s = parse_serve_args(["--ctx_size", "512", "--port=9001", "--api-key", "-secret-", "-s", "-1"], environ={})
+    assert (s.ctx_size, s.port, s.api_key, s.seed) == (512, 9001, "-secret-", -1)
+
+
 def test_environment_then_command_line() -> None:
-    env = {"LLAMA_ARG_CTX_SIZE": "1024", "KINETIC_PORT": "9000", "LLAMA_ARG_EMBEDDINGS": "true"}
+    env = {"LLAMA_ARG_CTX_SIZE": "1024", "KINETIC_PORT": "9000", "LLAMA_ARG_PORT": "1", "LLAMA_ARG_EMBEDDINGS": "true"}
     s = parse_serve_args(["--port", "9100"], environ=env)
     assert s.ctx_size == 1024 and s.port == 9100 and s.embeddings is True
+    assert parse_serve_args([], environ=env).port == 9000  # KINETIC_* before LLAMA_ARG_*
 
 
-def test_unimplemented_llama_server_flags_are_set_aside_with_values() -> None:
-    kept, ignored = split_ignored_flags(["-ngl", "99", "-m", "x.gguf", "--flash-attn=on", "-c", "512"])
-    assert kept == ["-m", "x.gguf", "-c", "512"] and ignored == ["-ngl", "--flash-attn=on"]
-    s = parse_serve_args(["-ngl", "99", "x.gguf", "--mlock", "--no-webui"], environ={})
-    assert s.model == "x.gguf" and set(s.ignored_flags) == {"-ngl", "--mlock", "--no-webui"}
+def test_llama_server_boolean_variables() -> None:
+    assert parse_serve_args([], environ={"LLAMA_ARG_NO_JINJA": "1"}).jinja is False
+    assert parse_serve_args([], environ={"LLAMA_ARG_ENDPOINT_METRICS": "enabled"}).metrics is True
+    assert parse_serve_args([], environ={"KINETIC_SLOTS": "off"}).slots is False
+
+
+def test_settings_object_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KINETIC_PORT", "9999")
+    monkeypatch.setenv("LLAMA_ARG_PORT", "9998")
+    assert ServerSettings().port == 8080 and ServerSettings(port=1).port == 1
+
+
+def test_batch_sizes_default_to_llama_servers() -> None:
+    s = parse_serve_args([], environ={})
+    assert (s.batch_size, s.ubatch_size) == (2048, 512)
+    s = parse_serve_args(["-b", "256", "--ubatch-size", "64"], environ={})
+    assert (s.batch_size, s.ubatch_size, s.ignored_flags) == (256, 64, ())
+    s = parse_serve_args([], environ={"LLAMA_ARG_BATCH": "128", "LLAMA_ARG_UBATCH": "32"})
+    assert (s.batch_size, s.ubatch_size) == (128, 32)
+
+
+UNIMPLEMENTED = sorted(spelling for spelling, flag in by_spelling().items() if spelling not in FLAGS_BY_SPELLING
+                       and spelling not in ("-h", "--help", "--usage", "--version"))
+
+
+@pytest.mark.parametrize("spelling", UNIMPLEMENTED)
+def test_every_other_llama_server_flag_is_accepted_with_its_values(spelling: str) -> None:
+    """Switches take nothing (`-kvu model.gguf`), value flags take exactly their values."""
+    values = ["-7"] * by_spelling()[spelling].values  # a value that looks like a flag is still the value
+    s = parse_serve_args([spelling, *values, "model.gguf", "-c", "512"], environ={})
+    assert s.model == "model.gguf" and s.ctx_size == 512 and s.ignored_flags == (spelling,)
+
+
+def test_issue_examples_start() -> None:
+    argv = ["-kvu", "model.gguf", "-sps", "0.5", "-r", "User:", "--keep", "-1", "-ot", "exps=CPU", "--override-kv",
+            "tokenizer.ggml.add_bos_token=bool:false", "--dry-multiplier", "0.8", "--dry-sequence-breaker", "none",
+            "--xtc-probability", "0.5", "--xtc-threshold", "0.1", "-ngl", "99", "-fa", "on", "--mlock",
+            "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
+    s = parse_serve_args(argv, environ={})
+    assert s.model == "model.gguf" and s.parallel == 2
+    assert s.ignored_flags == ("-kvu", "-sps", "-r", "--keep", "-ot", "--override-kv", "--dry-multiplier",
+                               "--dry-sequence-breaker", "--xtc-probability", "--xtc-threshold", "-ngl", "-fa",
+                               "--mlock", "--control-vector-layer-range", "--no-webui")
+
+
+def test_unimplemented_variables_are_reported() -> None:
+    s = parse_serve_args([], environ={"LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_NO_KV_OFFLOAD": "1",
+                                      "LLAMA_ARG_PORT": "9000", "LLAMA_ARG_THREADS_HTTP": ""})
+    assert s.ignored_env == ("LLAMA_ARG_NO_KV_OFFLOAD", "LLAMA_ARG_N_GPU_LAYERS") and s.port == 9000
+    s = parse_serve_args([], environ={"KINETIC_PROT": "9000", "KINETIC_CACHE_DIR": "/tmp/k", "KINETIC_PORT": "1"})
+    assert s.ignored_env == ("KINETIC_PROT",) and s.port == 1
+
+
+def test_help_and_version_are_actions() -> None:
+    assert scan_serve_args(["-m", "x.gguf", "--help"]).action == "help"
+    assert scan_serve_args(["--usage"]).action == "help"
+    assert scan_serve_args(["--version"]).action == "version"
+    assert scan_serve_args(["--api-key", "--help"]).action == "serve"  # a value, not the flag
+
+
+BAD = [
+    (["--port", "abc"], {}, "invalid value 'abc' for --port: expected an integer"),
+    (["--port", "70000"], {}, "invalid value '70000' for --port: must be <= 65535"),
+    ([], {"KINETIC_PORT": "abc"}, "invalid value 'abc' for KINETIC_PORT: expected an integer"),
+    ([], {"LLAMA_ARG_PORT": "x"}, "invalid value 'x' for LLAMA_ARG_PORT: expected an integer"),
+    (["-np", "0"], {}, "invalid value '0' for -np: expected -1 (auto) or a number of slots >= 1"),
+    (["-c", "-5"], {}, "invalid value '-5' for -c: must be >= 0"),
+    (["--temp", "hot"], {}, "invalid value 'hot' for --temp: expected a number"),
+    (["-b", "0"], {}, "invalid value '0' for -b: must be >= 1"),
+    ([], {"LLAMA_ARG_UBATCH": "many"}, "invalid value 'many' for LLAMA_ARG_UBATCH: expected an integer"),
+    (["--chat-template-kwargs", "{bad"], {}, "invalid value '{bad' for --chat-template-kwargs: not valid JSON"),
+    (["--chat-template-kwargs", "[1]"], {}, "for --chat-template-kwargs: expected a JSON object"),
+    ([], {"LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "nope"}, "for LLAMA_ARG_CHAT_TEMPLATE_KWARGS: not valid JSON"),
+    (["--reasoning-format", "r1"], {}, "invalid value 'r1' for --reasoning-format: expected one of: none, auto, "
+                                       "deepseek or deepseek-legacy"),
+    ([], {"LLAMA_ARG_THINK": "r1"}, "invalid value 'r1' for LLAMA_ARG_THINK: expected one of"),
+    ([], {"KINETIC_METRICS": "maybe"}, "invalid value 'maybe' for KINETIC_METRICS: expected on/off"),
+    (["--body-timeout", "0"], {}, "invalid value '0' for --body-timeout: must be > 0"),
+    (["-hf", "just-a-name"], {}, "invalid value 'just-a-name' for -hf: expected <user>/<model>[:quant]"),
+    (["--chat-template-file", "/no/such/template.jinja"], {},
+     "invalid value '/no/such/template.jinja' for --chat-template-file: no such file"),
+    ([], {"LLAMA_ARG_API_KEY_FILE": "/no/such/keys.txt"}, "for LLAMA_ARG_API_KEY_FILE: no such file"),
+    (["--api-key-file", "/"], {}, "invalid value '/' for --api-key-file: not a file"),
+    (["--chat-template", "chatlm"], {}, "invalid value 'chatlm' for --chat-template: expected a built-in template "
+                                        "name (chatml, gemma, llama3) or Jinja text"),
+    (["--frobnicate"], {}, "unknown flag --frobnicate (neither kinetic nor llama-server has it)"),
+    (["--ctx", "512"], {}, "did you mean --ctx-size?"),
+    (["-c"], {}, "-c expects a value (N)"),
+    (["--control-vector-layer-range", "1"], {}, "--control-vector-layer-range expects a value"),
+    (["--metrics=no"], {}, "--metrics takes no value"),
+    (["a.gguf", "b.gguf"], {}, "unexpected argument(s): b.gguf"),
+]
+
+
+@pytest.mark.parametrize(("argv", "environ", "message"), BAD, ids=[" ".join(a) or next(iter(e)) for a, e, _ in BAD])
+def test_bad_values_name_the_flag_or_variable(argv: list[str], environ: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_serve_args(argv, environ=environ)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_cli_exit_code_2_and_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KINETIC_PORT", "abc")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: invalid value 'abc' for KINETIC_PORT: expected an integer\n"
+    monkeypatch.delenv("KINETIC_PORT")
+    assert main(["serve", "--reasoning-format", "r1", "--chat-template-kwargs", "{"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: invalid value") for line in lines)
+
+
+def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in FLAGS:
+        assert flag.names[0] in out and flag.kinetic_env in out
+    assert "-ngl" in out and "accepted" in out and "ignored" in out  # the other flags are mentioned...
+    assert "--override-kv" not in out and len(out.splitlines()) < 150  # ...but not listed one by one
+    assert len(llama_server_flags()) > 200
+
+
+def test_template_names_and_files_that_exist_are_taken(tmp_path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    s = parse_serve_args(["--chat-template", "chatml", "--chat-template-file", str(template)], environ={})
+    assert (s.chat_template, s.chat_template_file) == ("chatml", str(template))
+    assert parse_serve_args(["--chat-template", "{% for m in messages %}{% endfor %}"], environ={}).chat_template
 
 
 def test_api_keys_from_flag_and_file(tmp_path) -> None:
@@ -48,3 +199,9 @@ def test_api_keys_from_flag_and_file(tmp_path) -> None:
     keys.write_text("# class keys\nalpha\n\nbeta\n")
     s = parse_serve_args(["--api-key", "k1,k2", "--api-key-file", str(keys)], environ={})
     assert s.api_keys() == ("k1", "k2", "alpha", "beta")
+
+
+def test_cli_reference_page_names_every_flag() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text()
+    missing = [flag.names[0] for flag in FLAGS if f"`{flag.names[0]}" not in page and f" {flag.names[0]}" not in page]
+    assert not missing

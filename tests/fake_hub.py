@@ -1,0 +1,90 @@
+"""A local stand-in for the Hugging Face hub (tests may not reach the real one): the three requests
+huggingface_hub makes to resolve and download a repo file, served from files on disk.
+
+Routes: GET /api/models/ORG/REPO[/revision/REV] (model info with the file list), HEAD and GET
+/ORG/REPO/resolve/REV/FILE (metadata headers, then the bytes). Anything else is a 404 the way the hub
+words it (X-Error-Code: RepoNotFound).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REVISION = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+class FakeHub:
+    def __init__(self, repos: dict[str, dict[str, Path]]):
+        """repos: "org/name" -> {file name in the repo: file on disk}."""
+        self.repos = repos
+        self.requests: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:  # keep test output clean
+                pass
+
+            def do_HEAD(self) -> None:
+                hub.requests.append(f"HEAD {self.path}")
+                hub.answer(self, body=False)
+
+            def do_GET(self) -> None:
+                hub.requests.append(f"GET {self.path}")
+                hub.answer(self, body=True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeHub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
+        path = handler.path.split("?", 1)[0]
+        if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path):
+            files = self.repos.get(match.group(1))
+            if files is not None:
+                info = {"id": match.group(1), "sha": REVISION, "private": False,
+                        "siblings": [{"rfilename": name} for name in files]}
+                return self.send(handler, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+        if match := re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path):
+            source = self.repos.get(match.group(1), {}).get(match.group(2))
+            if source is not None:
+                etag = hashlib.sha256(str(source).encode()).hexdigest()
+                headers = {"X-Repo-Commit": REVISION, "ETag": f'"{etag}"',
+                           "Content-Length": str(source.stat().st_size),
+                           "Content-Type": "application/octet-stream"}
+                return self.send(handler, 200, source, headers, body)
+        self.send(handler, 404, b'{"error": "Repository not found"}',
+                  {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, body)
+
+    @staticmethod
+    def send(handler: BaseHTTPRequestHandler, status: int, content: bytes | Path, headers: dict[str, str],
+             body: bool) -> None:
+        handler.send_response(status)
+        size = content.stat().st_size if isinstance(content, Path) else len(content)
+        headers.setdefault("Content-Length", str(size))
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        if not body:
+            return
+        if isinstance(content, Path):
+            with content.open("rb") as source:
+                try:
+                    shutil.copyfileobj(source, handler.wfile, 1 << 20)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+        else:
+            handler.wfile.write(content)

@@ -219,6 +219,18 @@ def test_streamed_forced_call_is_argument_deltas() -> None:
     assert item["call_id"] == added["call_id"] and item["arguments"] == deltas and item["status"] == "completed"
 
 
+def test_streamed_reasoning_is_its_own_item_before_the_message() -> None:
+    seen = stream(context(request(), prepared(reasoning=True)), ["why", "</think>", "Paris"],
+                  finished("why</think>Paris"))
+    items = [(name, data["item"]["type"]) for name, data in seen if name.startswith("response.output_item.")]
+    assert items == [("response.output_item.added", "reasoning"), ("response.output_item.done", "reasoning"),
+                     ("response.output_item.added", "message"), ("response.output_item.done", "message")]
+    reasoning = "".join(data["delta"] for name, data in seen if name == "response.reasoning_text.delta")
+    assert reasoning == "why" and [d["output_index"] for n, d in seen if n == "response.output_text.delta"] == [1]
+    output = seen[-1][1]["response"]["output"]
+    assert [i["type"] for i in output] == ["reasoning", "message"] and output[1]["content"][0]["text"] == "Paris"
+
+
 def test_a_failure_midway_is_an_error_event() -> None:
     encoder = translate.EventEncoder(context(request(), prepared()))
     frames = encoder.encode(TextDelta(text="Hi", token_id=0))

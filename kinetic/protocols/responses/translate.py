@@ -75,10 +75,6 @@ def _parts(content: str | list[ContentPart], param: str) -> tuple[TextPart | Med
     return tuple(parts)
 
 
-def _joined(message: Message, parts: tuple[TextPart | MediaPart, ...]) -> tuple[TextPart | MediaPart, ...]:
-    return (message.parts or ()) + parts
-
-
 def _arguments(text: str) -> Any:
     """Call arguments as an object, as templates read them (text that does not parse stays text)."""
     try:
@@ -105,7 +101,7 @@ def to_messages(req: ResponsesRequest) -> tuple[Message, ...]:
             if item.role != "assistant":
                 messages.append(Message(role="system" if item.role == "developer" else item.role, parts=parts))
             elif previous is not None:
-                messages[-1] = replace(previous, parts=_joined(previous, parts))
+                messages[-1] = replace(previous, parts=(previous.parts or ()) + parts)
             else:
                 messages.append(Message(role="assistant", parts=parts))
         elif isinstance(item, FunctionCallItem):

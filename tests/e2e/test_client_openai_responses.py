@@ -1,7 +1,8 @@
 """Client row "OpenAI Responses API": `client.responses.create` / `.stream` / `.parse` of the real
 openai SDK against `POST /v1/responses` of `kinetic serve` on the bundled (base) model: text,
 `text.format` json_schema, forced function calls, a function_call_output round trip, usage and
-timings; and (on the scripted engine) a stream that fails midway.
+timings; LangChain's `ChatOpenAI(use_responses_api=True)` on the same route; and (on the scripted
+engine) a stream that fails midway.
 
 Forced calls and schemas are grammar-constrained, so even this small model answers validly; free
 text is never checked for wording."""
@@ -171,6 +172,33 @@ def test_function_call_output_round_trip(openai_client: openai.OpenAI, live_serv
                                        max_output_tokens=6)
     assert r.usage.input_tokens == input_tokens(long_result) and r.status == "completed"
     assert all(item.type in {"message", "function_call"} for item in r.output)
+
+
+# ------------------------------------------------------------------------ LangChain on /v1/responses
+
+
+def test_langchain_use_responses_api(live_server: KineticServer) -> None:
+    """ChatOpenAI switches to /v1/responses with use_responses_api=True (and for some options)."""
+    from langchain_openai import ChatOpenAI
+
+    def chat(max_tokens: int) -> ChatOpenAI:
+        return ChatOpenAI(base_url=live_server.url + "/v1", api_key="x", model="local", use_responses_api=True,
+                          max_tokens=max_tokens, temperature=0, max_retries=0)
+
+    reply = chat(6).invoke("What is the best book?")
+    assert reply.response_metadata["id"].startswith("resp_") and 0 < reply.usage_metadata["output_tokens"] <= 6
+    chunks = list(chat(6).stream("What is the best book?"))
+    streamed = sum(chunks[1:], chunks[0])  # LangChain adds chunks up into one message
+    assert 0 < streamed.usage_metadata["output_tokens"] <= 6
+    llm = chat(40)
+    called = llm.bind_tools([{"type": "function", "function": {"name": WEATHER["name"],
+                                                               "parameters": WEATHER["parameters"]}}],
+                            tool_choice="get_weather").invoke(ASK)
+    (call,) = called.tool_calls
+    assert call["name"] == "get_weather" and not called.invalid_tool_calls
+    jsonschema.validate(call["args"], WEATHER["parameters"])
+    city = llm.with_structured_output(City, method="json_schema", strict=True).invoke("Name a city.")
+    assert isinstance(city, City) and 0 <= city.population <= 99
 
 
 # ------------------------------------------------------------------------------- errors

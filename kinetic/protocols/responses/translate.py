@@ -38,8 +38,12 @@ from kinetic.protocols.responses.types import (
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputFile,
+    InputText,
     MessageItem,
+    OutputText,
     ReasoningItem,
+    Refusal,
     ResponsesRequest,
     TextFormat,
 )
@@ -63,11 +67,11 @@ def _parts(content: str | list[ContentPart], param: str) -> tuple[TextPart | Med
         return (TextPart(content),)
     parts: list[TextPart | MediaPart] = []
     for index, part in enumerate(content):
-        if part.type in ("input_text", "output_text"):
-            parts.append(TextPart(part.text))  # type: ignore[union-attr]
-        elif part.type == "refusal":
-            parts.append(TextPart(part.refusal))  # type: ignore[union-attr]
-        elif part.type == "input_file":
+        if isinstance(part, (InputText, OutputText)):
+            parts.append(TextPart(part.text))
+        elif isinstance(part, Refusal):
+            parts.append(TextPart(part.refusal))
+        elif isinstance(part, InputFile):
             raise InvalidRequestError("'input_file' is not supported: kinetic reads text input only",
                                       param=f"{param}[{index}].type")
         else:

@@ -31,6 +31,7 @@ from kinetic.protocols.anthropic.routes import router as anthropic_router
 from kinetic.protocols.llamacpp.routes import router as llamacpp_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
+from kinetic.protocols.responses.routes import router as responses_router
 from kinetic.service import Service
 from kinetic.streaming import ClientDisconnected
 
@@ -246,6 +247,7 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(llamacpp_router)
     app.include_router(anthropic_router)
+    app.include_router(responses_router)
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
                        cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)

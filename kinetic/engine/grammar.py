@@ -10,6 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# llama-cpp-python's converter lets a JSON string hold raw control characters (a newline inside
+# "..."), which no JSON parser accepts; llama.cpp's own converter (llama-server's) excludes them.
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
 
 def grammar_from_json_schema(schema: Any) -> str:
     """GBNF text accepting exactly the JSON documents `schema` allows (llama.cpp's converter).
@@ -20,9 +25,11 @@ def grammar_from_json_schema(schema: Any) -> str:
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema must be an object, but got {type(schema).__name__}")
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        grammar = json_schema_to_gbnf(json.dumps(schema))
     except RecursionError as exc:
         raise ValueError("the schema nests too deeply") from exc
     except (AssertionError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
         # The converter reports bad schemas with asserts and incidental errors alike.
         raise ValueError(str(exc) or type(exc).__name__) from exc
+    return "\n".join(_JSON_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
+                     for line in grammar.splitlines())

@@ -30,6 +30,7 @@ ROUTES = {  # protocol -> (generation route, a request that works there)
     "openai": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
     "llamacpp": ("/completion", {"prompt": "hi", "n_predict": 2}),
     "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2}),
 }
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                    408: "timeout_error", 413: "request_too_large", 503: "overloaded_error"}
@@ -98,7 +99,7 @@ def test_missing_key_is_401(keyed_server: KineticServer, protocol: str) -> None:
 
 
 @pytest.mark.parametrize("protocol, path", [("openai", "/v1/nope"), ("llamacpp", "/nope"),
-                                            ("anthropic", "/v1/messages/nope")])
+                                            ("anthropic", "/v1/messages/nope"), ("responses", "/v1/responses/nope")])
 def test_unknown_route_is_404(keyed_server: KineticServer, protocol: str, path: str) -> None:
     r = httpx.post(keyed_server.url + path, json={}, headers=AUTH)
     assert r.status_code == 404
@@ -140,6 +141,8 @@ def test_context_overflow_is_400_with_the_sizes(keyed_server: KineticServer, pro
     path, good = ROUTES[protocol]
     if protocol == "llamacpp":
         body = {**good, "prompt": LONG}
+    elif protocol == "responses":
+        body = {**good, "input": LONG}
     else:
         body = {**good, "messages": [{"role": "user", "content": LONG}]}
     r = httpx.post(keyed_server.url + path, json=body, headers=AUTH, timeout=60)

@@ -1,0 +1,32 @@
+"""OpenAI Responses routes: /v1/responses and /v1/responses/input_tokens (each also without /v1)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from kinetic.deps import ServiceDep
+from kinetic.protocols.responses import translate
+from kinetic.protocols.responses.types import InputTokensRequest, ResponsesRequest
+from kinetic.streaming import respond
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+@router.post("/responses")
+async def create_response(body: ResponsesRequest, request: Request, service: ServiceDep) -> Response:
+    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.response_context(body, prepared, model=service.model_name)
+    generation = await service.engine.submit(generation_request)
+    return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
+                         to_body=partial(translate.to_response, ctx=ctx))
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens")
+async def count_input_tokens(body: InputTokensRequest, service: ServiceDep) -> dict[str, Any]:
+    return translate.input_tokens_body(await service.count_chat_tokens(translate.to_chat_request(body)))

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kinetic.classroom.keys import KeyRing
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -64,7 +66,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", default=-1, type=int, metavar="N"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", llama_env="LLAMA_API_KEY",
          metavar="KEY"),
-    Flag("api_key_file", ("--api-key-file",), "file with one API key a line (# comments allowed)",
+    Flag("api_key_file", ("--api-key-file",), "file with one API key a line, `KEY [name]` (# comments allowed)",
          llama_env="LLAMA_ARG_API_KEY_FILE", metavar="FNAME"),
     Flag("chat_template", ("--chat-template",), "chat template: a built-in name (chatml, gemma, llama3...) or Jinja text",
          llama_env="LLAMA_ARG_CHAT_TEMPLATE", metavar="TEMPLATE"),
@@ -90,6 +92,10 @@ FLAGS: tuple[Flag, ...] = (
          default=True, type=None, negation="--no-fair-share"),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
          "more get 429 (0 = no limit; applies when keys are set)", default=4, type=int, metavar="N"),
+    Flag("ledger", ("--ledger",), "append one JSON line per request to this file (who, route, status, usage, timings)",
+         metavar="FNAME"),
+    Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger",
+         default=False, type=None),
     Flag("verbose", ("-v", "--verbose"), "log every request", default=False, type=None),
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only",
          default=False, type=None, llama_env="LLAMA_OFFLINE"),
@@ -147,22 +153,19 @@ class ServerSettings:
     body_timeout: float = 30.0
     fair_share: bool = True
     max_in_flight: int = 4
+    ledger: str | None = None
+    ledger_content: bool = False
     verbose: bool = False
     offline: bool = False
     ignored_flags: tuple[str, ...] = field(default=())
 
+    def key_ring(self) -> KeyRing:
+        """The keys clients may send, with their names (empty when the server is open)."""
+        return KeyRing(self.api_key, self.api_key_file)
+
     def api_keys(self) -> tuple[str, ...]:
         """Every key a client may send; empty when the server is open."""
-        keys: list[str] = []
-        if self.api_key:
-            keys += [k.strip() for k in self.api_key.split(",") if k.strip()]
-        if self.api_key_file:
-            with open(self.api_key_file, encoding="utf-8") as handle:
-                for line in handle:
-                    line = line.strip()
-                    if line and not line.startswith("#"):
-                        keys.append(line)
-        return tuple(keys)
+        return self.key_ring().keys
 
     def replace(self, **changes: Any) -> "ServerSettings":
         return dataclasses.replace(self, **changes)

@@ -127,6 +127,8 @@ def parse_deliverable(text: str, path: Path | None = None) -> Deliverable:
         if opening:
             fence = opening.group(1)
             continue
+        if not line.startswith(("    ", "\t")):
+            prose_lines.append(line)  # as written, labels included: a `**Nome:** ...` line names the author
         heading = HEADING.match(line)
         bold = None if heading else BOLD_LABEL.match(line)
         label = None if heading or bold or line.startswith(("    ", "\t")) else LABEL_LINE.match(line)
@@ -143,7 +145,8 @@ def parse_deliverable(text: str, path: Path | None = None) -> Deliverable:
                 continue
         indented = line.startswith(("    ", "\t")) and bool(line.strip())
         raw_sections[-1][2].append((line, indented))
-        (code_lines if indented else prose_lines).append(line)
+        if indented:
+            code_lines.append(line)
     # A lone level-1 heading above deeper ones is the document's title, not a section.
     levels = [level for heading, level, _ in raw_sections if heading]
     title_level = 1 if levels and min(levels) == 1 and any(level > 1 for level in levels) else 0

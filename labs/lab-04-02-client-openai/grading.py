@@ -128,7 +128,7 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
     stray = stray or usage is not None
     stream = [StreamRun(int(m[1]), float(m[2]), float(m[3]), m[0]) for m in map(STREAM_RE.search, lines) if m]
     tokens = [TokensLine(int(m[1]), float(m[2]), m[0]) for m in map(TOKENS_RE.search, lines) if m]
-    error = next((l.strip() for l in lines if ERROR_RE.search(l)), None)
+    error = next((m[0].strip("` ") for m in map(ERROR_RE.search, lines) if m), None)
     if error is None:
         error = next((l.strip() for l in lines if "Error code" in l or "AuthenticationError" in l), None)
     answers = [s for s in deliverable.sections if ANSWER_HEADING.search(s.heading)

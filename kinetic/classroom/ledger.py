@@ -245,6 +245,7 @@ class LedgerMiddleware:
         record: dict[str, Any] = {}
         reader: ResponseReader | None = None
         status = 500
+        ended: float | None = None  # when the last byte left: what the client's clock can compare with
         request_body = bytearray()
 
         async def receive_and_keep() -> Message:
@@ -254,7 +255,7 @@ class LedgerMiddleware:
             return message
 
         async def send_and_read(message: Message) -> None:
-            nonlocal reader, status
+            nonlocal reader, status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
                 content_type = dict((k.decode("latin-1").lower(), v.decode("latin-1"))
@@ -263,8 +264,11 @@ class LedgerMiddleware:
                 if stream or path in GENERATION_ROUTES or status >= 400:
                     reader = ResponseReader(record, stream, self.writer.content, started)
                 record["stream"] = stream
-            elif message["type"] == "http.response.body" and reader is not None:
-                reader.feed(message.get("body", b""))
+            elif message["type"] == "http.response.body":
+                if reader is not None:
+                    reader.feed(message.get("body", b""))
+                if not message.get("more_body", False):
+                    ended = time.monotonic()
             await send(message)
 
         try:
@@ -272,15 +276,15 @@ class LedgerMiddleware:
         finally:
             if reader is not None:
                 reader.finish()
-            self._write(scope, state, status, started, record, request_body)
+            self._write(scope, state, status, (ended or time.monotonic()) - started, record, request_body)
 
-    def _write(self, scope: Scope, state: dict[str, Any], status: int, started: float,
+    def _write(self, scope: Scope, state: dict[str, Any], status: int, duration: float,
                record: dict[str, Any], request_body: bytearray) -> None:
         headers = _headers(scope)
         client = state.get("client_name")
         line: dict[str, Any] = {
             "time": _now_iso(),
-            "duration_s": round(time.monotonic() - started, 4),
+            "duration_s": round(duration, 4),
             "client": client,
             "auth": auth_outcome(status, headers, keyed=self.keyed, client=client),
             "addr": (scope.get("client") or ("", 0))[0],

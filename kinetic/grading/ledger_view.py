@@ -37,7 +37,7 @@ class LedgerView:
     @classmethod
     def from_files(cls, ledger: Path, key_file: Path | None = None) -> "LedgerView":
         roster = KeyRing(file=key_file).names if key_file else []
-        return cls(read_ledger(ledger), roster, str(ledger))
+        return cls(read_ledger(ledger), roster, str(key_file or ledger))
 
     def resolve(self, candidates: Iterable[str]) -> str | None:
         for candidate in candidates:
@@ -69,7 +69,7 @@ class StudentLedger:
         if self.name is not None:
             return self.name
         tried = ", ".join(repr(c) for c in self.candidates) or "no name"
-        return f"{tried} (no such name among the keys of {self.view.source})"
+        return f"{tried} (no such name in {self.view.source})"
 
     def find(self, matches: Callable[[Record], bool]) -> tuple[Record | None, list[Record]]:
         """The first of this student's records that `matches` and is not matched yet, else the

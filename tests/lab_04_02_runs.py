@@ -76,7 +76,7 @@ def template_style(runs: Runs, name: str | None = None) -> str:
     for block in (runs.full, runs.stream, runs.mjs + runs.mjs_stream, runs.error):
         text = text.replace("```text\n```", _fence(block), 1)
     if name:
-        text = text.replace("\n\n", f"\n\nName: {name}\n\n", 1)
+        text = text.replace("\nName:\n", f"\nName: {name}\n", 1)
     return text.rstrip() + "\n\n" + ANSWER + "\n"
 
 

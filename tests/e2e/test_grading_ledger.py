@@ -114,7 +114,8 @@ def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_pa
     gradebook = tmp_path / "grades.csv"
     code, report = grade(folder, ledger, keys, "--csv", str(gradebook))
     students = by_student(report)
-    failing = {s["path"]: [c for c in s["checks"] if c["status"] != "pass"] for s in report["students"] if not s["passed"]}
+    failing = {Path(s["path"]).name: [(c["name"], c["rationale"]) for c in s["checks"] if c["status"] != "pass"]
+               for s in report["students"] if not s["passed"]}
     assert code == 0 and report["passed"], failing
     assert sorted(s["student"] for s in report["students"]) == ["alice"] * len(STYLES) + ["bob"]
     for checks in students.values():

@@ -149,3 +149,12 @@ def test_ledger_content_keeps_prompt_and_answer(tmp_path: Path) -> None:
     client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a"}, json=body)
     (record,) = read_ledger(path)
     assert record["request"] == body and record["answer"] == "abc"
+
+
+def test_serve_flags_for_the_ledger() -> None:
+    from kinetic.cli import parse_serve_args
+
+    settings = parse_serve_args(["--ledger", "class.jsonl", "--ledger-content"], environ={})
+    assert settings.ledger == "class.jsonl" and settings.ledger_content
+    assert parse_serve_args([], environ={"KINETIC_LEDGER": "env.jsonl"}).ledger == "env.jsonl"
+    assert not parse_serve_args([], environ={}).ledger_content

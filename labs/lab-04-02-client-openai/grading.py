@@ -42,9 +42,11 @@ MAX_TOKENS = 80  # chat.py's and chat.mjs's max_tokens
 GENERATION_SPEED_FACTOR = 4.0
 PROMPT_SPEED_FACTOR = 10.0
 # chat.py and chat.mjs ran against the same server minutes apart: their generation speeds agree
-# within this factor (different prompts, same model and machine). Wide: a laptop busy with other
-# work halves or quarters its speed from one run to the next (measured: 16.9 and 92.6 t/s).
-SAME_SERVER_FACTOR = 10.0
+# within this factor (different prompts, same model and machine). Wide on purpose: a fresh server's
+# first request (chat.py, step 4) is several times slower than the next ones, and a machine busy with
+# other work swings further (measured on the course machine: 16.9 then 92.6 t/s; more than 10x apart
+# under load). It catches numbers from different machines or invented ones, not a slow moment.
+SAME_SERVER_FACTOR = 25.0
 # The wall time chat.py prints may exceed what the server's speeds account for by HTTP and client
 # overhead: allowed up to this factor plus a fixed margin.
 WALL_FACTOR = 3.0

@@ -176,3 +176,14 @@ def test_a_server_error_while_grading_is_could_not_check_and_the_batch_completes
             assert checks[name]["points"] == 0
         assert checks["error_401_matches_server"]["status"] == "pass"
         assert all(checks[name]["status"] == "pass" for name in LEDGER_CHECKS)
+
+
+def test_serve_refuses_a_bad_key_file_or_an_unwritable_ledger_with_one_line(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-1 mario rossi\n")  # a name with a space: three words
+    proc = run([sys.executable, "-m", "kinetic", "serve", "--port", "0", "--api-key-file", str(keys)], "http://x")
+    assert proc.returncode == 1 and "line 1: expected `KEY [name]`, got 3 words" in proc.stderr
+    keys.write_text("sk-1 mario.rossi\n")
+    proc = run([sys.executable, "-m", "kinetic", "serve", "--port", "0", "--api-key-file", str(keys),
+                "--ledger", str(tmp_path)], "http://x")  # a folder, not a file
+    assert proc.returncode == 1 and "cannot write the ledger" in proc.stderr

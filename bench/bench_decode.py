@@ -19,12 +19,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout without an install
 
-from filelock import FileLock  # noqa: E402
-
+from kinetic.launch import KineticServer, model_lock  # noqa: E402
 from kinetic.models import bundled_model_path  # noqa: E402
-from tests.server import MODEL_LOCK_PATH, KineticServer  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
 CTX = 2048
@@ -72,7 +70,7 @@ def main() -> int:
     args = parser.parse_args()
     model = args.model or bundled_model_path()
 
-    with FileLock(str(MODEL_LOCK_PATH)):
+    with model_lock():
         local = [measure_in_process(model, args.tokens, args.threads) for _ in range(args.repeats)]
         with KineticServer(str(model), "-c", str(CTX), "-np", "1", "-t", str(args.threads)) as server:
             measure_http(server.url, 8)  # warm-up

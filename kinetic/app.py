@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
@@ -16,6 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kinetic.classroom.identity import ClientIdentity
+from kinetic.classroom.keys import KeyRing, key_from_headers
+from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
 from kinetic.errors import (
     InvalidRequestError,
     KineticError,
@@ -74,11 +75,11 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 class RequestGate:
     """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
 
-    def __init__(self, app: ASGIApp, *, service: Service, api_keys: tuple[str, ...], cors_origins: str,
+    def __init__(self, app: ASGIApp, *, service: Service, keys: KeyRing, cors_origins: str,
                  body_timeout: float):
         self.app = app
         self.service = service
-        self.api_keys = api_keys
+        self.keys = keys
         self.cors_origins = cors_origins
         self.body_timeout = body_timeout
 
@@ -94,15 +95,8 @@ class RequestGate:
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
     def _client_name(self, headers: dict[str, str]) -> str | None:
-        """`key-N` for the N-th key (never the key itself), None for no key or a wrong one."""
-        sent = headers.get("authorization", "") or headers.get("x-api-key", "")
-        if sent.startswith("Bearer "):
-            sent = sent[len("Bearer "):]
-        found = None
-        for index, key in enumerate(self.api_keys, start=1):
-            if secrets.compare_digest(sent.encode(), key.encode()):
-                found = f"key-{index}"
-        return found
+        """The name of the key sent (from --api-key-file), or None for no key or a wrong one."""
+        return self.keys.name_for(key_from_headers(headers)) if self.keys else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,8 +114,9 @@ class RequestGate:
             await send(message)
 
         path = scope["path"]
-        client_name = self._client_name(headers) if self.api_keys else None
-        if client_name is not None:  # who is asking, for the fair queue
+        # Who is asking, by name and never by key: for the ledger, the fair queue, the dashboard.
+        client_name = self._client_name(headers)
+        if client_name is not None:
             scope.setdefault("state", {})["client_name"] = client_name
         if scope["method"] == "OPTIONS":
             response: Response = Response(status_code=200, headers={
@@ -129,7 +124,7 @@ class RequestGate:
                 "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
         elif not self.service.ready:
             response = error_response(path, UnavailableError("Loading model"))
-        elif self.api_keys and path not in PUBLIC_PATHS and client_name is None:
+        elif self.keys and path not in PUBLIC_PATHS and client_name is None:
             response = error_response(path, UnauthorizedError("Invalid API Key"))
         elif int(headers.get("content-length", "0") or 0) > MAX_BODY_BYTES:
             response = error_response(path, PayloadTooLargeError("request body too large"))
@@ -249,6 +244,10 @@ def create_app(
     app.include_router(anthropic_router)
     app.include_router(responses_router)
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
-    app.add_middleware(RequestGate, service=service, api_keys=service.settings.api_keys(),
+    keys = service.settings.key_ring()
+    app.add_middleware(RequestGate, service=service, keys=keys,
                        cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)
+    if service.settings.ledger:  # added last: outermost, so it also records the gate's 401s
+        writer = LedgerWriter(service.settings.ledger, content=service.settings.ledger_content)
+        app.add_middleware(LedgerMiddleware, writer=writer, keyed=bool(keys))
     return app

@@ -24,6 +24,8 @@ REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
 FALSE_WORDS = frozenset({"off", "disabled", "false", "0", "no"})
 
+from kinetic.classroom.keys import KeyRing
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -90,7 +92,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", ("--host",), "address to listen on"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
-    Flag("api_key_file", ("--api-key-file",), "file with one API key a line (# comments allowed)",
+    Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
          metavar="FNAME"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list",
          metavar="ORIGINS"),
@@ -111,6 +113,9 @@ FLAGS: tuple[Flag, ...] = (
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
          "more get 429 (0 = no limit; applies when keys are set)", metavar="N"),
+    Flag("ledger", ("--ledger",), "append one JSON line per request to this file (who, route, status, usage, "
+         "timings)", metavar="FNAME"),
+    Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),
     Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
 )
 
@@ -151,6 +156,8 @@ class ServerSettings(BaseSettings):
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
+    ledger: str | None = None
+    ledger_content: bool = False
     chat_template: str | None = None
     chat_template_file: str | None = None
     chat_template_kwargs: str | None = None
@@ -236,18 +243,13 @@ class ServerSettings(BaseSettings):
     def template_kwargs(self) -> dict[str, Any]:
         return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
 
+    def key_ring(self) -> KeyRing:
+        """The keys clients may send, with their names (empty when the server is open)."""
+        return KeyRing(self.api_key, self.api_key_file)
+
     def api_keys(self) -> tuple[str, ...]:
         """Every key a client may send; empty when the server is open."""
-        keys: list[str] = []
-        if self.api_key:
-            keys += [k.strip() for k in self.api_key.split(",") if k.strip()]
-        if self.api_key_file:
-            with open(self.api_key_file, encoding="utf-8") as handle:
-                for line in handle:
-                    line = line.strip()
-                    if line and not line.startswith("#"):
-                        keys.append(line)
-        return tuple(keys)
+        return self.key_ring().keys
 
     def replace(self, **changes: Any) -> "ServerSettings":
         return self.model_copy(update=changes)

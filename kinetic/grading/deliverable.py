@@ -1,71 +1,159 @@
-"""Parsing a lab-XX-YY.md deliverable: headed sections, their fenced blocks and plain text."""
+"""Reading a deliverable (`lab-XX-YY.md`) the way students write it.
+
+Students paste outputs under headings or under bold labels, in English or Italian, inside ``` or
+~~~ fences, as indented code or as plain text, with or without the command line, with prose in
+between. So a lab finds its outputs by their content (the lines its scripts print, the JSON a
+route answers) anywhere in the file, and uses the sections only for what has no fixed shape:
+the student's own answers. Template instructions live in HTML comments and never count.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-FENCE = re.compile(r"^\s*(```|~~~)")
-# Template instructions live in HTML comments so that they never count as the student's text.
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+# `**1. chat.py**`, `__Risposta__:`, `- **The 401 error:** text...`: a bold run opening the line.
+BOLD_LABEL = re.compile(r"^\s*(?:[-*+]\s+)?(?:\d+[.)]\s*)?(\*\*|__)(?P<label>[^*_].*?)\1\s*:?\s*(?P<rest>.*)$")
+# `Error 401:` alone on a line: a label in a file written without Markdown. Short, no brackets or
+# prompts, so that an output line is never taken for one.
+LABEL_LINE = re.compile(r"^\s*(?:\d+[.)]\s*)?(?P<label>[^\W\d][^\[\]{}<>$#|`]{0,58}?)\s*:\s*$")
+FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+NAME_LINE = re.compile(
+    r"^\s*(?:[-*]\s+)?(?:\*\*|__)?(?:name|full name|student|nome|nome e cognome|cognome e nome|studente|"
+    r"studentessa|autore|autrice|author)(?:\*\*|__)?\s*[:=]\s*(?:\*\*|__)?\s*(?P<name>[^*_].*?)\s*(?:\*\*|__)?\s*$",
+    re.IGNORECASE)
 
 
 @dataclass
 class Section:
     heading: str
-    text: str = ""
-    blocks: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # every line, code included
+    prose: list[str] = field(default_factory=list)  # the lines outside code
 
-    def output_lines(self) -> list[str]:
-        """The pasted output: the fenced blocks' lines, or the plain text when nothing is fenced."""
-        source = "\n".join(self.blocks) if any(b.strip() for b in self.blocks) else self.text
-        return [line.rstrip() for line in source.splitlines() if line.strip()]
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
 
 
 @dataclass
 class Deliverable:
     path: Path | None
+    text: str  # comments removed
     sections: list[Section]
+    code_lines: list[str]
+    prose_lines: list[str]
+
+    @property
+    def lines(self) -> list[str]:
+        """Every non-empty line, code and prose, in order (trailing spaces removed)."""
+        return [line.rstrip() for line in self.text.splitlines() if line.strip()]
+
+    def name_line(self) -> str | None:
+        for line in self.prose_lines:
+            match = NAME_LINE.match(line)
+            if match and match["name"].strip():
+                return match["name"].strip()
+        return None
 
     @property
     def student(self) -> str:
-        """Who handed it in: the file's stem, or its folder when the file keeps the template's name."""
-        if self.path is None:
-            return "-"
-        if re.fullmatch(r"lab-\d\d-\d\d", self.path.stem) and self.path.parent.name:
-            return self.path.parent.name
-        return self.path.stem
+        """Who handed it in: a `Name:` line, else the folder when the file keeps the template's name,
+        else the file's stem."""
+        candidates = self.student_candidates()
+        return candidates[0] if candidates else "-"
+
+    def student_candidates(self) -> list[str]:
+        """Every way this file names its author, most explicit first (matched to key names later)."""
+        found: list[str] = []
+        name = self.name_line()
+        if name:
+            found.append(name)
+        if self.path is not None:
+            stem, folder = self.path.stem, self.path.parent.name
+            if re.fullmatch(r"lab-\d\d-\d\d", stem, re.IGNORECASE) and folder:
+                found += [folder, folder.split("_", 1)[0]]  # Moodle's "Name Surname_123_assignsubmission..."
+            else:
+                found += [stem, re.sub(r"^lab-\d\d-\d\d[-_ ]*|[-_ ]*lab-\d\d-\d\d$", "", stem, flags=re.I)]
+        return [c for c in dict.fromkeys(found) if c]
+
+    def json_objects(self) -> list[dict[str, Any]]:
+        """Every JSON object pasted anywhere (one-line or pretty-printed), outermost only."""
+        return list(_json_objects(self.text))
+
+    def section(self, pattern: re.Pattern[str]) -> Section | None:
+        return next((s for s in self.sections if pattern.search(s.heading)), None)
+
+
+def _json_objects(text: str) -> Iterator[dict[str, Any]]:
+    decoder = json.JSONDecoder()
+    index = text.find("{")
+    while index != -1:
+        try:
+            obj, end = decoder.raw_decode(text, index)
+        except ValueError:
+            index = text.find("{", index + 1)
+            continue
+        if isinstance(obj, dict):
+            yield obj
+        index = text.find("{", end)
+
+
+def normalize_name(name: str) -> str:
+    """`Mario Rossi`, `mario.rossi`, `mario-rossi`: one key for matching names across sources."""
+    return re.sub(r"[^0-9a-z]", "", name.casefold())
 
 
 def parse_deliverable(text: str, path: Path | None = None) -> Deliverable:
-    text = COMMENT.sub("", text)
-    sections: list[Section] = []
-    current = Section("")  # text before the first heading
-    block: list[str] | None = None
+    text = COMMENT.sub("", text.replace("\r\n", "\n"))
+    raw_sections: list[tuple[str, int, list[tuple[str, bool]]]] = [("", 0, [])]  # (heading, level, lines)
+    code_lines: list[str] = []
+    prose_lines: list[str] = []
+    fence: str | None = None
     for line in text.splitlines():
-        if FENCE.match(line):
-            if block is None:
-                block = []
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
+                    and not line.strip()[len(opening.group(1)):].strip():
+                fence = None
             else:
-                current.blocks.append("\n".join(block))
-                block = None
+                raw_sections[-1][2].append((line, True))
+                code_lines.append(line)
             continue
-        if block is not None:
-            block.append(line)
+        if opening:
+            fence = opening.group(1)
             continue
+        if not line.startswith(("    ", "\t")):
+            prose_lines.append(line)  # as written, labels included: a `**Nome:** ...` line names the author
         heading = HEADING.match(line)
-        if heading and len(heading.group(1)) >= 2:  # "# Title" is the document's title, not a section
-            sections.append(current)
-            current = Section(heading.group(2))
-        else:
-            current.text += line + "\n"
-    if block is not None:  # an unclosed fence still holds what the student pasted
-        current.blocks.append("\n".join(block))
-    sections.append(current)
-    return Deliverable(path, [s for s in sections if s.heading])
+        bold = None if heading else BOLD_LABEL.match(line)
+        label = None if heading or bold or line.startswith(("    ", "\t")) else LABEL_LINE.match(line)
+        if heading:
+            raw_sections.append((heading.group(2), len(heading.group(1)), []))
+            continue
+        if label:
+            raw_sections.append((label["label"], 8, []))
+            continue
+        if bold:
+            raw_sections.append((bold["label"].strip().rstrip(":"), 7, []))
+            line = bold["rest"]
+            if not line.strip():
+                continue
+        indented = line.startswith(("    ", "\t")) and bool(line.strip())
+        raw_sections[-1][2].append((line, indented))
+        if indented:
+            code_lines.append(line)
+    # A lone level-1 heading above deeper ones is the document's title, not a section.
+    levels = [level for heading, level, _ in raw_sections if heading]
+    title_level = 1 if levels and min(levels) == 1 and any(level > 1 for level in levels) else 0
+    sections = [Section(heading, [l for l, _ in lines if l.strip()], [l for l, code in lines if not code and l.strip()])
+                for heading, level, lines in raw_sections if heading and level != title_level]
+    return Deliverable(path, text, sections, code_lines, prose_lines)
 
 
 def read_deliverable(path: Path) -> Deliverable:
-    return parse_deliverable(path.read_text(encoding="utf-8", errors="replace"), path)
+    return parse_deliverable(path.read_text(encoding="utf-8-sig", errors="replace"), path)

@@ -10,66 +10,34 @@ import json
 import os
 import re
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from kinetic.grading import lab_04_02
+from kinetic.grading.labs import load_lab
+from tests.lab_04_02_runs import (
+    CHAT_MJS, CHAT_PY, LAB_DIR, NODE, STYLES, broken_variants, edited_copy, run, student_runs, template_style,
+)
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
 
-LAB_DIR = Path(__file__).resolve().parents[2] / "labs" / "lab-04-02-client-openai"
-CHAT_PY, CHAT_MJS = LAB_DIR / "chat.py", LAB_DIR / "chat.mjs"
-NODE = "node"
 KEY = "segreta123"
 ERROR_LINE = ("openai.AuthenticationError: Error code: 401 - {'error': {'message': 'Invalid API Key', "
               "'type': 'authentication_error', 'code': 401}}")
-ANSWER = """base_url: remove it (or set https://api.openai.com/v1): the SDK's default is the real API.
-api_key: a real OpenAI key, read from OPENAI_API_KEY, instead of "no-key-required".
-model: a real model name such as "gpt-4o-mini" instead of "local" (and drop the chat_template_kwargs extra_body)."""
 
 
-def run(command: list[str], url: str, script_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "OPENAI_API_KEY")}
-    env.update({"LLAMA_URL": url, **(script_env or {})})
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
-
-
-def edited_copy(source: Path, tmp_path: Path, old: str, new: str) -> Path:
-    """What the lab asks students to do: change one line of the script."""
-    text = source.read_text(encoding="utf-8")
-    assert old in text, f"{source.name} no longer contains {old!r}"
-    target = tmp_path / source.name
-    target.write_text(text.replace(old, new), encoding="utf-8")
-    return target
-
-
-def fill_template(blocks: list[str], answer: str) -> str:
-    """The deliverable a student hands in: the template with each empty block filled, then the answer."""
-    text = (LAB_DIR / "lab-04-02.md").read_text(encoding="utf-8")
-    for block in blocks:
-        text = text.replace("```text\n```", f"```text\n{block.rstrip()}\n```", 1)
-    return text.rstrip() + "\n\n" + answer + "\n"
+def grading_rules():
+    load_lab(str(LAB_DIR))
+    return sys.modules["kinetic_lab_" + LAB_DIR.name.replace("-", "_")]
 
 
 @pytest.fixture(scope="module")
-def outputs(base_url: str) -> dict[str, str]:
-    runs = {
-        "full": [sys.executable, str(CHAT_PY)],
-        "stream": [sys.executable, str(CHAT_PY), "--stream"],
-        "mjs": [NODE, str(CHAT_MJS)],
-        "mjs_stream": [NODE, str(CHAT_MJS), "--stream"],
-    }
-    result = {}
-    for name, command in runs.items():
-        proc = run(command, base_url)
-        assert proc.returncode == 0, proc.stderr
-        result[name] = proc.stdout
-    return result
+def outputs(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    runs = student_runs(base_url, None, tmp_path_factory.mktemp("runs"), ERROR_LINE)
+    return {"full": runs.full, "stream": runs.stream, "mjs": runs.mjs, "mjs_stream": runs.mjs_stream}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +51,11 @@ def last_lines(text: str, n: int) -> list[str]:
 
 
 def test_chat_py_messages_are_the_graders() -> None:
+    rules = grading_rules()
     script = runpy.run_path(str(CHAT_PY), run_name="lab")  # not "__main__": nothing is sent
-    assert script["MESSAGES"] == lab_04_02.CHAT_PY_MESSAGES
-    assert script["EXTRA"] == {"chat_template_kwargs": lab_04_02.CHAT_TEMPLATE_KWARGS}
+    assert script["MESSAGES"] == rules.CHAT_PY_MESSAGES
+    assert script["EXTRA"] == {"chat_template_kwargs": rules.CHAT_TEMPLATE_KWARGS}
+    assert script["MAX_TOKENS"] == rules.MAX_TOKENS and f"max_tokens: {rules.MAX_TOKENS}," in CHAT_MJS.read_text()
 
 
 def test_chat_py_full_prints_answer_usage_and_timings(outputs: dict[str, str]) -> None:
@@ -110,19 +80,32 @@ def test_chat_mjs_prints_tokens_and_fine(outputs: dict[str, str]) -> None:
 
 def test_good_deliverable_from_real_runs_passes_live_grading(outputs: dict[str, str], base_url: str,
                                                               tmp_path: Path) -> None:
-    text = fill_template([outputs["full"], outputs["stream"], outputs["mjs"] + outputs["mjs_stream"], ERROR_LINE],
-                         ANSWER)
+    from tests.lab_04_02_runs import Runs
+
     deliverable = tmp_path / "good.md"
-    deliverable.write_text(text, encoding="utf-8")
+    deliverable.write_text(template_style(Runs(**outputs, error=ERROR_LINE)), encoding="utf-8")
     proc = run([sys.executable, "-m", "kinetic", "grade", "lab-04-02", str(deliverable), "--server", base_url,
                 "--json"], base_url)
     report = json.loads(proc.stdout)
     checks = {c["name"]: c for c in report["students"][0]["checks"]}
-    assert proc.returncode == 0 and report["passed"], [c for c in checks.values() if c["passed"] is False]
-    assert checks["prompt_tokens_match_server"]["passed"] and checks["speeds_plausible"]["passed"]
-    assert checks["error_401_matches_server"]["passed"] is None  # this server takes any key
-    if os.environ.get("KINETIC_REGENERATE_REFERENCE") == "1":
-        (LAB_DIR / "reference" / "good.md").write_text(text, encoding="utf-8")
+    assert proc.returncode == 0 and report["passed"], [c for c in checks.values() if c["status"] != "pass"]
+    assert checks["prompt_tokens_match_server"]["status"] == "pass"
+    assert "tolerance: generation within 4x" in checks["speeds_plausible"]["note"]
+    assert checks["error_401_matches_server"]["status"] == "skipped"  # this server takes any key: optional
+
+
+@pytest.mark.skipif(os.environ.get("KINETIC_REGENERATE_REFERENCE") != "1", reason="regenerates the reference files")
+def test_regenerate_reference_deliverables(base_url: str, tmp_path: Path) -> None:
+    """One real set of runs per writing style (so that no two share numbers), then one broken file
+    per offline check made from the good one. Run with KINETIC_REGENERATE_REFERENCE=1."""
+    reference = LAB_DIR / "reference"
+    for style, render in STYLES.items():
+        runs = student_runs(base_url, None, tmp_path / style, ERROR_LINE)
+        name = "good.md" if style == "template" else f"good-{style}.md"
+        (reference / name).write_text(render(runs), encoding="utf-8")
+    good = (reference / "good.md").read_text(encoding="utf-8")
+    for name, text in broken_variants(good, (LAB_DIR / "README.md").read_text(encoding="utf-8")).items():
+        (reference / name).write_text(text, encoding="utf-8")
 
 
 def test_client_without_key_gets_401_then_works_with_it(keyed_server: KineticServer, tmp_path: Path) -> None:
@@ -150,8 +133,8 @@ def test_grader_401_line_matches_keyed_server(keyed_server: KineticServer, tmp_p
                "--api-key", KEY, "--json"]
     proc = run([*command, str(good), str(wrong)], keyed_server.url)
     students = {s["student"]: {c["name"]: c for c in s["checks"]} for s in json.loads(proc.stdout)["students"]}
-    assert students["good"]["error_401_matches_server"]["passed"] is True
-    assert students["broken-401-line"]["error_401_matches_server"]["passed"] is False
+    assert students["good"]["error_401_matches_server"]["status"] == "pass"
+    assert students["broken-401-line"]["error_401_matches_server"]["status"] == "fail"
     assert proc.returncode == 1
 
 

@@ -1,51 +1,53 @@
-"""Parsing lab deliverables: sections, fenced blocks, template comments."""
+"""Reading deliverables as students write them: headings, bold labels, label lines, every fence."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kinetic.grading.deliverable import parse_deliverable
-
-TEXT = """# Lab
-
-intro text
-
-## 1. chat.py
-<!-- instructions mentioning base_url must not count -->
-```text
-hello
-## not a heading inside a fence
-
-[end]
-```
-
-## 2. Answer
-plain line one
-plain line two
-"""
+from kinetic.grading.deliverable import normalize_name, parse_deliverable
 
 
-def test_deliverable_sections_split_on_level_two_headings() -> None:
-    deliverable = parse_deliverable(TEXT)
-    assert [s.heading for s in deliverable.sections] == ["1. chat.py", "2. Answer"]
+def test_headings_title_and_comments() -> None:
+    d = parse_deliverable("# Lab\n<!-- hint [x] -->\n## 1. chat.py\n```text\nout\n```\nprose\n## 2. Answer\nyes\n")
+    assert [s.heading for s in d.sections] == ["1. chat.py", "2. Answer"]
+    assert d.sections[0].lines == ["out", "prose"] and d.sections[0].prose == ["prose"]
+    assert "hint" not in d.text
 
 
-def test_deliverable_output_lines_come_from_fences_and_keep_fenced_hashes() -> None:
-    section = parse_deliverable(TEXT).sections[0]
-    assert section.output_lines() == ["hello", "## not a heading inside a fence", "[end]"]
+def test_level_one_headings_are_sections_when_there_is_nothing_deeper() -> None:
+    d = parse_deliverable("# chat.py\nout\n# Answer\nyes\n")
+    assert [s.heading for s in d.sections] == ["chat.py", "Answer"]
 
 
-def test_deliverable_plain_text_counts_when_nothing_is_fenced_and_comments_never_do() -> None:
-    deliverable = parse_deliverable(TEXT)
-    assert deliverable.sections[1].output_lines() == ["plain line one", "plain line two"]
-    assert "base_url" not in deliverable.sections[0].text
+def test_bold_labels_and_text_on_the_label_line() -> None:
+    d = parse_deliverable("**1. chat.py**\n\n~~~\nout\n~~~\n\n- **Answer:** base_url and api_key\nmore\n__Risposta__\nsì\n")
+    assert [s.heading for s in d.sections] == ["1. chat.py", "Answer", "Risposta"]
+    assert d.sections[1].prose == ["base_url and api_key", "more"]
 
 
-def test_deliverable_unclosed_fence_keeps_the_pasted_text() -> None:
-    section = parse_deliverable("## chat.py\n```\n[fine]\n").sections[0]
-    assert section.output_lines() == ["[fine]"]
+def test_label_lines_without_markdown_but_never_output_lines() -> None:
+    d = parse_deliverable("chat.py --stream:\nPS C:\\lab> python chat.py\n[80 chunk, a: 1s]\nError 401:\nx\n")
+    assert [s.heading for s in d.sections] == ["chat.py --stream", "Error 401"]
 
 
-def test_deliverable_student_is_folder_for_template_name_else_stem() -> None:
-    assert parse_deliverable("", Path("class/alice/lab-04-02.md")).student == "alice"
-    assert parse_deliverable("", Path("class/bob.md")).student == "bob"
+def test_fences_of_every_kind_and_an_unclosed_one() -> None:
+    text = "## A\n~~~~console\n```\ninside\n~~~~\n## B\n    indented\n\tcode\n## C\n```\nopen to the end\n"
+    d = parse_deliverable(text)
+    assert d.sections[0].lines == ["```", "inside"]  # a ``` inside ~~~~ is content
+    assert d.sections[1].prose == [] and d.code_lines[-3:] == ["    indented", "\tcode", "open to the end"]
+    assert d.sections[2].lines == ["open to the end"]
+
+
+def test_json_objects_pasted_on_one_line_or_pretty() -> None:
+    d = parse_deliverable('$ curl /health\n{"status":"ok"}\ntext {not json}\n```\n{\n  "a": {"b": 1}\n}\n```\n')
+    assert d.json_objects() == [{"status": "ok"}, {"a": {"b": 1}}]
+
+
+def test_student_from_name_line_folder_or_file() -> None:
+    named = parse_deliverable("# Lab\n**Nome:** Mario Rossi\n", Path("sub/x/lab-04-02.md"))
+    assert named.student == "Mario Rossi"
+    moodle = parse_deliverable("", Path("sub/Anna Bianchi_123_assignsubmission_file_/lab-04-02.md"))
+    assert moodle.student_candidates() == ["Anna Bianchi_123_assignsubmission_file_", "Anna Bianchi"]
+    assert parse_deliverable("", Path("sub/lab-04-02-luca.verdi.md")).student_candidates() == [
+        "lab-04-02-luca.verdi", "luca.verdi"]
+    assert normalize_name("Mario Rossi") == normalize_name("mario.rossi") == normalize_name("MARIO-ROSSI")

@@ -1,97 +1,183 @@
-"""Lab 04-02 rules without a model: line parsers, number agreement, the reference deliverables."""
+"""Lab 04-02's rules without a model: parsers, every writing style, the reference set, ledger
+matching on records, and live checks that cannot run."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from kinetic.grading import lab_04_02
+from kinetic.grading.checks import Context, Unchecked
+from kinetic.grading.cli import grade_file
 from kinetic.grading.deliverable import parse_deliverable, read_deliverable
-from kinetic.grading.lab_04_02 import (
-    FullRun, error_matches, parse_error_payload, parse_full_run, parse_stream_run, server_seconds,
-)
+from kinetic.grading.labs import LabNotFound, find_lab_folder, load_lab
+from kinetic.grading.ledger_view import LedgerView
 
-REFERENCE = Path(__file__).resolve().parents[2] / "labs" / "lab-04-02-client-openai" / "reference"
-SEED_FULL = ["[finish_reason=stop prompt=41 tok, completion=39 tok, 12.7s]",
-             "[server: cache_n=0 prompt 12.4 t/s, generazione 4.2 t/s]"]
-BODY = {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}
+LAB_DIR = Path(__file__).resolve().parents[2] / "labs" / "lab-04-02-client-openai"
+REFERENCE = LAB_DIR / "reference"
+LAB = load_lab(str(LAB_DIR))
+RULES = sys.modules["kinetic_lab_lab_04_02_client_openai"]
+GOOD = sorted(REFERENCE.glob("good*.md"))
 # Each broken reference fails exactly one check, with this in its rationale.
 BROKEN = {
-    "broken-missing-section.md": ("sections_present", "missing section(s): chat.mjs"),
-    "broken-numbers.md": ("chat_py_numbers_agree", "needs at least 3.1s, but the whole request took 0.9s"),
-    "broken-ttft.md": ("stream_ttft", "first token after 2.4s comes later than the total 1.6s"),
+    "broken-missing-section.md": ("outputs_present", "chat.mjs's [N token, X t/s] line"),
+    "broken-numbers.md": ("chat_py_numbers_agree", "but the whole request took 0.1s"),
+    "broken-ttft.md": ("stream_ttft", "comes later than the total"),
     "broken-401-line.md": ("error_401_line", "Incorrect API key provided"),
     "broken-answer.md": ("answer_names_lines", "does not mention base_url"),
+    "broken-readme-copy.md": ("numbers_not_from_examples", "exactly the example of README.md"),
 }
 
 
-def test_lab_04_02_parses_the_seed_output_lines() -> None:
-    assert parse_full_run(["answer", *SEED_FULL]) == FullRun("stop", 41, 39, 12.7, 0, 12.4, 4.2)
-    assert parse_stream_run(["[39 chunk, primo token dopo 1.11s, totale 15.4s]"]) == lab_04_02.StreamRun(39, 1.11, 15.4)
+def statuses(path: Path, **kwargs: object) -> dict[str, tuple[str, str]]:
+    report = grade_file(LAB, path, kwargs.get("server"), kwargs.get("ledger"))  # type: ignore[arg-type]
+    return {r.name: (r.status, r.rationale + r.note) for r in report.results}
 
 
-def test_lab_04_02_accepts_english_labels() -> None:
-    english = [SEED_FULL[0], "[server: cache_n=0 prompt 12.4 t/s, generation 4.2 t/s]"]
-    assert parse_full_run(english) is not None
-    assert parse_stream_run(["[39 chunks, first token after 1.11s, total 15.4s]"]) is not None
-    assert lab_04_02.END_RE.match("[end]") and lab_04_02.TOKENS_RE.search("[80 tokens, 4.3 t/s]")
+def test_lab_found_by_id_by_path_and_from_inside_its_folder(tmp_path: Path) -> None:
+    assert find_lab_folder("lab-04-02") == LAB_DIR
+    assert find_lab_folder(str(LAB_DIR / "grading.py")) == LAB_DIR
+    assert find_lab_folder("lab-04-02", cwd=LAB_DIR) == LAB_DIR
+    with pytest.raises(LabNotFound, match="no lab 'lab-99-99'"):
+        find_lab_folder("lab-99-99", cwd=tmp_path)
+    assert LAB.id == "lab-04-02" and LAB.folder == LAB_DIR
 
 
-def test_lab_04_02_seed_numbers_agree_within_rounding() -> None:
-    run = parse_full_run(SEED_FULL)
-    assert server_seconds(run, slack=0.05) <= run.seconds + 0.1 <= 3 * server_seconds(run, slack=-0.05) + 2
+def test_output_lines_parsed_in_italian_and_english() -> None:
+    text = ("[finish_reason=stop prompt=41 tok, completion=39 tok, 12.7s]\n"
+            "[server: cache_n=0 prompt 12.4 t/s, generation 4.2 t/s]\n"
+            "[39 chunks, first token after 1.11s, total 15.4s]\n[80 tokens, 4.3 t/s]\n[end]\n")
+    found = RULES.parse_outputs(parse_deliverable(text))
+    (run,) = found.full
+    assert (run.finish_reason, run.prompt, run.completion, run.seconds, run.cache_n, run.prompt_tps,
+            run.generation_tps) == ("stop", 41, 39, 12.7, 0, 12.4, 4.2)
+    assert found.stream[0].chunks == 39 and found.stream[0].ttft == 1.11 and found.tokens[0].tokens == 80 and found.end
 
 
-@pytest.mark.parametrize("line", [
-    "openai.AuthenticationError: Error code: 401 - {'error': {'message': 'Invalid API Key', "
-    "'type': 'authentication_error', 'code': 401}}",
-    "openai.AuthenticationError: Error code: 401 - Invalid API Key",  # newer openai SDKs
-])
-def test_lab_04_02_401_line_in_both_sdk_forms_matches_the_server_body(line: str) -> None:
-    status, payload = parse_error_payload(line)
-    assert status == 401 and error_matches(payload, BODY)
+@pytest.mark.parametrize("path", GOOD, ids=[p.stem for p in GOOD])
+def test_every_writing_style_is_read_right_and_passes(path: Path) -> None:
+    found = RULES.parse_outputs(read_deliverable(path))
+    assert len(found.full) == 1 and len(found.stream) == 1 and len(found.tokens) == 2 and found.end
+    assert found.error_line and found.error_line.startswith("openai.AuthenticationError: Error code: 401")
+    assert found.answer and any("base_url" in line for line in found.answer)
+    failed = {name: s for name, s in statuses(path).items() if s[0] != "pass"}
+    assert failed == {}
 
 
-def test_lab_04_02_401_line_from_another_provider_does_not_match() -> None:
-    _, payload = parse_error_payload("AuthenticationError: Error code: 401 - {'error': {'message': 'Incorrect API key'}}")
-    assert not error_matches(payload, BODY)
-
-
-def grade_file(name: str) -> dict[str, lab_04_02.CheckResult]:
-    return {r.name: r for r in lab_04_02.grade(read_deliverable(REFERENCE / name))}
-
-
-def test_lab_04_02_good_reference_passes_every_offline_check() -> None:
-    results = grade_file("good.md")
-    assert len(results) == 7 and all(r.passed for r in results.values()), results
+def test_the_styles_are_really_different() -> None:
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in GOOD}
+    assert "```" in texts["good"] and "## " in texts["good"]
+    assert "~~~" in texts["good-bold-labels"] and "**" in texts["good-bold-labels"] and "## " not in texts["good-bold-labels"]
+    assert "\n    [finish_reason=" in texts["good-italian"] and "## Errore 401" in texts["good-italian"]
+    assert "```" not in texts["good-plain"] and "~~~" not in texts["good-plain"] and "#" not in texts["good-plain"]
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
-def test_lab_04_02_broken_reference_fails_exactly_the_expected_check(name: str) -> None:
-    check, message = BROKEN[name]
-    results = grade_file(name)
-    assert [n for n, r in results.items() if r.passed is False] == [check]
-    assert message in results[check].rationale and results[check].help
+def test_each_broken_reference_fails_exactly_its_check(name: str) -> None:
+    check, fragment = BROKEN[name]
+    results = statuses(REFERENCE / name)
+    failed = {n: s for n, s in results.items() if s[0] == "fail"}
+    assert list(failed) == [check] and fragment in failed[check][1]
+    assert all(s[0] in ("pass", "skipped") for n, s in results.items() if n != check)
 
 
-def test_lab_04_02_missing_section_skips_its_checks_instead_of_failing_them() -> None:
-    results = grade_file("broken-missing-section.md")
-    assert results["chat_mjs_lines"].passed is None and "chat.mjs section is missing" in results["chat_mjs_lines"].rationale
+def test_error_payload_forms() -> None:
+    body = {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}
+    line = f"openai.AuthenticationError: Error code: 401 - {body}"
+    assert RULES.parse_error_payload(line) == (401, body)
+    assert RULES.parse_error_payload(f"`{line}`") == (401, body)
+    assert RULES.error_matches(RULES.parse_error_payload("AuthenticationError: Error code: 401 - Invalid API Key")[1], body)
 
 
-def test_lab_04_02_empty_template_fails_with_help() -> None:
-    template = REFERENCE.parent / "lab-04-02.md"
-    results = {r.name: r for r in lab_04_02.grade(read_deliverable(template))}
-    assert results["sections_present"].passed is False and "empty section(s)" in results["sections_present"].rationale
+# --- against a ledger (records written here; the e2e tests use a real server's) ---
+
+FULL = "[finish_reason=length prompt=28 tok, completion=80 tok, 1.2s]\n[server: cache_n=0 prompt 300.1 t/s, generazione 90.4 t/s]\n"
+STREAM = "[80 chunk, primo token dopo 0.10s, totale 1.0s]\n"
+MJS = "[80 token, 88.2 t/s]\n[fine]\n"
+ERROR = ("openai.AuthenticationError: Error code: 401 - {'error': {'message': 'Invalid API Key', "
+         "'type': 'authentication_error', 'code': 401}}\n")
 
 
-def test_lab_04_02_made_up_cache_larger_than_prompt_fails() -> None:
-    text = (REFERENCE / "good.md").read_text(encoding="utf-8").replace("cache_n=0", "cache_n=999")
-    results = {r.name: r for r in lab_04_02.grade(parse_deliverable(text))}
-    assert results["chat_py_numbers_agree"].passed is False and "cache_n=999" in results["chat_py_numbers_agree"].rationale
+def record(client: str | None, **fields: object) -> dict[str, object]:
+    return {"time": "2026-11-30T08:00:00.000Z", "client": client, "auth": "ok" if client else "wrong",
+            "addr": "10.0.0.7", "method": "POST", "route": "/v1/chat/completions", "status": 200, **fields}
 
 
-def test_lab_04_02_every_check_has_a_one_sentence_description() -> None:
-    for check in lab_04_02.checks.checks:
-        assert check.description.endswith(".") and check.description.count(". ") == 0, check.name
+ALICE = [
+    record("alice", id="chatcmpl-full", stream=False, duration_s=1.1, prompt_tokens=28, completion_tokens=80,
+           finish_reason="length", timings={"cache_n": 0, "prompt_per_second": 300.14, "predicted_per_second": 90.36,
+                                            "predicted_n": 80}),
+    record("alice", id="chatcmpl-stream", stream=True, duration_s=0.95, ttft_s=0.09, chunks=80, finish_reason="length",
+           timings={"cache_n": 27, "predicted_n": 80, "predicted_per_second": 91.0}),
+    record("alice", id="chatcmpl-mjs", stream=False, duration_s=0.9, timings={"predicted_n": 80, "predicted_per_second": 88.21}),
+    record(None, status=401, duration_s=0.001),
+]
+
+
+def deliverable(tmp_path: Path, name: str, full: str = FULL) -> Path:
+    path = tmp_path / f"{name}.md"
+    path.write_text(f"## chat.py\n{full}\n## stream\n{STREAM}\n## chat.mjs\n{MJS}\n## 401\n{ERROR}\n"
+                    "## Answer\nbase_url, api_key, model\n", encoding="utf-8")
+    return path
+
+
+def test_ledger_matches_each_number_to_the_students_own_request(tmp_path: Path) -> None:
+    results = statuses(deliverable(tmp_path, "Alice"), ledger=LedgerView(ALICE))
+    assert {n: s[0] for n, s in results.items() if "ledger" in n} == {
+        "chat_py_in_ledger": "pass", "stream_in_ledger": "pass", "chat_mjs_in_ledger": "pass", "error_401_in_ledger": "pass"}
+    assert "chatcmpl-full at 08:00:00" in results["chat_py_in_ledger"][1]
+
+
+def test_ledger_names_the_other_student_and_the_made_up_numbers(tmp_path: Path) -> None:
+    ledger = LedgerView([*ALICE, record("bob", id="chatcmpl-bob", stream=False, duration_s=5.0)])
+    bob = statuses(deliverable(tmp_path, "bob"), ledger=ledger)
+    assert bob["chat_py_in_ledger"][0] == "fail"
+    assert "these numbers are those of chatcmpl-full at 08:00:00, a request of alice" in bob["chat_py_in_ledger"][1]
+    made_up = FULL.replace("90.4", "90.9")
+    alice = statuses(deliverable(tmp_path, "alice", made_up), ledger=LedgerView(ALICE))
+    assert "no request in the ledger has these numbers" in alice["chat_py_in_ledger"][1]
+    nobody = statuses(deliverable(tmp_path, "zed"), ledger=LedgerView(ALICE))
+    assert "no request of 'zed' (no such name in" in nobody["chat_py_in_ledger"][1]
+
+
+def test_a_request_longer_than_the_clients_clock_does_not_match(tmp_path: Path) -> None:
+    slow = [dict(ALICE[0], duration_s=1.4), *ALICE[1:]]
+    results = statuses(deliverable(tmp_path, "alice"), ledger=LedgerView(slow))
+    assert results["chat_py_in_ledger"][0] == "fail" and "took the server 1.40s, more than the 1.2s" in results["chat_py_in_ledger"][1]
+
+
+# --- live checks that cannot run ---
+
+class DeadServer:
+    """What LiveServer raises when the server answers an error: every live answer is Unchecked."""
+
+    def count_prompt_tokens(self, *args: object) -> int:
+        raise Unchecked("the server at http://x gave no usable answer: HTTP 401 from /apply-template")
+
+    speeds = property(count_prompt_tokens)
+    unauthorized_body = property(count_prompt_tokens)
+
+
+class OtherModel(DeadServer):
+    def count_prompt_tokens(self, *args: object) -> int:
+        return 35
+
+
+def test_server_errors_are_could_not_check_and_never_pass() -> None:
+    results = statuses(REFERENCE / "good.md", server=DeadServer())
+    live = {n: results[n] for n in ("prompt_tokens_match_server", "speeds_plausible", "error_401_matches_server")}
+    assert all(s == "unchecked" and "HTTP 401" in why for s, why in live.values())
+    report = grade_file(LAB, REFERENCE / "good.md", DeadServer(), None)  # type: ignore[arg-type]
+    assert not report.passed and report.points < report.max_points
+
+
+def test_another_model_is_said_so_not_called_made_up() -> None:
+    results = statuses(REFERENCE / "good.md", server=OtherModel())
+    status, why = results["prompt_tokens_match_server"]
+    assert status == "unchecked" and "come from another model" in why and "made up" not in why
+
+
+def test_checks_see_one_context_per_file() -> None:
+    ctx = Context(read_deliverable(REFERENCE / "good.md"), LAB_DIR)
+    assert RULES.outputs(ctx) is RULES.outputs(ctx)

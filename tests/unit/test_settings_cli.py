@@ -199,6 +199,8 @@ def test_api_keys_from_flag_and_file(tmp_path) -> None:
     keys.write_text("# class keys\nalpha\n\nbeta\n")
     s = parse_serve_args(["--api-key", "k1,k2", "--api-key-file", str(keys)], environ={})
     assert s.api_keys() == ("k1", "k2", "alpha", "beta")
+    keys.write_text("# class keys\nalpha ann\nbeta  # no name\n")
+    assert s.api_keys() == ("k1", "k2", "alpha", "beta") and s.key_ring().name_for("alpha") == "ann"
 
 
 def test_cli_reference_page_names_every_flag() -> None:

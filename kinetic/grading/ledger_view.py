@@ -1,0 +1,96 @@
+"""The grader's side of the ledger: whose requests are whose, and which one a pasted number is.
+
+A deliverable names its author by a `Name:` line, its folder or its file name; the ledger names
+the caller by the key's name from `--api-key-file`. Both are compared after `normalize_name`
+(case, spaces, dots and dashes do not matter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.ledger import read_ledger
+from kinetic.grading.deliverable import normalize_name
+
+Record = dict[str, Any]
+
+
+def describe_record(record: Record) -> str:
+    """`chatcmpl-abc at 10:31:02 (stream)`: how the report names a request."""
+    when = str(record.get("time", ""))[11:19] or "?"
+    what = record.get("id") or f"{record.get('method', '')} {record.get('route', '')}".strip()
+    stream = " (stream)" if record.get("stream") else ""
+    return f"{what} at {when}{stream}"
+
+
+class LedgerView:
+    def __init__(self, records: list[Record], roster: Iterable[str] = (), source: str = "the ledger"):
+        self.records = records
+        self.source = source
+        names = [r["client"] for r in records if isinstance(r.get("client"), str)]
+        self.names = list(dict.fromkeys([*roster, *names]))
+        self._by_key = {normalize_name(n): n for n in reversed(self.names)}
+
+    @classmethod
+    def from_files(cls, ledger: Path, key_file: Path | None = None) -> "LedgerView":
+        roster = KeyRing(file=key_file).names if key_file else []
+        return cls(read_ledger(ledger), roster, str(key_file or ledger))
+
+    def resolve(self, candidates: Iterable[str]) -> str | None:
+        for candidate in candidates:
+            name = self._by_key.get(normalize_name(candidate))
+            if name is not None:
+                return name
+        return None
+
+    def for_student(self, candidates: list[str]) -> "StudentLedger":
+        return StudentLedger(self, self.resolve(candidates), candidates)
+
+
+@dataclass
+class StudentLedger:
+    view: LedgerView
+    name: str | None
+    candidates: list[str]
+    used: set[int] = field(default_factory=set)  # ids of records already matched to a pasted output
+
+    @property
+    def mine(self) -> list[Record]:
+        return [r for r in self.view.records if self.name is not None and r.get("client") == self.name]
+
+    @property
+    def addresses(self) -> set[str]:
+        return {r["addr"] for r in self.mine if r.get("addr")}
+
+    def who(self) -> str:
+        if self.name is not None:
+            return self.name
+        tried = ", ".join(repr(c) for c in self.candidates) or "no name"
+        return f"{tried} (no such name in {self.view.source})"
+
+    def find(self, matches: Callable[[Record], bool]) -> tuple[Record | None, list[Record]]:
+        """The first of this student's records that `matches` and is not matched yet, else the
+        matching records of anyone else (to say whose numbers these are)."""
+        for record in self.mine:
+            if id(record) not in self.used and matches(record):
+                self.used.add(id(record))
+                return record, []
+        return None, [r for r in self.view.records if r.get("client") != self.name and matches(r)]
+
+    def rejected(self) -> list[Record]:
+        """401 answers to calls from an address this student used: a rejected call carries no valid
+        key, so the address is all that ties it to a student."""
+        addresses = self.addresses
+        return [r for r in self.view.records if r.get("status") == 401 and r.get("addr") in addresses]
+
+
+def whose(others: list[Record]) -> str:
+    """`it matches chatcmpl-x at 10:01:02 of bob`, or that no request has these numbers."""
+    if not others:
+        return "no request in the ledger has these numbers"
+    first = others[0]
+    owner = first.get("client") or "a caller without a valid key"
+    return f"these numbers are those of {describe_record(first)}, a request of {owner}"

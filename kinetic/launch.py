@@ -1,0 +1,94 @@
+"""Starting a real `kinetic serve` process and waiting for it: free port, readiness poll, clean stop.
+
+Used by the tests, the benchmarks (`bench/`) and operator scripts, so it lives in the package and
+needs nothing but httpx. Whoever starts a model should hold MODEL_LOCK_PATH (a file lock) for as
+long as it runs: llama.cpp's threads spin, and two models decoding at once on a small machine crawl.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+STARTUP_TIMEOUT_S = 120
+# Several pytest sessions (developers working side by side) must never decode at the same time:
+# llama.cpp's threads spin, and two concurrent decodes on two cores crawl at ~1 token/s.
+MODEL_LOCK_PATH = Path(tempfile.gettempdir()) / "kinetic-tests-model.lock"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class KineticServer:
+    """One `kinetic serve` subprocess on the bundled model (or the model its args name)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix="kinetic-serve-", suffix=".log")[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "KineticServer":
+        command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                   *self.args]
+        log = self.log_path.open("w")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=self.env)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kinetic serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"kinetic serve did not become healthy in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "KineticServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def model_lock(path: Path = MODEL_LOCK_PATH) -> Iterator[None]:
+    """Holds the machine-wide model lock (tests, benchmarks, a manual serve) for the block."""
+    from filelock import FileLock  # the serve extra's: only whoever starts a model needs it
+
+    with FileLock(str(path)):
+        yield

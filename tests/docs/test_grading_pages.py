@@ -1,0 +1,22 @@
+"""The site has lab 04-01 beside 04-02, and the instructor's pages on grading and on writing checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_lab_and_grading_pages_build(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lab = (site / "labs" / "lab-04-01" / "index.html").read_text()
+    assert "request.json" in lab and "cache_n" in lab and "kinetic grade lab-04-01" in lab
+    grading = (site / "grading" / "index.html").read_text()
+    assert "--ledger" in grading and "SIS Login ID" in grading
+    assert "The docstring is what the student reads" in (site / "labs" / "writing-checks" / "index.html").read_text()

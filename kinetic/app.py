@@ -30,6 +30,8 @@ from kinetic.errors import (
 from kinetic.protocols.anthropic import translate as anthropic_translate
 from kinetic.protocols.anthropic.routes import router as anthropic_router
 from kinetic.protocols.llamacpp.routes import router as llamacpp_router
+from kinetic.protocols.ollama import translate as ollama_translate
+from kinetic.protocols.ollama.routes import router as ollama_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
 from kinetic.protocols.responses.routes import router as responses_router
@@ -48,6 +50,7 @@ ErrorRenderer = Callable[[KineticError], Any]
 # OpenAI's, which is also llama-server's).
 ERROR_RENDERERS: tuple[tuple[str, ErrorRenderer], ...] = (
     ("/v1/messages", anthropic_translate.error_body),
+    ("/api/", ollama_translate.error_body),
 )
 
 
@@ -243,6 +246,7 @@ def create_app(
     app.include_router(llamacpp_router)
     app.include_router(anthropic_router)
     app.include_router(responses_router)
+    app.include_router(ollama_router)
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     keys = service.settings.key_ring()
     app.add_middleware(RequestGate, service=service, keys=keys,

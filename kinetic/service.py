@@ -7,9 +7,12 @@ a large schema never stalls the streams other clients are reading.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,6 +28,29 @@ from kinetic.errors import NotSupportedError
 from kinetic.settings import ServerSettings
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """The served GGUF on disk: its sha256 (what Ollama calls the digest), size and mtime."""
+
+    sha256: str
+    size: int
+    modified: float  # seconds since the epoch
+
+
+def read_model_file(path: Path) -> ModelFile:
+    """Blocking: hashes the whole file (seconds for a few GB). A model that is not a file on disk
+    (a test engine) gets the hash of its path."""
+    try:
+        stat = path.stat()
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        return ModelFile(sha256=digest.hexdigest(), size=stat.st_size, modified=stat.st_mtime)
+    except OSError:
+        return ModelFile(sha256=hashlib.sha256(str(path).encode()).hexdigest(), size=0, modified=0.0)
+
+
 @dataclass
 class Service:
     settings: ServerSettings
@@ -34,6 +60,7 @@ class Service:
     chat: ChatLayer | None = None
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))
+    _model_file: "asyncio.Future[ModelFile] | None" = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
@@ -108,6 +135,13 @@ class Service:
         """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
         _, prepared = await self.prepare_chat(req)
         return prepared.prompt_tokens
+
+    async def model_file(self) -> ModelFile:
+        """The GGUF's digest, size and mtime: read once in a worker thread, then cached. Concurrent
+        first callers share the one read."""
+        if self._model_file is None:
+            self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path))
+        return await asyncio.shield(self._model_file)
 
     def require_embeddings(self) -> None:
         if self.engine.embedding_n_ctx == 0:

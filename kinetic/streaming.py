@@ -128,10 +128,11 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 async def respond(request: Request, generation: Generation, *, stream: bool, encoder: Encoder,
-                  to_body: Callable[[list[TextDelta], Finished], Any]) -> Response:
-    """A generation the way the client asked for it: an event stream, or one JSON body at the end
-    (the generation is cancelled if the client leaves before then)."""
+                  to_body: Callable[[list[TextDelta], Finished], Any],
+                  media_type: str = "text/event-stream") -> Response:
+    """A generation the way the client asked for it: an event stream (SSE, or NDJSON for Ollama),
+    or one JSON body at the end (the generation is cancelled if the client leaves before then)."""
     if stream:
-        return event_stream(encode_events(generation, encoder))
+        return event_stream(encode_events(generation, encoder), media_type)
     deltas, finished = await until_disconnect(request, generation.result())
     return JSONResponse(to_body(deltas, finished))

@@ -177,8 +177,9 @@ def _in_options(err: InvalidRequestError) -> InvalidRequestError:
     """A sampler error from the shared checks, renamed to where the client wrote the field."""
     if err.param is None:
         return err
-    return InvalidRequestError(err.message.replace(f"'{err.param}'", f"'options.{err.param}'"),
-                               param=f"options.{err.param}")
+    field, quoted = f"options.{err.param}", f"'{err.param}'"
+    message = err.message.replace(quoted, f"'{field}'") if quoted in err.message else f"Field '{field}': {err.message}"
+    return InvalidRequestError(message, param=field)
 
 
 def generation_options(options: Options | None, *, logprobs: bool | None = None,

@@ -1,0 +1,385 @@
+"""The Ollama translator, both directions, with no model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall
+from kinetic.engine.types import Finished, GenerationRequest, ModelInfo, TextDelta, Timings, TokenLogprob, TokenProb, Usage
+from kinetic.errors import ContextOverflowError, InvalidRequestError, NotFoundError, ServerError
+from kinetic.protocols.ollama import translate
+from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest, Options
+from kinetic.service import ModelFile
+
+SERVED = translate.ServedModel(name="tiny", aliases=("tiny", "tiny-2"), thinks=False, n_ctx=2048)
+THINKER = translate.ServedModel(name="tiny", aliases=("tiny",), thinks=True, n_ctx=2048)
+HI = [{"role": "user", "content": "hi"}]
+INFO = ModelInfo(path=Path("m.gguf"), architecture="gemma3", description="gemma3 270M Q4_K - Medium", n_vocab=10,
+                 n_ctx_train=32768, n_embd=640, n_params=268098176, size=1, vocab_type=1, bos_token="<bos>",
+                 eos_token="<eos>", bos_id=2, add_bos=True, chat_template=None,
+                 metadata={"general.file_type": "15", "general.license": "gemma", "gemma3.block_count": "18",
+                           "gemma3.rope.freq_base": "1000000.000000", "general.name": "Gemma"})
+FILE = ModelFile(sha256="ab" * 32, size=253113024, modified=0.0)
+
+
+def chat(**fields: Any) -> ChatRequest:
+    return ChatRequest.model_validate({"model": "tiny", "messages": HI, **fields})
+
+
+def finished(text: str, reason: str = "stop", tokens: list[int] | None = None) -> Finished:
+    return Finished(finish_reason=reason, stop_type="eos" if reason == "stop" else "limit",  # type: ignore[arg-type]
+                    stopping_word="", text=text, tokens=tokens or [7, 8],
+                    usage=Usage(prompt_tokens=10, completion_tokens=2, cached_tokens=0),
+                    timings=Timings(cache_n=0, prompt_n=10, prompt_ms=1.5, predicted_n=2, predicted_ms=20.25),
+                    id_slot=0, tokens_cached=0, truncated=False)
+
+
+def prepared(mode: str = "none", reasoning_format: str = "auto") -> PreparedChat:
+    return PreparedChat(prompt="p", prompt_tokens=10, starts_in_reasoning=False, reasoning_format=reasoning_format,
+                        tool_mode=mode, tool_names=("get_weather",) if mode != "none" else ())  # type: ignore[arg-type]
+
+
+def context(kind: str = "chat", mode: str = "none", **fields: Any) -> translate.ReplyContext:
+    return translate.ReplyContext(model="tiny:latest", prepared=prepared(mode), started_ns=0, kind=kind, **fields)
+
+
+def lines(encoder: translate.LineEncoder, pieces: list[str], done: Finished) -> list[dict[str, Any]]:
+    frames = [f for p in pieces for f in encoder.encode(TextDelta(text=p, token_id=1))] + encoder.encode(done)
+    assert all(f.endswith(b"\n") and f.count(b"\n") == 1 for f in frames)  # NDJSON: no blank lines
+    return [json.loads(f) for f in frames]
+
+
+# ------------------------------------------------------------------------ model names
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny:latest", "tiny-2", "tiny-2:latest"])
+def test_check_model_accepts_the_name_aliases_and_latest(name: str) -> None:
+    translate.check_model(name, SERVED)
+
+
+def test_check_model_unknown_is_404_as_ollama_words_it() -> None:
+    with pytest.raises(NotFoundError) as info:
+        translate.check_model("llama3", SERVED)
+    assert info.value.status == 404 and info.value.message == 'model "llama3" not found'
+    with pytest.raises(NotFoundError):
+        translate.check_model("tiny:7b", SERVED)
+
+
+def test_check_model_missing_is_400() -> None:
+    with pytest.raises(InvalidRequestError, match="model is required"):
+        translate.check_model("", SERVED)
+
+
+def test_check_model_latest_on_an_alias_that_has_it() -> None:
+    translate.check_model("m", translate.ServedModel(name="m:latest", aliases=("m:latest",), thinks=False, n_ctx=1))
+
+
+# ------------------------------------------------------------------------ inward
+
+
+def test_options_map_to_sampling_limits_and_stops() -> None:
+    req = translate.to_chat_request(chat(options={
+        "temperature": 0.2, "top_p": 0.5, "top_k": 7, "min_p": 0.1, "seed": 42, "repeat_penalty": 1.1,
+        "presence_penalty": 0.3, "frequency_penalty": 0.4, "num_predict": 12, "stop": ["\n", "User:"],
+        "num_gpu": 99, "mirostat": 0}), SERVED)
+    s = req.options.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (0.2, 0.5, 7, 0.1, 42)
+    assert (s.repeat_penalty, s.presence_penalty, s.frequency_penalty) == (1.1, 0.3, 0.4)
+    assert req.options.max_tokens == 12 and req.options.stop == ("\n", "User:")
+
+
+@pytest.mark.parametrize("num_predict, expected", [(None, None), (-1, -1), (-2, -1), (0, 0), (5, 5)])
+def test_num_predict_infinite_and_fill_context_are_unlimited(num_predict: int | None, expected: int | None) -> None:
+    options = {} if num_predict is None else {"num_predict": num_predict}
+    assert translate.to_chat_request(chat(options=options), SERVED).options.max_tokens == expected
+
+
+@pytest.mark.parametrize("options, field", [({"temperature": 9}, "options.temperature"),
+                                            ({"top_p": 2}, "options.top_p"),
+                                            ({"num_predict": -3}, "options.num_predict"),
+                                            ({"num_ctx": 0}, "options.num_ctx"),
+                                            ({"repeat_penalty": 0}, "options.repeat_penalty")])
+def test_bad_option_values_name_the_option(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        translate.to_chat_request(chat(options=options), SERVED)
+    assert info.value.param == field and f"'{field}'" in info.value.message
+
+
+@pytest.mark.parametrize("body", [{"model": "tiny", "messages": "hi"},
+                                  {"model": "tiny", "messages": HI, "options": {"top_k": "many"}},
+                                  {"model": "tiny", "messages": HI, "stream": [1]},
+                                  {"model": "tiny", "messages": [{"role": "user", "content": 5}]},
+                                  {"model": "tiny", "messages": HI, "think": "very"}])
+def test_wrong_types_fail_wire_validation(body: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        ChatRequest.model_validate(body)
+
+
+def test_unknown_fields_are_accepted() -> None:
+    req = chat(system="x", metadata={"a": 1}, truncate=True, shift=False, options={"penalize_newline": True})
+    assert translate.to_chat_request(req, SERVED).messages[0].text == "hi"
+
+
+def test_format_json_and_schema_become_constraints() -> None:
+    assert not translate.to_chat_request(chat(format=""), SERVED).output.is_set
+    assert translate.to_chat_request(chat(format="json"), SERVED).output.schema == {"type": "object"}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    out = translate.to_chat_request(chat(format=schema), SERVED).output
+    assert out.schema == schema and out.param == "format"
+    with pytest.raises(InvalidRequestError) as info:
+        translate.to_chat_request(chat(format="yaml"), SERVED)
+    assert info.value.param == "format"
+
+
+def test_messages_map_images_thinking_tool_calls_and_results() -> None:
+    req = translate.to_chat_request(chat(messages=[
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "images": ["aGk="]},  # Open WebUI leaves content out of an image-only turn
+        {"role": "assistant", "content": "", "thinking": "hmm",
+         "tool_calls": [{"id": "c1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "c1"}]), SERVED)
+    system, user, assistant, tool = req.messages
+    assert system.parts == (TextPart("be brief"),)
+    assert user.parts == (TextPart(""), MediaPart("image"))
+    assert assistant.reasoning_content == "hmm"
+    assert assistant.tool_calls == (ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)
+    assert tool.role == "tool" and tool.name == "get_weather" and tool.tool_call_id == "c1" and tool.text == "sunny"
+
+
+def test_an_assistant_call_without_content_has_no_parts() -> None:
+    req = translate.to_chat_request(chat(messages=HI + [
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]), SERVED)
+    assert req.messages[1].parts is None
+
+
+def test_tools_are_offered_never_forced_and_empty_tools_are_none() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "d",
+                                             "parameters": {"type": "object"}}}
+    req = translate.to_chat_request(chat(tools=[tool]), SERVED)
+    assert [t.name for t in req.tools] == ["get_weather"] and req.tool_choice.mode == "auto"
+    assert translate.to_chat_request(chat(tools=[]), SERVED).tools == ()
+
+
+def test_think_maps_to_the_template_switch() -> None:
+    absent = translate.to_chat_request(chat(), THINKER)
+    assert absent.template_kwargs == {} and absent.reasoning_format is None
+    on = translate.to_chat_request(chat(think=True), THINKER)
+    assert on.template_kwargs == {"enable_thinking": True} and on.reasoning_format == "deepseek"
+    high = translate.to_chat_request(chat(think="high"), THINKER)
+    assert high.template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+    off = translate.to_chat_request(chat(think=False), SERVED)
+    assert off.template_kwargs == {"enable_thinking": False} and off.reasoning_format == "none"
+
+
+def test_think_on_a_model_without_thinking_is_400() -> None:
+    with pytest.raises(InvalidRequestError, match='"tiny" does not support thinking'):
+        translate.to_chat_request(chat(think=True), SERVED)
+
+
+def test_top_logprobs_range_and_logprobs_ask_for_probabilities() -> None:
+    with pytest.raises(InvalidRequestError, match="top_logprobs must be between 0 and 20"):
+        translate.to_chat_request(chat(logprobs=True, top_logprobs=21), SERVED)
+    assert translate.to_chat_request(chat(logprobs=True, top_logprobs=3), SERVED).options.n_probs == 3
+    assert translate.to_chat_request(chat(logprobs=True), SERVED).options.n_probs == 1
+
+
+def test_empty_messages_is_a_load_and_keep_alive_zero_an_unload() -> None:
+    assert translate.is_load_request(chat(messages=[])) and translate.is_load_request(chat(messages=None))
+    load = translate.load_reply(chat(messages=[]), SERVED)
+    assert load["done"] is True and load["done_reason"] == "load" and load["message"]["content"] == ""
+    unload = translate.load_reply(GenerateRequest(model="tiny", prompt="", keep_alive=0), SERVED)
+    assert unload["done_reason"] == "unload" and unload["response"] == ""
+    with pytest.raises(NotFoundError):
+        translate.load_reply(chat(model="other", messages=[]), SERVED)
+
+
+def test_generate_wraps_system_and_prompt_in_a_chat() -> None:
+    req = translate.to_generate_chat(GenerateRequest(model="tiny", prompt="Why?", system="Be short."), SERVED)
+    assert [(m.role, m.text) for m in req.messages] == [("system", "Be short."), ("user", "Why?")]
+
+
+def test_generate_raw_is_a_prompt_and_refuses_what_raw_cannot_do() -> None:
+    req = translate.to_prompt_request(GenerateRequest(model="tiny", prompt="Once", raw=True,
+                                                      options={"num_predict": 3}), SERVED)
+    assert req.prompt == "Once" and req.options.max_tokens == 3
+    for extra in ({"system": "s"}, {"context": [1, 2]}, {"images": ["aGk="]}):
+        with pytest.raises(InvalidRequestError):
+            translate.to_prompt_request(GenerateRequest(model="tiny", prompt="x", raw=True, **extra), SERVED)
+
+
+def test_generate_suffix_is_refused_without_fill_in_the_middle() -> None:
+    with pytest.raises(InvalidRequestError, match="does not support insert") as info:
+        translate.to_generate_chat(GenerateRequest(model="tiny", prompt="def f(", suffix="return"), SERVED)
+    assert info.value.param == "suffix"
+
+
+def test_context_is_prepended_without_a_second_bos() -> None:
+    generation = GenerationRequest(prompt_tokens=[2, 50, 51])
+    assert translate.with_context(generation, [2, 10, 11], bos_id=2).prompt_tokens == [2, 10, 11, 50, 51]
+    assert translate.with_context(generation, None, bos_id=2) is generation
+
+
+def test_num_ctx_below_the_slot_limits_prompt_and_answer_above_it_is_ignored() -> None:
+    generation = GenerationRequest(prompt_tokens=[1] * 100, max_tokens=-1)
+    assert translate.limit_context(generation, None, SERVED) is generation
+    assert translate.limit_context(generation, Options(num_ctx=8192), SERVED) is generation
+    assert translate.limit_context(generation, Options(num_ctx=120), SERVED).max_tokens == 20
+    capped = translate.limit_context(GenerationRequest(prompt_tokens=[1] * 100, max_tokens=5),
+                                     Options(num_ctx=120), SERVED)
+    assert capped.max_tokens == 5
+    with pytest.raises(ContextOverflowError) as info:
+        translate.limit_context(generation, Options(num_ctx=64), SERVED)
+    assert info.value.extra == {"n_prompt_tokens": 100, "n_ctx": 64}
+
+
+# ----------------------------------------------------------------------- outward
+
+
+def test_stream_lines_then_a_final_line_with_metrics_in_nanoseconds() -> None:
+    out = lines(translate.LineEncoder(context()), ["Hel", "lo"], finished("Hello", "length"))
+    assert [o["message"]["content"] for o in out] == ["Hel", "lo", ""]
+    assert all(o["model"] == "tiny:latest" and o["message"]["role"] == "assistant" for o in out)
+    assert [o["done"] for o in out] == [False, False, True]
+    final = out[-1]
+    assert final["done_reason"] == "length"
+    assert final["prompt_eval_count"] == 10 and final["eval_count"] == 2
+    assert final["prompt_eval_duration"] == 1_500_000 and final["eval_duration"] == 20_250_000
+    assert all(isinstance(final[k], int) for k in ("total_duration", "load_duration"))
+    assert final["created_at"].endswith("Z")
+
+
+def test_generate_lines_carry_response_and_the_final_context() -> None:
+    ctx = context("generate", context=[2, 3])
+    out = lines(translate.LineEncoder(ctx), ["a"], finished("a", tokens=[9]))
+    assert out[0]["response"] == "a" and "message" not in out[0]
+    assert out[-1]["context"] == [2, 3, 9] and out[-1]["response"] == ""
+
+
+def test_thinking_streams_apart_from_content() -> None:
+    ctx = translate.ReplyContext(model="m", prepared=prepared(reasoning_format="deepseek"), started_ns=0)
+    out = lines(translate.LineEncoder(ctx), ["<think>hm", "m</think>", "Yes"], finished("<think>hmm</think>Yes"))
+    thinking = "".join(o["message"].get("thinking", "") for o in out)
+    content = "".join(o["message"]["content"] for o in out)
+    assert thinking == "hmm" and content == "Yes"
+    body = translate.to_response([], finished("<think>hmm</think>Yes"), ctx)
+    assert body["message"]["thinking"] == "hmm" and body["message"]["content"] == "Yes"
+
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+
+
+def test_a_call_streams_whole_with_arguments_as_an_object() -> None:
+    out = lines(translate.LineEncoder(context(mode="auto")), [CALL[:20], CALL[20:]], finished(CALL))
+    calls = [o["message"]["tool_calls"] for o in out if "tool_calls" in o["message"]]
+    assert len(calls) == 1 and len(calls[0]) == 1
+    function = calls[0][0]["function"]
+    assert function == {"index": 0, "name": "get_weather", "arguments": {"city": "Rome"}}
+    assert out[-1]["done"] is True and out[-1]["done_reason"] == "stop"  # Ollama has no tool_calls reason
+    assert "".join(o["message"]["content"] for o in out) == ""
+
+
+def test_non_streamed_call_and_plain_text() -> None:
+    body = translate.to_response([], finished(CALL), context(mode="auto"))
+    assert body["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
+    assert body["message"]["content"] == ""
+    text = translate.to_response([], finished("Hi there"), context(mode="auto"))
+    assert text["message"] == {"role": "assistant", "content": "Hi there"} and text["done"] is True
+
+
+def test_tool_call_arguments_never_a_string() -> None:
+    from kinetic.chat.toolcalls import ParsedCall
+
+    assert translate.tool_call(ParsedCall(name="f", arguments="not json"), 0)["function"]["arguments"] == {}
+    assert translate.tool_call(ParsedCall(name="f", arguments="[1]"), 1)["function"]["arguments"] == {"value": [1]}
+    assert translate.tool_call(ParsedCall(name="f", arguments="{}", id="x"), 0)["id"] == "x"
+
+
+def test_logprobs_per_line_and_whole() -> None:
+    lp = TokenLogprob(id=1, token="Hi", bytes=[72, 105], logprob=-0.5,
+                      top_logprobs=[TokenProb(id=1, token="Hi", bytes=[72, 105], logprob=-0.5),
+                                    TokenProb(id=2, token="Yo", bytes=[89, 111], logprob=-1.0)])
+    ctx = context(n_probs=1)
+    frames = translate.LineEncoder(ctx).encode(TextDelta(text="Hi", token_id=1, logprob=lp))
+    entry = json.loads(frames[0])["logprobs"][0]
+    assert entry["token"] == "Hi" and entry["logprob"] == -0.5 and len(entry["top_logprobs"]) == 1
+    body = translate.to_response([TextDelta(text="Hi", token_id=1, logprob=lp)], finished("Hi"), ctx)
+    assert len(body["logprobs"]) == 1
+
+
+def test_a_failure_midway_is_a_last_error_line() -> None:
+    frames = translate.LineEncoder(context()).error(ServerError("decode failed"))
+    assert frames == [b'{"error":"decode failed"}\n']
+    assert translate.error_body(NotFoundError('model "x" not found')) == {"error": 'model "x" not found'}
+
+
+# ------------------------------------------------------------------ model listings
+
+
+@pytest.mark.parametrize("n, text", [(268098176, "268.10M"), (8030261248, "8.0B"), (7_000_000_000, "7B"),
+                                     (1_000_000, "1M"), (12_345, "12K"), (999, "999")])
+def test_parameter_size_as_ollama_writes_it(n: int, text: str) -> None:
+    assert translate.human_number(n) == text
+
+
+def test_quantization_level_from_file_type_or_description() -> None:
+    assert translate.quantization_level(INFO) == "Q4_K_M"
+    assert translate.quantization_level(ModelInfo(**{**INFO.__dict__, "metadata": {}})) == "Q4_K_M"
+
+
+def test_tags_entry_has_every_field_clients_read() -> None:
+    entry = translate.tags(SERVED, INFO, FILE)["models"][0]
+    assert entry["name"] == entry["model"] == "tiny"
+    assert entry["size"] == 253113024 and entry["digest"] == "ab" * 32
+    assert entry["modified_at"] == "1970-01-01T00:00:00Z"
+    assert entry["details"] == {"parent_model": "", "format": "gguf", "family": "gemma3", "families": ["gemma3"],
+                                "parameter_size": "268.10M", "quantization_level": "Q4_K_M"}
+
+
+def test_ps_shows_the_resident_model() -> None:
+    entry = translate.ps(SERVED, INFO, FILE)["models"][0]
+    assert entry["model"] == "tiny" and entry["context_length"] == 2048 and entry["size_vram"] == 0
+    assert entry["expires_at"] == translate.NEVER_EXPIRES
+
+
+def test_show_has_model_info_parameters_and_capabilities() -> None:
+    body = translate.show(THINKER, INFO, FILE, template="{{ messages }}", stop=("<eos>",), temperature=0.8)
+    info = body["model_info"]
+    assert info["general.architecture"] == "gemma3" and info["general.parameter_count"] == 268098176
+    assert info["gemma3.context_length"] == 32768 and info["gemma3.embedding_length"] == 640
+    assert info["gemma3.block_count"] == 18 and info["gemma3.rope.freq_base"] == 1e6
+    assert body["license"] == "gemma" and body["template"] == "{{ messages }}"
+    parsed = {}
+    for line in body["parameters"].splitlines():  # the way Continue reads them
+        key, value = line.split(None, 1)
+        parsed[key] = value
+    assert parsed["num_ctx"] == "2048" and json.loads(parsed["stop"]) == "<eos>"
+    assert body["capabilities"] == ["completion", "tools", "thinking"]
+
+
+# ------------------------------------------------------------------------ embeddings
+
+
+def test_embed_inputs_string_list_and_empty() -> None:
+    assert translate.embed_inputs(EmbedRequest(model="tiny", input="a"), SERVED) == (["a"], ["input"])
+    assert translate.embed_inputs(EmbedRequest(model="tiny", input=["a", "b"]), SERVED)[1] == ["input[0]", "input[1]"]
+    assert translate.embed_inputs(EmbedRequest(model="tiny", input=""), SERVED) == ([], [])
+    with pytest.raises(NotFoundError):
+        translate.embed_inputs(EmbedRequest(model="x", input="a"), SERVED)
+    with pytest.raises(ValueError):
+        EmbedRequest.model_validate({"model": "tiny", "input": [1, 2]})
+
+
+def test_dimensions_shorten_and_renormalise() -> None:
+    vector = translate.shorten([0.6, 0.8, 0.0, 0.0], 1)
+    assert vector == [1.0]
+    assert math.isclose(sum(v * v for v in translate.shorten([0.5, 0.5, 0.5, 0.5], 2)), 1.0)
+    with pytest.raises(InvalidRequestError):
+        translate.check_dimensions(641, 640)
+    body = translate.to_embed_response(EmbedRequest(model="tiny", input="a", dimensions=2), [[1, 2, 3]],
+                                       [[0.5, 0.5, 0.5, 0.5]], 0)
+    assert len(body["embeddings"][0]) == 2 and body["prompt_eval_count"] == 3

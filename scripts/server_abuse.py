@@ -144,6 +144,60 @@ def bad_native_input(t: Target) -> None:
         expect(r.status_code == 400 and "error" in r.json(), f"{path} {body}: {r.status_code} {r.text[:120]}")
 
 
+# ------------------------------------------------------------------------ Ollama routes (/api/*)
+
+
+def _ollama_model(t: Target) -> str:
+    return httpx.get(t.url + "/api/tags").json()["models"][0]["name"]
+
+
+@check("bad input to the Ollama routes is a 400 (404 for an unknown model) in Ollama's {\"error\"} shape")
+def bad_ollama_input(t: Target) -> None:
+    model = _ollama_model(t)
+    hi = [{"role": "user", "content": "hi"}]
+    probes: list[tuple[str, object, int, str]] = [
+        ("/api/chat", b"{not json", 400, "JSON"),
+        ("/api/chat", b"", 400, ""),
+        ("/api/chat", {"model": model, "messages": "hi"}, 400, "messages"),
+        ("/api/chat", {"model": model, "messages": hi, "options": {"top_k": "many"}}, 400, "options.top_k"),
+        ("/api/chat", {"model": model, "messages": hi, "options": {"temperature": 9}}, 400, "options.temperature"),
+        ("/api/chat", {"model": model, "messages": hi, "format": {"type": "nonsense"}}, 400, "format"),
+        ("/api/chat", {"model": model, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400,
+         "image"),
+        ("/api/chat", {"model": "no-such-model", "messages": hi}, 404, "no-such-model"),
+        ("/api/chat", {"messages": hi}, 400, "model is required"),
+        ("/api/generate", {"model": model, "prompt": ["hi"]}, 400, "prompt"),
+        ("/api/generate", {"model": model, "prompt": "hi", "stream": [1]}, 400, "stream"),
+        ("/api/generate", {"model": model, "prompt": "hi", "context": ["x"]}, 400, "context"),
+        ("/api/embed", {"model": model, "input": {"a": 1}}, 400, "input"),
+        ("/api/show", {}, 400, "model is required"),
+    ]
+    for path, body, status, words in probes:
+        if isinstance(body, bytes):
+            r = httpx.post(t.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+        else:
+            r = httpx.post(t.url + path, json=body, timeout=60)
+        ok = r.status_code == status and list(r.json()) == ["error"] and words in r.json()["error"]
+        expect(ok, f"{path} {body!r}: {r.status_code} {r.text[:160]}")
+
+
+@check("a client that leaves an Ollama NDJSON stream frees its slot")
+def leave_ollama_stream(t: Target) -> None:
+    body = {"model": _ollama_model(t), "messages": [{"role": "user", "content": "Hello"}],
+            "options": {"num_predict": 500}}
+    for _ in range(2):
+        with httpx.stream("POST", t.url + "/api/chat", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if '"done":false' in line:
+                    break
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(s["is_processing"] for s in httpx.get(t.url + "/slots").json()):
+            return
+        time.sleep(0.1)
+    raise AssertionError("slots still busy after the clients left")
+
+
 @check("a request sent one byte at a time is served")
 def one_byte_at_a_time(t: Target) -> None:
     body = json.dumps(HELLO).encode()

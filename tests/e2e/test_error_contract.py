@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -31,6 +32,8 @@ ROUTES = {  # protocol -> (generation route, a request that works there)
     "llamacpp": ("/completion", {"prompt": "hi", "n_predict": 2}),
     "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
     "responses": ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2}),
+    "ollama": ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+                             "options": {"num_predict": 2}}),
 }
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                    408: "timeout_error", 413: "request_too_large", 503: "overloaded_error"}
@@ -43,6 +46,8 @@ def check_envelope(protocol: str, status: int, body: dict[str, Any], *, kind: st
     if protocol == "anthropic":
         assert body["type"] == "error" and body["error"]["type"] == (kind or ANTHROPIC_TYPES[status]), body
         assert body["error"]["message"]
+    elif protocol == "ollama":  # Ollama's envelope is the message alone, whatever the kind
+        assert list(body) == ["error"] and isinstance(body["error"], str) and body["error"], body
     else:
         assert body["error"]["code"] == status and body["error"]["type"] == (kind or OPENAI_TYPES[status]), body
         assert body["error"]["message"]
@@ -50,7 +55,7 @@ def check_envelope(protocol: str, status: int, body: dict[str, Any], *, kind: st
 
 @pytest.fixture(scope="module")
 def keyed_server(model_lock: None) -> Iterator[KineticServer]:
-    with KineticServer("-c", "2048", "-np", "1", "--api-key", KEY, "--body-timeout", "1") as server:
+    with KineticServer("-c", "2048", "-np", "1", "--api-key", KEY, "--body-timeout", "1", "-a", "m") as server:
         yield server
 
 
@@ -81,11 +86,13 @@ def raw_exchange(url: str, request: bytes, timeout: float = 10) -> tuple[int, di
 @pytest.mark.parametrize("protocol", ROUTES)
 def test_field_error_is_400_naming_the_field(keyed_server: KineticServer, protocol: str) -> None:
     path, good = ROUTES[protocol]
-    bad = {**good, "max_tokens": 0} if protocol == "anthropic" else {**good, "temperature": 5}
+    bad = ({**good, "max_tokens": 0} if protocol == "anthropic" else {**good, "options": {"temperature": 5}}
+           if protocol == "ollama" else {**good, "temperature": 5})
     r = httpx.post(keyed_server.url + path, json=bad, headers=AUTH)
     assert r.status_code == 400
     check_envelope(protocol, 400, r.json())
-    assert ("max_tokens" if protocol == "anthropic" else "temperature") in r.json()["error"]["message"]
+    message = r.json()["error"] if protocol == "ollama" else r.json()["error"]["message"]
+    assert ("max_tokens" if protocol == "anthropic" else "temperature") in message
 
 
 @pytest.mark.parametrize("protocol", ROUTES)
@@ -99,7 +106,8 @@ def test_missing_key_is_401(keyed_server: KineticServer, protocol: str) -> None:
 
 
 @pytest.mark.parametrize("protocol, path", [("openai", "/v1/nope"), ("llamacpp", "/nope"),
-                                            ("anthropic", "/v1/messages/nope"), ("responses", "/v1/responses/nope")])
+                                            ("anthropic", "/v1/messages/nope"), ("responses", "/v1/responses/nope"),
+                                            ("ollama", "/api/nope")])
 def test_unknown_route_is_404(keyed_server: KineticServer, protocol: str, path: str) -> None:
     r = httpx.post(keyed_server.url + path, json={}, headers=AUTH)
     assert r.status_code == 404
@@ -126,7 +134,8 @@ def test_oversized_body_is_413_without_reading_it(keyed_server: KineticServer, p
     check_envelope(protocol, 413, body)
 
 
-@pytest.mark.parametrize("protocol, path", [("openai", "/v1/embeddings"), ("llamacpp", "/metrics")])
+@pytest.mark.parametrize("protocol, path", [("openai", "/v1/embeddings"), ("llamacpp", "/metrics"),
+                                            ("ollama", "/api/embed")])
 def test_disabled_feature_is_501(keyed_server: KineticServer, protocol: str, path: str) -> None:
     if path == "/metrics":
         r = httpx.get(keyed_server.url + path, headers=AUTH)
@@ -149,6 +158,9 @@ def test_context_overflow_is_400_with_the_sizes(keyed_server: KineticServer, pro
     assert r.status_code == 400
     if protocol == "anthropic":
         check_envelope(protocol, 400, r.json())
+    elif protocol == "ollama":
+        check_envelope(protocol, 400, r.json())
+        assert "context size (2048 tokens)" in r.json()["error"]
     else:
         check_envelope(protocol, 400, r.json(), kind="exceed_context_size_error")
         assert r.json()["error"]["n_ctx"] == 2048 and r.json()["error"]["n_prompt_tokens"] > 2048
@@ -172,7 +184,7 @@ def test_loading_is_503(protocol: str) -> None:
 def failing_server() -> Iterator[ScriptedServer]:
     engine = ScriptedEngine(["Hel", "lo", ServerError("llama_decode failed with status 1 (KV cache full?)")])
     engine.loaded.set()
-    with ScriptedServer(engine) as server:
+    with ScriptedServer(engine, alias="m") as server:  # the Ollama routes check the model's name
         wait_until_ready(server.url)
         yield server
 
@@ -213,3 +225,16 @@ def test_llamacpp_stream_failing_midway_ends_with_the_error(failing_server: Scri
     contents = [json.loads(line.removeprefix("data: ")).get("content") for line in lines[:-1]]
     assert "".join(c or "" for c in contents) == "Hello"
     assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 500
+
+
+def test_ollama_stream_failing_midway_ends_with_an_error_line(failing_server: ScriptedServer) -> None:
+    lines = sse_lines(failing_server.url, *ROUTES["ollama"])  # NDJSON lines: one object each
+    objects = [json.loads(line) for line in lines]
+    assert "".join(o["message"]["content"] for o in objects[:-1]) == "Hello"
+    assert objects[-1] == {"error": "llama_decode failed with status 1 (KV cache full?)"}
+    client = ollama.Client(host=failing_server.url)
+    received = ""
+    with pytest.raises(ollama.ResponseError, match="KV cache"):
+        for chunk in client.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=True):
+            received += chunk.message.content or ""
+    assert received == "Hello"

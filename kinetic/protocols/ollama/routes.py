@@ -92,9 +92,9 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
 
 @router.post("/api/embed")
 async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
+    service.require_embeddings()
     started, model = time.monotonic_ns(), served(service)
     items, params = translate.embed_inputs(body, model)
-    service.require_embeddings()
     translate.check_dimensions(body.dimensions, service.info.n_embd)
     inputs = await service.embedding_inputs(items, params) if items else []
     vectors = await service.embed(inputs) if inputs else []
@@ -103,7 +103,7 @@ async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
 
 @router.post("/api/embeddings")
 async def embeddings(body: EmbeddingsRequest, service: ServiceDep) -> dict[str, Any]:
-    items = translate.embeddings_input(body, served(service))
     service.require_embeddings()
+    items = translate.embeddings_input(body, served(service))
     inputs = await service.embedding_inputs(items, ["prompt"]) if items else []
     return translate.to_embeddings_response(await service.embed(inputs) if inputs else [])

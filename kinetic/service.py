@@ -81,6 +81,7 @@ class Service:
             override_file=self.settings.chat_template_file,
         )
         self.chat = ChatLayer(self.engine, template, self.defaults())
+        self._start_reading_model_file()
 
     def defaults(self) -> ServerDefaults:
         return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
@@ -135,6 +136,15 @@ class Service:
         """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
         _, prepared = await self.prepare_chat(req)
         return prepared.prompt_tokens
+
+    def _start_reading_model_file(self) -> None:
+        """Hashes the GGUF in the background as soon as it is loaded: Open WebUI lists models with a
+        short timeout, and hashing a file of several GB on the first /api/tags could exceed it."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # loaded outside an event loop: hashed on first use instead
+            return
+        self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path))
 
     async def model_file(self) -> ModelFile:
         """The GGUF's digest, size and mtime: read once in a worker thread, then cached. Concurrent

@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 
 from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall
-from kinetic.engine.types import Finished, GenerationRequest, ModelInfo, TextDelta, Timings, TokenLogprob, TokenProb, Usage
+from kinetic.engine.types import (
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    TextDelta,
+    Timings,
+    TokenLogprob,
+    TokenProb,
+    Usage,
+)
 from kinetic.errors import ContextOverflowError, InvalidRequestError, NotFoundError, ServerError
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest, Options
@@ -383,3 +392,16 @@ def test_dimensions_shorten_and_renormalise() -> None:
     body = translate.to_embed_response(EmbedRequest(model="tiny", input="a", dimensions=2), [[1, 2, 3]],
                                        [[0.5, 0.5, 0.5, 0.5]], 0)
     assert len(body["embeddings"][0]) == 2 and body["prompt_eval_count"] == 3
+
+
+def test_model_file_digest_is_the_sha256_of_the_gguf(tmp_path: Path) -> None:
+    import hashlib
+
+    from kinetic.service import read_model_file
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 5000)
+    facts = read_model_file(gguf)
+    assert facts.sha256 == hashlib.sha256(gguf.read_bytes()).hexdigest() and facts.size == gguf.stat().st_size
+    missing = read_model_file(tmp_path / "nope.gguf")  # a test engine's model is no file
+    assert len(missing.sha256) == 64 and missing.size == 0

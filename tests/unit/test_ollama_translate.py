@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kinetic.chat.toolcalls import ParsedCall
 from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall
 from kinetic.engine.types import (
     Finished,
@@ -23,7 +25,7 @@ from kinetic.engine.types import (
 from kinetic.errors import ContextOverflowError, InvalidRequestError, NotFoundError, ServerError
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest, Options
-from kinetic.service import ModelFile
+from kinetic.service import ModelFile, read_model_file
 
 SERVED = translate.ServedModel(name="tiny", aliases=("tiny", "tiny-2"), thinks=False, n_ctx=2048)
 THINKER = translate.ServedModel(name="tiny", aliases=("tiny",), thinks=True, n_ctx=2048)
@@ -301,8 +303,6 @@ def test_non_streamed_call_and_plain_text() -> None:
 
 
 def test_tool_call_arguments_never_a_string() -> None:
-    from kinetic.chat.toolcalls import ParsedCall
-
     assert translate.tool_call(ParsedCall(name="f", arguments="not json"), 0)["function"]["arguments"] == {}
     assert translate.tool_call(ParsedCall(name="f", arguments="[1]"), 1)["function"]["arguments"] == {"value": [1]}
     assert translate.tool_call(ParsedCall(name="f", arguments="{}", id="x"), 0)["id"] == "x"
@@ -395,10 +395,6 @@ def test_dimensions_shorten_and_renormalise() -> None:
 
 
 def test_model_file_digest_is_the_sha256_of_the_gguf(tmp_path: Path) -> None:
-    import hashlib
-
-    from kinetic.service import read_model_file
-
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(range(256)) * 5000)
     facts = read_model_file(gguf)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,9 @@ class Service:
         if self.engine.embedding_n_ctx == 0:
             raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
 
-    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str]) -> list[list[int]]:
-        return await anyio.to_thread.run_sync(self._chat().embedding_inputs, inputs, params)
+    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str], *,
+                               truncate: bool = False) -> list[list[int]]:
+        return await anyio.to_thread.run_sync(partial(self._chat().embedding_inputs, inputs, params, truncate=truncate))
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         # embed() blocks while it waits for the decode lock and runs llama_decode

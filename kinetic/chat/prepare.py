@@ -152,8 +152,10 @@ class ChatLayer:
                     bias[token] = amount
         return bias
 
-    def embedding_inputs(self, inputs: list[PromptInput], params: list[str]) -> list[list[int]]:
-        """Token lists to embed, each checked against the embedding context (`params` name the fields)."""
+    def embedding_inputs(self, inputs: list[PromptInput], params: list[str], *,
+                         truncate: bool = False) -> list[list[int]]:
+        """Token lists to embed, each checked against the embedding context (`params` name the fields);
+        with `truncate`, a longer input is cut to the context instead (Ollama's default)."""
         limit = self.engine.embedding_n_ctx
         token_lists = []
         for item, param in zip(inputs, params):
@@ -165,7 +167,9 @@ class ChatLayer:
                     raise InvalidRequestError("Input contains invalid tokens", param=param)
             if not tokens:
                 raise InvalidRequestError("Input content cannot be empty", param=param)
-            if len(tokens) > limit:
+            if len(tokens) > limit and truncate:
+                tokens = tokens[:limit]
+            elif len(tokens) > limit:
                 raise InvalidRequestError(f"input ({len(tokens)} tokens) is too large to process: the embedding "
                                           f"context holds {limit} tokens", param=param)
             token_lists.append(tokens)

@@ -257,6 +257,15 @@ def test_embed_string_list_and_dimensions(client: ollama.Client) -> None:
     assert client.embed(model=MODEL_ALIAS, input="").embeddings == []
 
 
+def test_embed_truncates_unless_told_not_to(client: ollama.Client) -> None:
+    long = "hello " * 3000  # longer than the embedding context
+    cut = client.embed(model=MODEL_ALIAS, input=long)
+    assert len(cut.embeddings[0]) == 640 and 0 < cut.prompt_eval_count < 3000
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model=MODEL_ALIAS, input=long, truncate=False)
+    assert info.value.status_code == 400 and "too large" in info.value.error
+
+
 def test_legacy_embeddings(client: ollama.Client) -> None:
     assert len(client.embeddings(model=MODEL_ALIAS, prompt="first text").embedding) == 640
     assert client.embeddings(model=MODEL_ALIAS, prompt="").embedding == []

@@ -95,3 +95,16 @@ def test_embedding_inputs_respect_the_embedding_context(layer: ChatLayer) -> Non
     with pytest.raises(InvalidRequestError) as err:
         layer.embedding_inputs(["abc"], ["input[0]"])  # the scripted engine has no embedding context
     assert err.value.param == "input[0]" and "too large" in err.value.message
+
+
+def test_embedding_inputs_truncate_when_asked(layer: ChatLayer) -> None:
+    class TwoTokenEmbeddings(ScriptedEngine):
+        embedding_n_ctx = 2  # type: ignore[assignment]
+
+    engine = TwoTokenEmbeddings([])
+    engine.loaded.set()
+    engine.load()
+    small = ChatLayer(engine, layer.template, layer.defaults)
+    assert small.embedding_inputs(["abc", "d"], ["input[0]", "input[1]"], truncate=True) == [[97, 98], [100]]
+    with pytest.raises(InvalidRequestError):
+        small.embedding_inputs(["abc"], ["input[0]"])

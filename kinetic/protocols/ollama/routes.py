@@ -96,7 +96,7 @@ async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
     started, model = time.monotonic_ns(), served(service)
     items, params = translate.embed_inputs(body, model)
     translate.check_dimensions(body.dimensions, service.info.n_embd)
-    inputs = await service.embedding_inputs(items, params) if items else []
+    inputs = await service.embedding_inputs(items, params, truncate=body.truncate is not False) if items else []
     vectors = await service.embed(inputs) if inputs else []
     return translate.to_embed_response(body, inputs, vectors, started)
 
@@ -105,5 +105,5 @@ async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
 async def embeddings(body: EmbeddingsRequest, service: ServiceDep) -> dict[str, Any]:
     service.require_embeddings()
     items = translate.embeddings_input(body, served(service))
-    inputs = await service.embedding_inputs(items, ["prompt"]) if items else []
+    inputs = await service.embedding_inputs(items, ["prompt"], truncate=True) if items else []
     return translate.to_embeddings_response(await service.embed(inputs) if inputs else [])

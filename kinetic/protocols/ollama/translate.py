@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from kinetic.chat import types as neutral
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
@@ -355,7 +355,7 @@ class ReplyContext:
     model: str  # as the client wrote it: Ollama echoes the requested name
     prepared: neutral.PreparedChat
     started_ns: int  # time.monotonic_ns() when the request arrived
-    kind: str = "chat"  # "chat": `message` objects; "generate": `response` text
+    kind: Literal["chat", "generate"] = "chat"  # `message` objects, or `response` text
     n_probs: int = 0
     context: list[int] | None = None  # /api/generate's prompt tokens, returned with the output's
 

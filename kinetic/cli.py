@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import logging
 import os
 import socket
@@ -165,19 +166,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: ServerSettings) -> int:
-    try:
-        import llama_cpp  # noqa: F401  (only checked here: the engine imports it when it loads)
-        import uvicorn
+def missing_server_dependency() -> str | None:
+    """The first of the serve extra's modules that is not installed (`pip install kinetic` alone is
+    the grader), or None."""
+    for module in ("llama_cpp", "uvicorn", "fastapi", "jinja2"):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
 
-        from kinetic.app import create_app
-        from kinetic.engine.llama import LlamaEngine
-        from kinetic.models import resolve_model
-        from kinetic.service import Service
-    except ImportError as exc:  # `pip install kinetic` alone is the grader: the server is an extra
-        print(f"error: kinetic serve needs the server's dependencies ({exc.name} is missing): "
-              'pip install "kinetic[serve]"', file=sys.stderr)
-        return 1
+
+def serve(settings: ServerSettings) -> int:
+    import uvicorn
+
+    from kinetic.app import create_app
+    from kinetic.engine.llama import LlamaEngine
+    from kinetic.models import resolve_model
+    from kinetic.service import Service
 
     for flag in settings.ignored_flags:
         print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
@@ -250,6 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "serve":
+        missing = missing_server_dependency()
+        if missing is not None:
+            print(f"error: kinetic serve needs the server's dependencies ({missing} is missing): "
+                  'pip install "kinetic[serve]"', file=sys.stderr)
+            return 1
         try:
             scanned = scan_serve_args(argv[1:])
             if scanned.action == "help":

@@ -134,8 +134,7 @@ def test_stop_and_seed_options(client: ollama.Client) -> None:
     again = client.chat(model=MODEL_ALIAS, messages=HI, options=options)
     assert first.message.content == again.message.content  # same seed, same sampling
     text = first.message.content.strip()
-    if len(text) < 3:
-        pytest.skip("the seeded answer is too short to cut")
+    assert len(text) >= 3  # seed 7 on the bundled model gives a fixed, longer answer
     stop = text[1:3]
     cut = client.chat(model=MODEL_ALIAS, messages=HI, options={**options, "stop": [stop]})
     assert stop not in cut.message.content and cut.done_reason == "stop"

@@ -135,7 +135,7 @@ def test_someone_elses_completions_fail_against_the_ledger(server, tmp_path: Pat
     assert checks["completion_numbers_agree"]["status"] == "pass"  # real numbers, someone else's
 
 
-@pytest.mark.skipif(os.environ.get("KINETIC_REGENERATE_REFERENCE") != "1", reason="regenerates the reference files")
+@pytest.mark.regenerate  # a tool, not a test: collected only with KINETIC_REGENERATE_REFERENCE=1
 def test_regenerate_reference_deliverables(server) -> None:
     live, _, _ = server
     reference = LAB_DIR / "reference"

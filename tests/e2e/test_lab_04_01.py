@@ -5,7 +5,6 @@ and the server. KINETIC_REGENERATE_REFERENCE=1 also rewrites labs/lab-04-01-serv
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess

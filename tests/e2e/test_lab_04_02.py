@@ -7,7 +7,6 @@ KINETIC_REGENERATE_REFERENCE=1 also writes it to labs/lab-04-02-client-openai/re
 from __future__ import annotations
 
 import json
-import os
 import re
 import runpy
 import sys

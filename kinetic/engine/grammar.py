@@ -7,6 +7,7 @@ grader stay importable without llama.cpp.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -19,13 +20,19 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 def grammar_from_json_schema(schema: Any) -> str:
     """GBNF text accepting exactly the JSON documents `schema` allows (llama.cpp's converter).
 
-    Raises ValueError with the converter's reason when the schema is not one it understands."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # heavy: loads libllama
-
+    Raises ValueError with the converter's reason when the schema is not one it understands.
+    A class sends the same lab schema thirty times: each distinct schema is converted once."""
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema must be an object, but got {type(schema).__name__}")
+    return _convert(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _convert(schema_text: str) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # heavy: loads libllama
+
     try:
-        grammar = json_schema_to_gbnf(json.dumps(schema))
+        grammar = json_schema_to_gbnf(schema_text)
     except RecursionError as exc:
         raise ValueError("the schema nests too deeply") from exc
     except (AssertionError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:

@@ -61,10 +61,11 @@ def read_response(sock: socket.socket, *, check_close: bool = True) -> RawRespon
     return parse(data, closed=closed)
 
 
-def exchange(address: tuple[str, int], payload: bytes, *, timeout: float = 30) -> RawResponse:
+def exchange(address: tuple[str, int], payload: bytes, *, timeout: float = 30,
+             check_close: bool = True) -> RawResponse:
     with socket.create_connection(address, timeout=timeout) as sock:
         sock.sendall(payload)
-        return read_response(sock)
+        return read_response(sock, check_close=check_close)
 
 
 def _content_length(head: bytes) -> int | None:

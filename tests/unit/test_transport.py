@@ -56,7 +56,8 @@ def post(length: int, *, chunked: bool = False) -> bytes:
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_body_up_to_the_limit_passes_and_one_byte_more_is_413(address: tuple[str, int], chunked: bool) -> None:
-    assert exchange(address, post(LIMITS.max_body_bytes, chunked=chunked), check_close=False).json() == {"received": 10_000}
+    accepted = exchange(address, post(LIMITS.max_body_bytes, chunked=chunked), check_close=False)
+    assert accepted.json() == {"received": 10_000}
     refused = exchange(address, post(LIMITS.max_body_bytes + 1, chunked=chunked))
     assert refused.status == 413 and refused.closed
     assert refused.json()["error"] == {"message": "request body larger than 10000 bytes (the server's "
@@ -110,5 +111,6 @@ def test_sizes_and_flag_defaults() -> None:
     defaults = parse_serve_args([], environ={})
     assert (defaults.max_connections, defaults.header_timeout, defaults.max_header_size,
             defaults.max_body_size) == (64, 30.0, 65536, 4 * 2**20)
-    given = parse_serve_args(["--max-body-size", "1M", "--max-connections", "8"], environ={"KINETIC_HEADER_TIMEOUT": "5"})
+    given = parse_serve_args(["--max-body-size", "1M", "--max-connections", "8"],
+                             environ={"KINETIC_HEADER_TIMEOUT": "5"})
     assert (given.max_body_size, given.max_connections, given.header_timeout) == (2**20, 8, 5.0)

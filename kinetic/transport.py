@@ -13,8 +13,17 @@ and answers others in plain text:
   chunked; the body is counted as the app reads it and is never read past the limit;
 - an HTTP/2 preface or bytes that are not HTTP get a 400 and the connection is closed.
 
+After a refusal the connection closes gracefully: kinetic stops sending (FIN) and reads and drops
+what the client still sends for up to `LINGER_S` seconds before closing. A plain close with
+unread bytes pending resets the connection, and a client still uploading a large body would then
+see "connection reset" instead of the 413 (the OpenAI SDK reported a bare "Connection error").
+
 The stalled-body deadline (`--body-timeout`) stays in the app's request gate. Every refusal here
 uses the app's error renderer, so its body has the same shape as any other error.
+
+This leans on H11Protocol's internals (`conn`, `cycle`, `connections`, `send_400_response`,
+`on_response_complete`), checked against uvicorn 0.54; tests/unit/test_transport.py runs the
+protocol without a model, so a uvicorn upgrade that changes them fails there first.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 HTTP1_VERSIONS = frozenset({"1.0", "1.1"})
+LINGER_S = 5.0  # nginx's lingering_timeout; enough for a client on a LAN to finish and read the answer
 
 # app.error_response: (path, error) -> the JSON response in that path's protocol envelope
 ErrorResponder = Callable[[str, KineticError], Response]
@@ -87,6 +97,30 @@ class _RecordingConnection(h11.Connection):
             raise
 
 
+class _LingeringTransport:
+    """The connection's transport as uvicorn sees it: once the protocol asks to linger, `close()`
+    becomes a half close (FIN after the answer) and input is drained until the client closes or
+    LINGER_S passes. Everything else goes to the real transport."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: "LimitedH11Protocol"):
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        protocol = self._protocol
+        if not protocol.linger_on_close or protocol.lingering or self._transport.is_closing() \
+                or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        protocol.start_lingering(self._transport)
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+
 def raw_response(response: Response) -> bytes:
     """A whole HTTP/1.1 response in bytes, for answers sent before any request was parsed."""
     status = response.status_code
@@ -110,14 +144,19 @@ class LimitedH11Protocol(H11Protocol):
         self._inner_app = self.app
         self.app = self._limited_app
         self._header_timer: asyncio.TimerHandle | None = None
+        self.linger_on_close = False  # set by a refusal: the client may still be sending
+        self.lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ the request head
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # after a refusal: read and dropped
         super().data_received(data)
         # Still waiting for (the rest of) a request head: the deadline runs from the connection's
         # start or from the first byte of this request, and more bytes never extend it.
@@ -128,7 +167,17 @@ class LimitedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
+
+    def start_lingering(self, transport: asyncio.Transport) -> None:
+        """Half-closes after the answer, then drops input until the client closes or time runs out."""
+        self.lingering = True
+        self._cancel_header_timer()
+        transport.write_eof()
+        transport.resume_reading()  # uvicorn may have paused reading while the app held the body
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
 
     def on_response_complete(self) -> None:
         # Between requests uvicorn's keep-alive timer applies; ours starts with the next byte.
@@ -169,6 +218,7 @@ class LimitedH11Protocol(H11Protocol):
         self._cancel_header_timer()
         if self.cycle is None or not self.cycle.response_started:
             self.transport.write(raw_response(self.error_response("/", err)))
+            self.linger_on_close = True
         self.transport.close()
 
     # ---------------------------------------------------------- the request itself
@@ -235,6 +285,7 @@ class LimitedH11Protocol(H11Protocol):
     async def _answer(self, scope: Scope, receive: Receive, send: Send, err: KineticError) -> None:
         response = self.error_response(scope["path"], err)
         response.headers["connection"] = "close"
+        self.linger_on_close = True
         await response(scope, receive, send)
 
 

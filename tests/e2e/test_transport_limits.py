@@ -11,6 +11,7 @@ from typing import Iterator
 from urllib.parse import urlparse
 
 import httpx
+import openai
 import pytest
 
 from tests.rawhttp import RawResponse, exchange, read_response
@@ -151,3 +152,25 @@ def test_server_still_serves_after_all_of_the_above(server: KineticServer) -> No
     r = httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
                    timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_the_openai_sdk_sees_the_413_even_while_still_uploading(server: KineticServer) -> None:
+    """Ten times the limit: the server answers early, then drains instead of resetting the upload."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    text = "hello " * (10 * DEFAULT_MAX_BODY_BYTES // 6)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], max_tokens=1)
+    assert info.value.status_code == 413 and "larger than" in info.value.message
+
+
+def test_after_a_413_the_rest_of_the_upload_is_drained_not_reset(server: KineticServer) -> None:
+    """A plain close with the client's bytes unread resets the connection: the client's next send
+    fails, and many clients then report a connection error instead of the 413."""
+    with socket.create_connection(address(server), timeout=30) as sock:
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {10 * DEFAULT_MAX_BODY_BYTES}\r\n\r\n"
+                     .encode() + b"x" * 1_000_000)
+        assert select.select([sock], [], [], 30)[0], "no answer"
+        time.sleep(0.5)  # time for a reset, had the server sent one
+        sock.sendall(b"x" * 1_000_000)  # raises ConnectionResetError after a reset
+        response = read_response(sock)
+    assert_json_error(response, 413, "larger than")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -62,6 +63,16 @@ def test_body_up_to_the_limit_passes_and_one_byte_more_is_413(address: tuple[str
     assert refused.status == 413 and refused.closed
     assert refused.json()["error"] == {"message": "request body larger than 10000 bytes (the server's "
                                                   "--max-body-size)", "type": "invalid_request_error", "code": 413}
+
+
+def test_a_refused_upload_is_drained_not_reset(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n" + b"x" * 500_000)
+        assert select.select([sock], [], [], 10)[0], "no answer"
+        time.sleep(0.3)  # time for a reset, had the server sent one
+        sock.sendall(b"x" * 500_000)  # raises ConnectionResetError after a reset
+        response = read_response(sock)
+    assert response.status == 413 and response.closed
 
 
 def test_head_over_the_limit_is_431(address: tuple[str, int]) -> None:

@@ -111,7 +111,8 @@ def test_chunked_body_over_the_limit_gets_413_without_being_read_whole(server: K
 
 
 def test_a_large_body_under_the_limit_does_not_hold_up_other_clients(server: KineticServer) -> None:
-    """A body just under the limit is seconds of tokenizing; requests sent after it are answered first."""
+    """A body just under the limit is seconds of tokenizing; requests sent after it are answered first.
+    (Should a too-long prompt ever be refused before it is tokenized, send this body to /tokenize.)"""
     words = "hello world " * ((DEFAULT_MAX_BODY_BYTES - 1024) // 12)
     body = json.dumps({"messages": [{"role": "user", "content": words}], "max_tokens": 1}).encode()
     assert len(body) < DEFAULT_MAX_BODY_BYTES

@@ -41,7 +41,6 @@ from kinetic.streaming import ClientDisconnected
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
-MAX_BODY_BYTES = 100 * 1024 * 1024  # llama-server's limit
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
@@ -129,8 +128,6 @@ class RequestGate:
             response = error_response(path, UnavailableError("Loading model"))
         elif self.keys and path not in PUBLIC_PATHS and client_name is None:
             response = error_response(path, UnauthorizedError("Invalid API Key"))
-        elif int(headers.get("content-length", "0") or 0) > MAX_BODY_BYTES:
-            response = error_response(path, PayloadTooLargeError("request body too large"))
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return

@@ -178,10 +178,11 @@ def missing_server_dependency() -> str | None:
 def serve(settings: ServerSettings) -> int:
     import uvicorn
 
-    from kinetic.app import create_app
+    from kinetic.app import create_app, error_response
     from kinetic.engine.llama import LlamaEngine
     from kinetic.models import resolve_model
     from kinetic.service import Service
+    from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
         print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
@@ -236,9 +237,11 @@ def serve(settings: ServerSettings) -> int:
         print(f"listening on http://{shown_host}:{port}", flush=True)
 
     app = create_app(service, on_ready=announce, on_load_failure=stop_on_load_failure)
-    config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
-                            limit_concurrency=64, timeout_keep_alive=30, h11_max_incomplete_event_size=64 * 1024,
-                            server_header=False)
+    limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
+                             max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
+    config = TransportConfig(app, limits=limits, error_response=error_response,
+                             log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
+                             timeout_keep_alive=30, server_header=False)
     server = uvicorn.Server(config)
     config_holder["server"] = server
     print(f"kinetic {__version__}: loading {resolved.path} (http://{shown_host}:{port} answers 503 until ready)",

@@ -9,11 +9,12 @@ then KINETIC_*, then llama-server's variable. Whatever the source, the value goe
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -98,6 +99,13 @@ FLAGS: tuple[Flag, ...] = (
          metavar="ORIGINS"),
     Flag("body_timeout", ("--body-timeout",),
          "seconds a client may take to send its request body before it is dropped", metavar="S"),
+    Flag("header_timeout", ("--header-timeout",),
+         "seconds a client may take to send its request headers before it is disconnected", metavar="S"),
+    Flag("max_connections", ("--max-connections",), "connections served at once; more get a 503", metavar="N"),
+    Flag("max_header_size", ("--max-header-size",),
+         "largest request head in bytes (K, M suffixes); more gets a 431", metavar="BYTES"),
+    Flag("max_body_size", ("--max-body-size",), "largest request body in bytes (K, M suffixes), chunked ones "
+         "included; more gets a 413 (the default holds a 128K-token context of JSON-escaped text)", metavar="BYTES"),
     Flag("chat_template", ("--chat-template",),
          "chat template: a built-in name (chatml, gemma, llama3...) or Jinja text", metavar="TEMPLATE"),
     Flag("chat_template_file", ("--chat-template-file",), "file with a Jinja chat template", metavar="FNAME"),
@@ -123,6 +131,22 @@ FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
 FLAGS_BY_SPELLING = {name: flag for flag in FLAGS for name in (*flag.names, *flag.negations)}
 
 Port = Annotated[int, Field(ge=0, le=65535)]
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def byte_size(value: Any) -> Any:
+    """'4M', '512K', '64KiB', '65536' -> bytes (binary units: K = 1024); other values pass through."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.fullmatch(value)
+    if match is None:
+        raise ValueError(f"not a size: {value!r} (write bytes, or e.g. 512K, 4M)")
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** " kmg".index(unit.lower() or " "))
+
+
+ByteSize = Annotated[int, BeforeValidator(byte_size), Field(ge=1)]
 
 
 class SettingsError(ValueError):
@@ -154,6 +178,10 @@ class ServerSettings(BaseSettings):
     api_key_file: str | None = None
     cors_origins: str = "*"
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
+    header_timeout: Annotated[float, Field(gt=0)] = 30.0
+    max_connections: Annotated[int, Field(ge=1)] = 64
+    max_header_size: ByteSize = 64 * 1024
+    max_body_size: ByteSize = 4 * 1024 * 1024
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None

@@ -2,23 +2,28 @@
 
     python scripts/server_abuse.py --url http://127.0.0.1:8080
     python scripts/server_abuse.py -- kinetic serve model.gguf -c 512 --port 8091
-    python scripts/server_abuse.py --long --url ...     # also: a stalled body is dropped (30 s)
+    python scripts/server_abuse.py --long --url ...     # also: stalled heads and bodies are dropped (30 s)
 
-Every check sends one kind of abuse, then the server must still answer /health. Traffic goes
-only to the URL given (loopback in practice); every loop is bounded in count and time.
+Every check sends one kind of abuse and asserts the server's answer (status, JSON error body, or
+the connection closed), then the server must still answer /health. The results are printed as a
+table. The server's limits (--max-connections, --header-timeout, --max-header-size,
+--max-body-size, --body-timeout) are read from the command after `--`, or given to this script
+with the same flags when it tests a --url. Traffic goes only to the URL given (loopback in
+practice); every loop is bounded in count and time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import select
 import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 import httpx
@@ -27,46 +32,91 @@ CHAT = "/v1/chat/completions"
 HELLO = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 
 
+MiB = 1024 * 1024
+
+
 @dataclass
 class Target:
     url: str
     body_timeout: float = 30.0
+    header_timeout: float = 30.0
+    max_connections: int = 64
+    max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = 4 * MiB
 
     @property
     def address(self) -> tuple[str, int]:
         parsed = urlparse(self.url)
         return parsed.hostname or "127.0.0.1", parsed.port or 80
 
-    def raw(self, payload: bytes, *, read: bool = True, timeout: float = 10.0) -> bytes:
-        """Sends bytes on a fresh TCP connection; returns what came back before the server closed."""
-        with socket.create_connection(self.address, timeout=timeout) as sock:
-            sock.sendall(payload)
-            if not read:
-                return b""
-            chunks = []
+    def connect(self, timeout: float = 10.0) -> socket.socket:
+        return socket.create_connection(self.address, timeout=timeout)
+
+    def raw(self, payload: bytes, *, timeout: float = 10.0) -> "Answer":
+        """Sends bytes on a fresh TCP connection; returns the answer and whether the server closed."""
+        with self.connect(timeout) as sock:
             try:
-                while chunk := sock.recv(65536):
-                    chunks.append(chunk)
-                    if b"\r\n\r\n" in b"".join(chunks) and _complete(b"".join(chunks)):
-                        break
-            except (socket.timeout, ConnectionResetError):
-                pass
-            return b"".join(chunks)
+                sock.sendall(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed on us while sending: what it said first is still readable
+            return read_answer(sock)
+
+
+@dataclass
+class Answer:
+    status: int  # 0: no HTTP response at all
+    body: bytes
+    closed: bool  # the server closed the connection (after its answer, if any)
+
+    def error(self) -> dict:
+        """The JSON error body ({"error": {...}}); raises if the body is not one."""
+        data = json.loads(self.body)
+        expect(isinstance(data.get("error"), dict), f"not a JSON error body: {self.body[:160]!r}")
+        return data["error"]
+
+
+def read_answer(sock: socket.socket, *, wait_for_close: bool = True) -> Answer:
+    data = b""
+    closed = False
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+            if _complete(data):
+                break
+        else:
+            closed = True
+        if not closed and wait_for_close:
+            sock.settimeout(5)
+            closed = sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        closed = True
+    except socket.timeout:
+        pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    return Answer(_status(data), body, closed)
 
 
 def _complete(response: bytes) -> bool:
-    head, _, body = response.partition(b"\r\n\r\n")
+    head, sep, body = response.partition(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
+        if sep and line.lower().startswith(b"content-length:"):
             return len(body) >= int(line.split(b":")[1])
     return False
 
 
 def _status(response: bytes) -> int:
     try:
-        return int(response.split(b" ", 2)[1])
+        return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/") else 0
     except (IndexError, ValueError):
         return 0
+
+
+def expect_json_refusal(answer: Answer, status: int, words: str = "") -> None:
+    """The answer is `status` with a JSON error body (mentioning `words`), and the server closed."""
+    expect(answer.status == status, f"status {answer.status}, expected {status}: {answer.body[:160]!r}")
+    message = answer.error().get("message", "")
+    expect(words in message, f"error message {message!r} does not mention {words!r}")
+    expect(answer.closed, "the connection was left open after the refusal")
 
 
 Check = Callable[[Target], None]
@@ -101,22 +151,59 @@ def wrong_types(t: Target) -> None:
         expect(r.status_code == 400 and field in r.json()["error"]["message"], f"{field}: {r.status_code} {r.text[:160]}")
 
 
-@check("an oversized body is refused before it is read")
+@check("a body declared over --max-body-size gets a JSON 413 before it is sent")
 def oversized_body(t: Target) -> None:
     head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {200 * 1024 * 1024}\r\n\r\n").encode()
-    status = _status(t.raw(head + b"{"))
-    expect(status == 413, f"status {status}")
+            f"Content-Length: {t.max_body_bytes + 1}\r\n\r\n").encode()
+    expect_json_refusal(t.raw(head + b"{"), 413, "larger than")
 
 
-@check("oversized headers are refused")
+@check("a chunked body over --max-body-size gets a JSON 413 before it is all sent")
+def oversized_chunked_body(t: Target) -> None:
+    chunk = b"x" * 65536
+    frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    planned = 4 * t.max_body_bytes // len(chunk) + 4
+    sent = 0
+    with t.connect(timeout=30) as sock:
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode())
+        try:
+            while sent < planned and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(frame)
+                sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = read_answer(sock)
+    expect_json_refusal(answer, 413, "larger than")
+    expect(sent < planned, f"the server read all {sent} chunks before answering")
+
+
+@check("headers over --max-header-size get a JSON 431, whole or still arriving")
 def oversized_headers(t: Target) -> None:
-    payload = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
-    try:
-        status = _status(t.raw(payload))
-    except (ConnectionResetError, BrokenPipeError):
-        status = 431  # closed on us: refused too
-    expect(status in (0, 400, 413, 431), f"status {status}")
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * t.max_header_bytes + 1024) + b"\r\n"
+    for payload in (head + b"\r\n", head):
+        expect_json_refusal(t.raw(payload), 431, "headers larger than")
+
+
+@check("a body just under --max-body-size does not hold up other clients")
+def large_body_under_limit(t: Target) -> None:
+    words = "hello world " * ((t.max_body_bytes - 4096) // 12)
+    body = json.dumps({"messages": [{"role": "user", "content": words}], "max_tokens": 1}).encode()
+    order: list[str] = []
+    with t.connect(timeout=300) as sock:
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[:-1])
+        time.sleep(1)  # the server takes the body in; the last byte then starts seconds of tokenizing
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            big = pool.submit(lambda: (read_answer(sock, wait_for_close=False), order.append("big"))[0])
+            sock.sendall(body[-1:])
+            for _ in range(10):
+                status = httpx.get(t.url + "/v1/models", timeout=300).status_code
+                expect(status == 200, f"/v1/models: {status}")
+                order.append("small")
+            answer = big.result()
+    expect(answer.status in (200, 400), f"the large request got {answer.status}")
+    expect(order[-1] == "big", f"the large request was answered before the others: {order}")
 
 
 @check("a chunked request body is accepted")
@@ -130,9 +217,18 @@ def chunked_body(t: Target) -> None:
     expect(r.status_code == 200 and r.json()["choices"], f"{r.status_code} {r.text[:120]}")
 
 
-@check("an HTTP/2 preface on the HTTP/1.1 port is answered or closed, not fatal")
+@check("an HTTP/2 preface gets a 400 or a clean close")
 def http2_preface(t: Target) -> None:
-    t.raw(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00" * 32)
+    answer = t.raw(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x12\x04" + b"\x00" * 32)
+    expect(answer.closed, "the connection was left open")
+    expect(answer.status in (0, 400), f"status {answer.status}: {answer.body[:160]!r}")
+
+
+@check("bytes that are not HTTP (a TLS hello) get a 400 or a clean close")
+def garbage(t: Target) -> None:
+    answer = t.raw(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\xab" * 64 + b"\r\n\r\n")
+    expect(answer.closed, "the connection was left open")
+    expect(answer.status in (0, 400), f"status {answer.status}: {answer.body[:160]!r}")
 
 
 @check("bad input to the llama-server routes is a 400")
@@ -213,12 +309,23 @@ def one_byte_at_a_time(t: Target) -> None:
     expect(_status(response) == 200, response[:120].decode(errors="replace"))
 
 
-@check("a client that disconnects before sending its body does no harm")
+@check("clients that leave before their body are let go, and leak no connection")
 def disconnect_before_body(t: Target) -> None:
     head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: 500\r\n\r\n").encode()
-    for _ in range(5):
-        t.raw(head + b'{"messages":', read=False)
+    # A half close (no more to send): the server ends the connection without a request to answer.
+    with t.connect(timeout=t.body_timeout + 15) as sock:
+        sock.sendall(head + b'{"messages":')
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_answer(sock)
+    expect(answer.closed, "the server kept the half-closed connection")
+    expect(answer.status in (0, 400, 408), f"status {answer.status}: {answer.body[:160]!r}")
+    # More full disconnects than the connection cap: had any leaked, the next request would get a 503.
+    for _ in range(t.max_connections + 4):
+        with t.connect() as sock:
+            sock.sendall(head + b'{"messages":')
+    status = httpx.get(t.url + "/health", timeout=30).status_code
+    expect(status == 200, f"/health: {status} after the disconnects")
 
 
 @check("a client that disconnects mid-stream frees its slot")
@@ -238,18 +345,39 @@ def disconnect_mid_stream(t: Target) -> None:
     raise AssertionError(f"slots still busy: {slots}")
 
 
-@check("100 parallel connections: each is served or gets a 503, none hangs")
+@check("100 parallel connections: each is served or gets a JSON 503, none hangs")
 def parallel_connections(t: Target) -> None:
-    def hit(_: int) -> int:
+    def hit(_: int) -> tuple[int, bool]:
         try:
-            return httpx.get(t.url + "/health", timeout=30).status_code
+            r = httpx.get(t.url + "/health", timeout=30)
         except httpx.HTTPError:
-            return -1
+            return -1, False
+        return r.status_code, r.status_code != 503 or r.headers.get("content-type") == "application/json"
 
     with ThreadPoolExecutor(max_workers=100) as pool:
-        statuses = list(pool.map(hit, range(100)))
+        results = list(pool.map(hit, range(100)))
+    statuses = [status for status, _ in results]
     expect(all(s in (200, 503) for s in statuses), f"statuses {sorted(set(statuses))}")
+    expect(all(json_ok for _, json_ok in results), "a 503 without a JSON body")
     expect(statuses.count(200) >= 1, "nothing served")
+
+
+@check("one connection over --max-connections gets a JSON 503; freed, it is served again")
+def connection_cap(t: Target) -> None:
+    held: list[socket.socket] = []
+    try:
+        for _ in range(t.max_connections):  # served once, then kept alive: each holds a connection
+            sock = t.connect(timeout=30)
+            held.append(sock)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = read_answer(sock, wait_for_close=False)
+            expect(answer.status == 200, f"connection {len(held)}: status {answer.status}")
+        expect_json_refusal(t.raw(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"), 503, "connections")
+    finally:
+        for sock in held:
+            sock.close()
+    status = httpx.get(t.url + "/health", timeout=30).status_code
+    expect(status == 200, f"/health: {status} once the connections closed")
 
 
 @check("8 parallel chats all complete")
@@ -263,20 +391,22 @@ def parallel_chats(t: Target) -> None:
     expect(statuses == [200] * 8, f"statuses {statuses}")
 
 
-@check("a client that sends headers and then stalls is disconnected", long=True)
+@check("a client that sends headers and then stalls gets a 408 and a close", long=True)
 def stalled_body(t: Target) -> None:
     head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: 100\r\n\r\n").encode()
-    started = time.monotonic()
-    with socket.create_connection(t.address, timeout=t.body_timeout + 30) as sock:
+    with t.connect(timeout=t.body_timeout + 30) as sock:
         sock.sendall(head + b"{")
-        try:
-            while sock.recv(65536):
-                pass
-        except ConnectionResetError:
-            pass
-    waited = time.monotonic() - started
-    expect(waited < t.body_timeout + 15, f"still connected after {waited:.0f}s")
+        answer = read_answer(sock)
+    expect_json_refusal(answer, 408, "body")
+
+
+@check("a client that sends part of its headers and stalls gets a 408 and a close", long=True)
+def stalled_headers(t: Target) -> None:
+    with t.connect(timeout=t.header_timeout + 30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        answer = read_answer(sock)
+    expect_json_refusal(answer, 408, "headers")
 
 
 def healthy(t: Target) -> bool:
@@ -286,10 +416,17 @@ def healthy(t: Target) -> bool:
         return False
 
 
-def run_checks(target: Target, *, long: bool = False) -> list[tuple[str, str | None]]:
-    """Each check's description and its failure (None when it passed and the server stayed up)."""
-    results: list[tuple[str, str | None]] = []
+@dataclass
+class Result:
+    description: str
+    failure: str | None  # None: passed, and the server still answered /health afterwards
+    seconds: float
+
+
+def run_checks(target: Target, *, long: bool = False) -> list[Result]:
+    results: list[Result] = []
     for description, func in CHECKS + (LONG_CHECKS if long else []):
+        started = time.monotonic()
         try:
             func(target)
             failure = None
@@ -297,8 +434,19 @@ def run_checks(target: Target, *, long: bool = False) -> list[tuple[str, str | N
             failure = f"{type(exc).__name__}: {exc}"
         if failure is None and not healthy(target):
             failure = "the server stopped answering /health afterwards"
-        results.append((description, failure))
+        results.append(Result(description, failure, time.monotonic() - started))
     return results
+
+
+def table(results: list[Result]) -> str:
+    """A Markdown table: readable in a terminal, pasteable into notes."""
+    rows = [("check", "result", "seconds", "detail")]
+    rows += [(r.description, "FAIL" if r.failure else "ok", f"{r.seconds:.1f}",
+              (r.failure or "").replace("|", "/").replace("\n", " ")[:200]) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
+    return "\n".join(lines)
 
 
 def wait_ready(url: str, process: subprocess.Popen | None, timeout: float = 120) -> None:
@@ -320,29 +468,57 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[:argv.index("--")]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="server to test (default: from the command's --host/--port)")
-    parser.add_argument("--long", action="store_true", help="also run the slow checks (stalled body)")
-    parser.add_argument("--body-timeout", type=float, default=30.0, help="the server's body timeout, seconds")
+    parser.add_argument("--long", action="store_true", help="also run the slow checks (stalled heads and bodies)")
+    for flag, default, kind in LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=f"the server's {flag} (default: {default})")
     args = parser.parse_args(argv)
     url = args.url
     if not url and command:
-        port = command[command.index("--port") + 1] if "--port" in command else "8080"
-        host = command[command.index("--host") + 1] if "--host" in command else "127.0.0.1"
-        url = f"http://{host}:{port}"
+        url = f"http://{_flag(command, '--host', '127.0.0.1')}:{_flag(command, '--port', '8080')}"
     if not url:
         parser.error("give --url or a server command after --")
+    limits = {}
+    for flag, default, kind in LIMIT_FLAGS:
+        given = getattr(args, flag[2:].replace("-", "_"))
+        limits[flag] = given if given is not None else kind(_flag(command, flag, default))
+    target = Target(url, body_timeout=limits["--body-timeout"], header_timeout=limits["--header-timeout"],
+                    max_connections=limits["--max-connections"], max_header_bytes=limits["--max-header-size"],
+                    max_body_bytes=limits["--max-body-size"])
     process = subprocess.Popen(command) if command else None
     try:
         wait_ready(url, process)
-        results = run_checks(Target(url, args.body_timeout), long=args.long)
+        results = run_checks(target, long=args.long)
     finally:
         if process is not None:
             process.terminate()
             process.wait(timeout=30)
-    for description, failure in results:
-        print(f"{'FAIL' if failure else 'ok  '}  {description}" + (f"\n      {failure}" if failure else ""))
-    failed = sum(1 for _, failure in results if failure)
-    print(f"{len(results) - failed} passed, {failed} failed")
+    print(table(results))
+    failed = sum(1 for r in results if r.failure)
+    print(f"\n{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def byte_size(text: str) -> int:
+    """'4M', '64K', '65536' -> bytes, as kinetic's --max-*-size flags read them."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    units = {"K": 1024, "M": MiB, "G": 1024 * MiB}
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+LIMIT_FLAGS: list[tuple[str, str, Callable[[str], Any]]] = [
+    ("--body-timeout", "30", float), ("--header-timeout", "30", float), ("--max-connections", "64", int),
+    ("--max-header-size", "64K", byte_size), ("--max-body-size", "4M", byte_size),
+]
+
+
+def _flag(command: list[str], name: str, default: str) -> str:
+    """The value of `name` in a server command line (`--name value` or `--name=value`)."""
+    for index, token in enumerate(command):
+        if token == name and index + 1 < len(command):
+            return command[index + 1]
+        if token.startswith(name + "="):
+            return token.split("=", 1)[1]
+    return default
 
 
 if __name__ == "__main__":

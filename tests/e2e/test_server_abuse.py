@@ -14,6 +14,7 @@ from tests.server import KineticServer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "server_abuse.py"
 BODY_TIMEOUT_S = 2.0
+HEADER_TIMEOUT_S = 2.0
 
 
 def load_script() -> ModuleType:
@@ -30,8 +31,9 @@ abuse = load_script()
 
 @pytest.fixture(scope="module")
 def target(model_lock: None, live_server: KineticServer) -> Iterator[object]:
-    with KineticServer("-c", "2048", "-np", "2", "--body-timeout", str(BODY_TIMEOUT_S)) as server:
-        yield abuse.Target(server.url, BODY_TIMEOUT_S)
+    with KineticServer("-c", "2048", "-np", "2", "--body-timeout", str(BODY_TIMEOUT_S),
+                       "--header-timeout", str(HEADER_TIMEOUT_S)) as server:
+        yield abuse.Target(server.url, body_timeout=BODY_TIMEOUT_S, header_timeout=HEADER_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("description, check", abuse.CHECKS + abuse.LONG_CHECKS,

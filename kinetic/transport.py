@@ -1,0 +1,313 @@
+"""HTTP/1.1 transport limits: what a class of students (or one careless script) cannot do to the server.
+
+uvicorn's h11 protocol, extended (`LimitedH11Protocol`) because uvicorn alone lacks some limits
+and answers others in plain text:
+
+- at most `max_connections` connections are served at once; a request on one more gets a 503
+  with a JSON error body (uvicorn's own `limit_concurrency` answers "Service Unavailable" as text);
+- a client must send its whole request head within `header_timeout` seconds of connecting (or
+  of its first byte on a kept-alive connection): uvicorn has no such timer, so one stalled
+  client held a connection slot forever;
+- a request head larger than `max_header_bytes` gets a 431 (uvicorn says 400);
+- a body larger than `max_body_bytes` gets a 413, whether it declares a Content-Length or comes
+  chunked; the body is counted as the app reads it and is never read past the limit;
+- an HTTP/2 preface or bytes that are not HTTP get a 400 and the connection is closed.
+
+After a refusal the connection closes gracefully: kinetic stops sending (FIN) and reads and drops
+what the client still sends for up to `LINGER_S` seconds before closing. A plain close with
+unread bytes pending resets the connection, and a client still uploading a large body would then
+see "connection reset" instead of the 413 (the OpenAI SDK reported a bare "Connection error").
+
+The stalled-body deadline (`--body-timeout`) stays in the app's request gate. Every refusal here
+uses the app's error renderer, so its body has the same shape as any other error.
+
+This leans on H11Protocol's internals (`conn`, `cycle`, `connections`, `send_400_response`,
+`on_response_complete`), checked against uvicorn 0.54; tests/unit/test_transport.py runs the
+protocol without a model, so a uvicorn upgrade that changes them fails there first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import h11
+import uvicorn
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from kinetic.errors import (
+    HeadersTooLargeError,
+    InvalidRequestError,
+    KineticError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    UnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+# A full context of text, with room to spare: 131072 tokens (the longest context of the usual
+# local models: Llama 3.1, Qwen 2.5, Gemma 3) at about 4 bytes of text a token is 512 KiB;
+# JSON-escaped non-Latin text (\uXXXX, 6 bytes a character, about one token each) and the chat's
+# own structure (roles, tools, earlier turns) stay well under 8 bytes a token, i.e. 1 MiB. Four
+# times that leaves room for tool schemas and base64 data while keeping the worst case cheap:
+# tokenizing 4 MiB takes about 2 s of one core (measured: 4.5 s for 8 MB), off the event loop.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+HTTP1_VERSIONS = frozenset({"1.0", "1.1"})
+LINGER_S = 5.0  # nginx's lingering_timeout; enough for a client on a LAN to finish and read the answer
+
+# app.error_response: (path, error) -> the JSON response in that path's protocol envelope
+ErrorResponder = Callable[[str, KineticError], Response]
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    max_connections: int = 64
+    header_timeout: float = 30.0
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class TransportConfig(uvicorn.Config):
+    """uvicorn's Config for `LimitedH11Protocol`: carries the limits and the error renderer."""
+
+    def __init__(self, app: ASGIApp, *, limits: TransportLimits, error_response: ErrorResponder, **kwargs: Any):
+        super().__init__(app, http=LimitedH11Protocol, limit_concurrency=None,
+                         h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
+        self.limits = limits
+        self.error_response = error_response
+
+
+class _RecordingConnection(h11.Connection):
+    """h11's connection, remembering the last parse error: its status hint tells a 431 from a 400."""
+
+    last_error: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.last_error = exc
+            raise
+
+
+class _LingeringTransport:
+    """The connection's transport as uvicorn sees it: once the protocol asks to linger, `close()`
+    becomes a half close (FIN after the answer) and input is drained until the client closes or
+    LINGER_S passes. Everything else goes to the real transport."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: "LimitedH11Protocol"):
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        protocol = self._protocol
+        if not protocol.linger_on_close or protocol.lingering or self._transport.is_closing() \
+                or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        protocol.start_lingering(self._transport)
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+
+def raw_response(response: Response) -> bytes:
+    """A whole HTTP/1.1 response in bytes, for answers sent before any request was parsed."""
+    status = response.status_code
+    phrase = http.HTTPStatus(status).phrase
+    body = bytes(response.body)
+    head = [f"HTTP/1.1 {status} {phrase}", f"content-type: {response.media_type}",
+            f"content-length: {len(body)}", "connection: close", "server: kinetic"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits above (one instance per connection)."""
+
+    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        assert isinstance(config, TransportConfig), "LimitedH11Protocol needs a TransportConfig"
+        self.limits = config.limits
+        self.error_response = config.error_response
+        self.conn = _RecordingConnection(h11.SERVER, config.h11_max_incomplete_event_size)
+        self._inner_app = self.app
+        self.app = self._limited_app
+        self._header_timer: asyncio.TimerHandle | None = None
+        self.linger_on_close = False  # set by a refusal: the client may still be sending
+        self.lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ the request head
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # after a refusal: read and dropped
+        super().data_received(data)
+        # Still waiting for (the rest of) a request head: the deadline runs from the connection's
+        # start or from the first byte of this request, and more bytes never extend it.
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm_header_timer()
+        else:
+            self._cancel_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        super().connection_lost(exc)
+
+    def start_lingering(self, transport: asyncio.Transport) -> None:
+        """Half-closes after the answer, then drops input until the client closes or time runs out."""
+        self.lingering = True
+        self._cancel_header_timer()
+        transport.write_eof()
+        transport.resume_reading()  # uvicorn may have paused reading while the app held the body
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
+
+    def on_response_complete(self) -> None:
+        # Between requests uvicorn's keep-alive timer applies; ours starts with the next byte.
+        self._cancel_header_timer()
+        super().on_response_complete()
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.limits.header_timeout, self._header_timed_out)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being answered (pipelining): not a stalled head
+        self._refuse(RequestTimeoutError(
+            f"request headers not received within {self.limits.header_timeout:g} s"))
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn calls this when h11 cannot parse the request: a JSON 400, or 431 for a huge head."""
+        error = self.conn.last_error
+        if error is not None and error.error_status_hint == 431:
+            self._refuse(_headers_too_large(self.limits.max_header_bytes))
+        else:
+            # h11's reason without the bytes it quotes ("illegal request line: bytearray(b'...')")
+            reason = str(error).split(":", 1)[0] if error is not None else ""
+            self._refuse(InvalidRequestError(f"Invalid HTTP request{': ' + reason if reason else ''} "
+                                             "(this server speaks HTTP/1.1)"))
+
+    def _refuse(self, err: KineticError) -> None:
+        """Answers before (or instead of) a request the app would see, then closes."""
+        self._cancel_header_timer()
+        if self.cycle is None or not self.cycle.response_started:
+            self.transport.write(raw_response(self.error_response("/", err)))
+            self.linger_on_close = True
+        self.transport.close()
+
+    # ---------------------------------------------------------- the request itself
+
+    async def _limited_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._inner_app(scope, receive, send)
+            return
+        limits = self.limits
+        if scope["http_version"] not in HTTP1_VERSIONS:  # e.g. an HTTP/2 preface: "PRI * HTTP/2.0"
+            await self._answer(scope, receive, send, InvalidRequestError(
+                f"HTTP/{scope['http_version']} is not supported: this server speaks HTTP/1.1"))
+            return
+        if _head_size(scope) > limits.max_header_bytes:  # h11 only limits a head still incomplete
+            await self._answer(scope, receive, send, _headers_too_large(limits.max_header_bytes))
+            return
+        if len(self.connections) > limits.max_connections:
+            log.warning("more than %d connections: answering 503", limits.max_connections)
+            await self._answer(scope, receive, send, UnavailableError(
+                f"server busy: more than {limits.max_connections} connections at once, try again later"))
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > limits.max_body_bytes:
+            await self._answer(scope, receive, send, _too_large(limits.max_body_bytes))
+            return
+        await self._with_body_limit(scope, receive, send)
+
+    async def _with_body_limit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Counts the body as the app reads it; past the limit the app is told the client left,
+        its answer is dropped, and a 413 goes out instead. Nothing past the limit is read."""
+        limit = self.limits.max_body_bytes
+        received = 0
+        too_large = False
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, too_large
+            if too_large:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    too_large = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if too_large and not started:
+                return  # the app's answer to a "disconnect": ours replaces it below
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._inner_app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not too_large:
+                raise
+        if too_large and not started:
+            await self._answer(scope, receive, send, _too_large(limit))
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, err: KineticError) -> None:
+        response = self.error_response(scope["path"], err)
+        response.headers["connection"] = "close"
+        self.linger_on_close = True
+        await response(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # h11 has already refused a malformed one
+    return None
+
+
+def _head_size(scope: Scope) -> int:
+    """Bytes of the request line and headers, as the client sent them (give or take whitespace)."""
+    line = len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope["query_string"]) + 12
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+
+
+def _headers_too_large(limit: int) -> HeadersTooLargeError:
+    return HeadersTooLargeError(f"request headers larger than {limit} bytes (the server's --max-header-size)")
+
+
+def _too_large(limit: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"request body larger than {limit} bytes (the server's --max-body-size)")

@@ -1,0 +1,127 @@
+"""kinetic/transport.py without a model: uvicorn with LimitedH11Protocol in a thread, around a tiny app."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from typing import Iterator
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from kinetic.app import error_response
+from kinetic.cli import parse_serve_args
+from kinetic.errors import PayloadTooLargeError
+from kinetic.settings import byte_size
+from kinetic.transport import TransportConfig, TransportLimits, raw_response
+from tests.rawhttp import exchange, read_response
+from tests.server import free_port
+
+LIMITS = TransportLimits(max_connections=3, header_timeout=0.5, max_header_bytes=4096, max_body_bytes=10_000)
+
+
+async def echo_length(request: Request) -> JSONResponse:
+    return JSONResponse({"received": len(await request.body())})
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[tuple[str, int]]:
+    app = Starlette(routes=[Route("/echo", echo_length, methods=["POST"]), Route("/echo", echo_length)])
+    port = free_port()
+    config = TransportConfig(app, limits=LIMITS, error_response=error_response, host="127.0.0.1", port=port,
+                             log_level="error", timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield "127.0.0.1", port
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def post(length: int, *, chunked: bool = False) -> bytes:
+    body = b"x" * length
+    if chunked:
+        frames = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 1000]), body[i:i + 1000]) for i in range(0, length, 1000))
+        return b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + frames + b"0\r\n\r\n"
+    return b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length + body
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_body_up_to_the_limit_passes_and_one_byte_more_is_413(address: tuple[str, int], chunked: bool) -> None:
+    accepted = exchange(address, post(LIMITS.max_body_bytes, chunked=chunked), check_close=False)
+    assert accepted.json() == {"received": 10_000}
+    refused = exchange(address, post(LIMITS.max_body_bytes + 1, chunked=chunked))
+    assert refused.status == 413 and refused.closed
+    assert refused.json()["error"] == {"message": "request body larger than 10000 bytes (the server's "
+                                                  "--max-body-size)", "type": "invalid_request_error", "code": 413}
+
+
+def test_a_refused_upload_is_drained_not_reset(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n" + b"x" * 500_000)
+        assert select.select([sock], [], [], 10)[0], "no answer"
+        time.sleep(0.3)  # time for a reset, had the server sent one
+        sock.sendall(b"x" * 500_000)  # raises ConnectionResetError after a reset
+        response = read_response(sock)
+    assert response.status == 413 and response.closed
+
+
+def test_head_over_the_limit_is_431(address: tuple[str, int]) -> None:
+    big = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 5000 + b"\r\n\r\n"
+    assert exchange(address, big).status == 431
+    assert exchange(address, big[:-2]).status == 431  # still incomplete: h11's own limit
+
+
+def test_stalled_head_is_408_and_closed(address: tuple[str, int]) -> None:
+    response = exchange(address, b"GET /echo HTTP/1.1\r\nHo")
+    assert response.status == 408 and response.closed and response.json()["error"]["type"] == "timeout_error"
+
+
+def test_http2_preface_and_garbage_are_400(address: tuple[str, int]) -> None:
+    for payload in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\x16\x03\x01\x00\x05hello\r\n\r\n"):
+        response = exchange(address, payload)
+        assert response.status == 400 and response.closed and response.json()["error"]["code"] == 400
+
+
+def test_one_connection_over_the_cap_is_503(address: tuple[str, int]) -> None:
+    held = []
+    try:
+        for _ in range(LIMITS.max_connections):
+            sock = socket.create_connection(address, timeout=10)
+            held.append(sock)
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock, check_close=False).status == 200
+        over = exchange(address, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert over.status == 503 and over.closed and over.json()["error"]["type"] == "unavailable_error"
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_raw_response_is_a_whole_http_response() -> None:
+    data = raw_response(error_response("/", PayloadTooLargeError("too big")))
+    assert data.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"connection: close" in head and f"content-length: {len(body)}".encode() in head
+
+
+def test_sizes_and_flag_defaults() -> None:
+    assert [byte_size(s) for s in ("4M", "512K", "64KiB", "65536", "1.5m", "2 GB")] == [
+        4 * 2**20, 512 * 1024, 65536, 65536, 3 * 2**19, 2 * 2**30]
+    with pytest.raises(ValueError):
+        byte_size("lots")
+    defaults = parse_serve_args([], environ={})
+    assert (defaults.max_connections, defaults.header_timeout, defaults.max_header_size,
+            defaults.max_body_size) == (64, 30.0, 65536, 4 * 2**20)
+    given = parse_serve_args(["--max-body-size", "1M", "--max-connections", "8"],
+                             environ={"KINETIC_HEADER_TIMEOUT": "5"})
+    assert (given.max_body_size, given.max_connections, given.header_timeout) == (2**20, 8, 5.0)

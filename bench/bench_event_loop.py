@@ -15,44 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-MODEL_LOCK_PATH = Path(tempfile.gettempdir()) / "kinetic-tests-model.lock"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout without an install
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kinetic", "serve", "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"kinetic serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("kinetic serve did not become healthy")
-
+from kinetic.launch import KineticServer, model_lock  # noqa: E402
 
 def big_schema(n_properties: int) -> dict:
     kinds = [{"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 0, "maximum": 99},
@@ -119,19 +92,12 @@ def main() -> None:
     parser.add_argument("--properties", type=int, default=120, help="properties in the large schema")
     parser.add_argument("--tokens", type=int, default=160, help="tokens the streaming client asks for")
     args = parser.parse_args()
-    from filelock import FileLock
-
     schema = big_schema(args.properties)
     server_args = ["-c", "4096", "-np", "2", "-t", str(min(2, os.cpu_count() or 1))]
     if args.model:
         server_args += ["-m", args.model]
-    with FileLock(str(MODEL_LOCK_PATH)):
-        proc, url = start_server(server_args)
-        try:
-            figures = run(url, args.senders, schema, args.tokens)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with model_lock(), KineticServer(*server_args) as server:
+        figures = run(server.url, args.senders, schema, args.tokens)
     print(f"schema of {args.properties} properties ({len(json.dumps(schema))} bytes), {args.senders} senders")
     print("| streaming client | worst gap (ms) | p99 gap (ms) |")
     print("|---|---|---|")

@@ -24,7 +24,7 @@ def grammar_from_json_schema(schema: Any) -> str:
     A class sends the same lab schema thirty times: each distinct schema is converted once."""
     if not isinstance(schema, dict):
         raise ValueError(f"a JSON schema must be an object, but got {type(schema).__name__}")
-    return _convert(json.dumps(schema, sort_keys=True))
+    return _convert(json.dumps(schema))  # key order matters: properties are generated in order
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,7 +6,7 @@
 import os
 
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # --8<-- [start:client]
 llm = ChatOpenAI(base_url=os.environ.get("LLAMA_URL", "http://127.0.0.1:8080") + "/v1",
@@ -22,8 +22,8 @@ print()
 
 
 class City(BaseModel):
-    name: str
-    country: str
+    name: str = Field(max_length=20)  # bounded, so the answer fits in max_tokens
+    country: str = Field(max_length=20)
 
 
 # json_schema output is grammar-constrained by the server: always a valid City, whatever the model

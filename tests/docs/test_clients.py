@@ -83,6 +83,13 @@ def test_curl(live_server: KineticServer) -> None:
     assert "".join(piece["piece"] for piece in tokenized["tokens"]) == "Hello world"
 
 
+def test_node_fetch_chat(live_server: KineticServer) -> None:
+    out = run_client(["node", str(CLIENTS / "fetch_chat.mjs")], live_server)
+    usage = re.search(r"\[finish_reason=(stop|length) prompt=(\d+) completion=(\d+)\]", out)
+    assert usage and int(usage.group(2)) > 0 and 0 < int(usage.group(3)) <= 40, out
+    assert re.search(r"\[timings: cache_n=\d+ \d+\.\d t/s\]", out), out
+
+
 def test_node_fetch_stream(live_server: KineticServer) -> None:
     out = run_client(["node", str(CLIENTS / "fetch_stream.mjs")], live_server)
     line = re.search(r"\[(\d+) tokens, (\d+\.\d) t/s\]", out)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 
 # --8<-- [start:client]
 llm = ChatOpenAI(base_url=os.environ.get("LLAMA_URL", "http://127.0.0.1:8080") + "/v1",
-                 api_key=os.environ.get("API_KEY", "no-key-required"), model="local", max_tokens=40)
+                 api_key=os.environ.get("API_KEY", "no-key-required"), model="local", max_tokens=60,
+                 temperature=0)  # greedy: the same answer on every run
 
 reply = llm.invoke("Say hello to the class.")
 print(reply.content)
@@ -22,8 +23,8 @@ print()
 
 
 class City(BaseModel):
-    name: str = Field(max_length=20)  # bounded, so the answer fits in max_tokens
-    country: str = Field(max_length=20)
+    name: str = Field(max_length=12)  # bounded, so the JSON always fits in max_tokens
+    country: str = Field(max_length=12)
 
 
 # json_schema output is grammar-constrained by the server: always a valid City, whatever the model

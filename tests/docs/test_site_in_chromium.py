@@ -70,6 +70,7 @@ def test_lab_page_renders_annotations_and_diagram_offline(site: str) -> None:
         page.goto(f"{site}/labs/lab-04-02/")
         # the title once: the page's own heading is the lab README's
         assert page.locator("article h1").all_inner_texts() == ["Lab 04-02: OpenAI-compatible clients"]
+        page.screenshot(path=str(ARTIFACTS / "lab-04-02-top.png"))  # what a student sees first
 
         # code annotations: the three markers of chat.py's key lines became (1) (2) (3) buttons
         page.wait_for_selector(".md-annotation", timeout=30_000)

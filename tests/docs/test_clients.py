@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -24,12 +25,25 @@ CLIENTS = Path(__file__).resolve().parents[2] / "clients"
 BROWSER_PAGE = "browser.html"
 
 
-def run_client(command: list[str], server: KineticServer) -> str:
+KEY = "sk-course"
+
+
+def launch(command: list[str], server: KineticServer, key: str = KEY) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    env.update(LLAMA_URL=server.url, API_KEY="sk-course")
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=CLIENTS.parent)
+    env.update(LLAMA_URL=server.url, API_KEY=key)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=CLIENTS.parent)
+
+
+def run_client(command: list[str], server: KineticServer) -> str:
+    proc = launch(command, server)
     assert proc.returncode == 0, f"{command} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def keyed_server(model_lock: None) -> Iterator[KineticServer]:
+    with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
+        yield server
 
 
 def test_every_client_file_has_a_test() -> None:
@@ -37,6 +51,24 @@ def test_every_client_file_has_a_test() -> None:
     source = Path(__file__).read_text(encoding="utf-8")
     for path in CLIENTS.iterdir():
         assert f'"{path.name}"' in source, f"clients/{path.name} is run by no test"
+
+
+def test_every_client_reads_llama_url_and_api_key() -> None:
+    for path in CLIENTS.iterdir():
+        text = path.read_text(encoding="utf-8")
+        assert "LLAMA_URL" in text and "API_KEY" in text, f"clients/{path.name} must read LLAMA_URL and API_KEY"
+
+
+@pytest.mark.parametrize("command", [
+    [sys.executable, "openai_chat.py"], [sys.executable, "anthropic_messages.py"], ["node", "fetch_chat.mjs"],
+    ["sh", "curl.sh"]], ids=lambda command: command[-1])
+def test_client_sends_api_key(command: list[str], keyed_server: KineticServer) -> None:
+    """Against a server with --api-key: a wrong API_KEY is refused with 401, the right one answers."""
+    command = [*command[:-1], str(CLIENTS / command[-1])]
+    wrong = launch(command, keyed_server, key="wrong-key")
+    assert wrong.returncode != 0 and "Invalid API Key" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
+    right = launch(command, keyed_server)
+    assert right.returncode == 0, right.stderr[-2000:]
 
 
 def test_openai_chat(live_server: KineticServer) -> None:

@@ -115,4 +115,6 @@ def test_every_request_model_of_a_route_has_a_field_table() -> None:
         for route in router.routes:
             if isinstance(route, APIRoute) and route.body_field is not None:
                 body = route.body_field.field_info.annotation
-                assert body in documented, f"{route.path}: {body.__name__} has no field table in the reference"
+                # a model that only renames another (same fields, e.g. the input_tokens body) counts as documented
+                same_fields = any(issubclass(body, d) and wire_names(body) == wire_names(d) for d in documented)
+                assert body in documented or same_fields, f"{route.path}: {body.__name__} has no field table"

@@ -43,8 +43,13 @@ def _same(a: list[Fingerprint], b: dict[tuple[str, str], object]) -> list[Finger
     return [fp for fp in a if (fp.label, fp.value) in b]
 
 
-def examples_result(lab: Lab, prints: list[Fingerprint], graded: Path) -> CheckResult:
+def examples_result(lab: Lab, prints: list[Fingerprint], graded: Path,
+                    results: list[CheckResult] | None = None) -> CheckResult:
+    """Fails numbers that are exactly an example's, unless the ledger proved them this student's own
+    requests: on the machine the examples were made on, a fresh run can repeat their timings."""
     description = "the numbers are your own, not the examples of the lab text or its reference files"
+    if results is not None and _ledger_proves(lab, results):
+        return CheckResult(EXAMPLES_CHECK, description, "pass", lab.copy_points, lab.copy_points)
     same = _same(prints, example_fingerprints(lab, graded)) if prints else []
     if sum(fp.weight for fp in same) >= lab.copy_weight:
         examples = example_fingerprints(lab, graded)
@@ -55,12 +60,16 @@ def examples_result(lab: Lab, prints: list[Fingerprint], graded: Path) -> CheckR
     return CheckResult(EXAMPLES_CHECK, description, "pass", lab.copy_points, lab.copy_points)
 
 
+def _ledger_proves(lab: Lab, results: list[CheckResult]) -> bool:
+    ledger_checks = {c.name for c in lab.checks if c.needs == "ledger"}
+    found = [r for r in results if r.name in ledger_checks]
+    return bool(found) and all(r.passed for r in found)
+
+
 def proven_by_ledger(lab: Lab, report: StudentReport) -> bool:
     """Every ledger check passed: the numbers are this student's own requests, so sharing them
     means someone else copied them, not this student."""
-    ledger_checks = {c.name for c in lab.checks if c.needs == "ledger"}
-    results = [r for r in report.results if r.name in ledger_checks]
-    return bool(results) and all(r.passed for r in results)
+    return _ledger_proves(lab, report.results)
 
 
 def copy_results(lab: Lab, reports: list[StudentReport]) -> None:

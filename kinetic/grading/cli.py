@@ -90,7 +90,7 @@ def grade_file(lab: Lab, path: Path, server: LiveServer | None, ledger: LedgerVi
     ctx = Context(deliverable, lab.folder, server, student_ledger)
     results = lab.run(ctx)
     prints = lab.fingerprint(ctx)
-    results.append(examples_result(lab, prints, path))
+    results.append(examples_result(lab, prints, path, results))
     student = (student_ledger.name if student_ledger is not None and student_ledger.name else None) \
         or (candidates[0] if candidates else path.stem)
     return StudentReport(student, str(path), results, deliverable.name_line() or "", prints)

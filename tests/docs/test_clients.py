@@ -61,7 +61,8 @@ def test_every_client_reads_llama_url_and_api_key() -> None:
 
 @pytest.mark.parametrize("command", [
     [sys.executable, "openai_chat.py"], [sys.executable, "anthropic_messages.py"], ["node", "fetch_chat.mjs"],
-    ["sh", "curl.sh"]], ids=lambda command: command[-1])
+    ["sh", "curl.sh"], [sys.executable, "ollama_chat.py"], [sys.executable, "openai_responses.py"]],
+    ids=lambda command: command[-1])
 def test_client_sends_api_key(command: list[str], keyed_server: KineticServer) -> None:
     """Against a server with --api-key: a wrong API_KEY is refused with 401, the right one answers."""
     command = [*command[:-1], str(CLIENTS / command[-1])]
@@ -89,6 +90,22 @@ def test_anthropic_messages(live_server: KineticServer) -> None:
     full = re.search(r"\[stop_reason=(end_turn|max_tokens) input=(\d+) output=(\d+)\]", out)
     assert full and 0 < int(full.group(3)) <= 40, out
     assert re.search(r"\[streamed: stop_reason=(end_turn|max_tokens) output=\d+\]", out), out
+
+
+def test_ollama_chat(live_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "ollama_chat.py")], live_server)
+    full = re.search(r"\[done_reason=(stop|length) prompt_eval_count=(\d+) eval_count=(\d+) \d+\.\d t/s\]", out)
+    assert full and int(full.group(2)) > 0 and 0 < int(full.group(3)) <= 40, out
+    streamed = re.search(r"\[streamed: eval_count=(\d+)\]", out)
+    assert streamed and 0 < int(streamed.group(1)) <= 40, out
+
+
+def test_openai_responses(live_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "openai_responses.py")], live_server)
+    full = re.search(r"\[status=completed input=(\d+) output=(\d+)\]", out)
+    assert full and int(full.group(1)) > 0 and 0 < int(full.group(2)) <= 40, out
+    streamed = re.search(r"\[streamed: output=(\d+)\]", out)
+    assert streamed and 0 < int(streamed.group(1)) <= 40, out
 
 
 def test_langchain_chat(live_server: KineticServer) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TABS = ("Python", "Node", "curl", "Anthropic")
+TABS = ("Python", "Node", "curl", "Anthropic", "Ollama", "Responses")
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

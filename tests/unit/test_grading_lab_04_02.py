@@ -181,3 +181,19 @@ def test_another_model_is_said_so_not_called_made_up() -> None:
 def test_checks_see_one_context_per_file() -> None:
     ctx = Context(read_deliverable(REFERENCE / "good.md"), LAB_DIR)
     assert RULES.outputs(ctx) is RULES.outputs(ctx)
+
+
+def test_example_numbers_pass_when_the_ledger_proves_them_the_students_own() -> None:
+    """On the machine the examples were made on, a fresh honest run can repeat their timings: the
+    ledger's word (every ledger check passed) outweighs the coincidence."""
+    from kinetic.grading.batch import examples_result
+    from kinetic.grading.checks import CheckResult
+
+    copied = LAB_DIR / "reference" / "broken-readme-copy.md"
+    prints = LAB.fingerprint(Context(read_deliverable(copied), LAB_DIR))
+    assert examples_result(LAB, prints, copied).status == "fail"
+    ledger_checks = [CheckResult(c.name, "", "pass", 1, 1) for c in LAB.checks if c.needs == "ledger"]
+    assert ledger_checks
+    assert examples_result(LAB, prints, copied, ledger_checks).status == "pass"
+    failed = [CheckResult(c.name, "", "fail", 0, 1) for c in LAB.checks if c.needs == "ledger"]
+    assert examples_result(LAB, prints, copied, failed).status == "fail"

@@ -1,4 +1,5 @@
-"""Building the Service of one router model: a local GGUF (chat or embedding) under the shared decode turns."""
+"""Building the Service of one router model: a local GGUF (chat or embedding) under the shared decode
+turns, or an upstream pool (upstream.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def service_factory(settings: ServerSettings):
 
     def build(spec: ModelSpec, decode_lock: DecodeLock) -> Service:
         model_settings = spec.settings or settings
+        if spec.remote:
+            from kinetic.router.upstream import upstream_service
+
+            return upstream_service(spec, model_settings, keyed=bool(settings.api_keys()))
         engine = local_engine(spec, model_settings, decode_lock, keyed=bool(settings.api_keys()))
         return Service.for_model(model_settings, engine, spec.name, spec.aliases)
 

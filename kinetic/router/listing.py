@@ -49,6 +49,9 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     body["can_remove"] = False
     if spec.remote:
         body["owned_by"] = "upstream"
+        upstream_status = getattr(service, "upstream_status", None)  # an UpstreamService's pool
+        if upstream_status is not None:
+            status["upstreams"] = upstream_status()
     return body
 
 

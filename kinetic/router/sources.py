@@ -38,19 +38,20 @@ class UpstreamSpec:
 
     url: str
     key: str | None = None
+    model: str | None = None  # the id the upstream knows the model by (default: kinetic's name)
 
     @classmethod
     def parse(cls, value: str) -> "UpstreamSpec":
-        """`URL[,key=KEY]`."""
+        """`URL[,key=KEY][,model=ID]`."""
         url, *options = [part.strip() for part in value.split(",")]
-        key = None
+        found: dict[str, str] = {}
         for option in options:
             name, _, setting = option.partition("=")
-            if name != "key":
-                raise ModelLoadError(f"upstream {value!r}: unknown option {name!r} (expected key=KEY)")
-            key = setting
+            if name not in ("key", "model"):
+                raise ModelLoadError(f"upstream {value!r}: unknown option {name!r} (expected key=KEY or model=ID)")
+            found[name] = setting
         url = url.rstrip("/")
-        return cls(url=url if url.endswith("/v1") else url + "/v1", key=key)
+        return cls(url=url if url.endswith("/v1") else url + "/v1", key=found.get("key"), model=found.get("model"))
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ class LlamaEngine:
 
     def _load_embedding_only(self, model: LoadedModel) -> None:
         """A BERT-style encoder: one pooled embedding context, no generation slots and no sampler."""
-        n_ctx = self.requested_ctx if self.requested_ctx > 0 else model.info.n_ctx_train
+        # an encoder reads at most the positions it was trained on (BERT: 512)
+        n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
         self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
                                             decode_lock=self._decode_lock)
         self.generates = False

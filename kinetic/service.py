@@ -126,7 +126,7 @@ class Service:
         """A clear 400 for a generation route sent to an embedding-only model (router mode)."""
         if not self.engine.can_generate:
             raise InvalidRequestError(f"model '{self.model_name}' is an embedding model and does not generate "
-                                      "text: use /v1/embeddings (or /embedding) with it", param="model")
+                                      "text: use /v1/embeddings with it", param="model")
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         self.require_generation()

@@ -166,7 +166,7 @@ class LlamaEngine:
         scheduler = self._scheduler
         if scheduler is None:
             raise InvalidRequestError(f"{self.model_path.name} is an embedding model: it does not generate text "
-                                      "(use /v1/embeddings or /embedding)", param="model")
+                                      "(use /v1/embeddings)", param="model")
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
-from typing import Annotated, AsyncIterator
+from typing import Annotated, AsyncIterator, Callable
 
 from fastapi import Depends, Request
 
-from kinetic.router.registry import ModelRegistry
+from kinetic.errors import InvalidRequestError, NotFoundError
+from kinetic.router.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
 from kinetic.service import Service
 
 
@@ -43,11 +44,22 @@ def autoload_override(request: Request) -> bool | None:
 
 
 @asynccontextmanager
-async def model_service(request: Request) -> AsyncIterator[Service]:
-    """The Service of the model `request` names, leased for the block."""
+async def model_service(request: Request, *, missing: str | None = None,
+                        unknown: str | None = None) -> AsyncIterator[Service]:
+    """The Service of the model `request` names, leased for the block. `missing` and `unknown`
+    (with `{name}`) reword the router's 400 and 404 in a protocol's own words."""
     registry = get_registry(request)
     name = await requested_model(request) if registry.router else None
-    entry, service = await registry.acquire(name, autoload=autoload_override(request))
+    try:
+        entry, service = await registry.acquire(name, autoload=autoload_override(request))
+    except ModelMissingError:
+        if missing is None:
+            raise
+        raise InvalidRequestError(missing, param="model") from None
+    except ModelNotFoundError as exc:
+        if unknown is None:
+            raise
+        raise NotFoundError(unknown.format(name=exc.name), param="model") from None
     try:
         yield service
     finally:
@@ -57,6 +69,16 @@ async def model_service(request: Request) -> AsyncIterator[Service]:
 async def get_service(request: Request) -> AsyncIterator[Service]:
     async with model_service(request) as service:
         yield service
+
+
+def service_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[Service]]:
+    """get_service with a protocol's own wording for a missing and an unknown model."""
+
+    async def dependency(request: Request) -> AsyncIterator[Service]:
+        async with model_service(request, missing=missing, unknown=unknown) as service:
+            yield service
+
+    return dependency
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]

@@ -41,6 +41,17 @@ class ModelState(str, Enum):
 class ModelNotFoundError(NotFoundError):
     """A `model` no entry has (router mode)."""
 
+    def __init__(self, name: str):
+        super().__init__(f"model '{name}' not found", param="model")
+        self.name = name
+
+
+class ModelMissingError(InvalidRequestError):
+    """A request without `model` (router mode)."""
+
+    def __init__(self) -> None:
+        super().__init__("model name is missing from the request", param="model")
+
 
 class ModelEntry:
     """One model of the registry: its spec, its state and, once loaded, its Service."""
@@ -111,17 +122,18 @@ class ModelRegistry:
         return next(iter(self.entries.values()))
 
     def find(self, name: str) -> ModelEntry | None:
-        return self._by_name.get(name)
+        """By id or alias; Ollama clients may add the default tag `:latest`."""
+        return self._by_name.get(name) or self._by_name.get(name.removesuffix(":latest"))
 
     def resolve(self, name: str | None) -> ModelEntry:
         """The entry a request names (single mode: the one model, whatever it names)."""
         if not self.router:
             return self.only
         if not name:
-            raise InvalidRequestError("model name is missing from the request", param="model")
+            raise ModelMissingError()
         entry = self.find(name)
         if entry is None:
-            raise ModelNotFoundError(f"model '{name}' not found", param="model")
+            raise ModelNotFoundError(name)
         return entry
 
     async def acquire(self, name: str | None, *, autoload: bool | None = None) -> tuple[ModelEntry, Service]:

@@ -515,7 +515,8 @@ class UpstreamService(Service):
     def require_embeddings(self) -> None:
         pass  # the upstream says whether it embeds
 
-    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str]) -> list[list[int]]:
+    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str], *,
+                               truncate: bool = False) -> list[list[int]]:
         """Forwards the inputs (the upstream tokenizes them) and keeps the vectors for embed(); the token
         lists returned only carry the upstream's token count, which is what the usage field reports."""
         assert isinstance(self.engine, UpstreamEngine)

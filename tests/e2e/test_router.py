@@ -122,6 +122,25 @@ def test_each_protocol_reaches_the_model_it_names(router: KineticServer) -> None
     assert httpx.get(router.url + "/props", params={"model": "chat-a"}, timeout=30).json()["model_alias"] == "chat-a"
 
 
+def test_ollama_client_reaches_both_models_by_name(router: KineticServer) -> None:
+    import ollama
+
+    client = ollama.Client(host=router.url)
+    reply = client.chat(model="chat-b:latest", messages=CHAT, options={"num_predict": 3})
+    assert reply.model == "chat-b:latest" and reply.eval_count is not None and reply.eval_count >= 1
+    embedded = client.embed(model="minilm", input=["A cat sits on the mat.", "Quarks carry colour charge."])
+    assert [len(v) for v in embedded.embeddings] == [N_EMBD_MINILM, N_EMBD_MINILM]
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="nope", messages=CHAT)
+    assert caught.value.status_code == 404 and caught.value.error == 'model "nope" not found'
+    tags = {m.model: m for m in client.list().models}
+    assert set(tags) == {"chat-a", "chat-b", "minilm"}
+    assert tags["minilm"].details is not None and tags["minilm"].details.family == "bert"
+    assert {m.model for m in client.ps().models} >= {"chat-b", "minilm"}
+    missing = httpx.post(router.url + "/api/chat", json={"messages": CHAT}, timeout=30)
+    assert missing.status_code == 400 and missing.json() == {"error": "model is required"}
+
+
 def test_two_models_streaming_at_once_both_finish(router: KineticServer) -> None:
     """Both models' decode steps take turns on the CPU (one process-wide DecodeTurns)."""
     results: dict[str, dict] = {}

@@ -93,6 +93,11 @@ def test_every_protocol_reaches_the_upstream(router: KineticServer) -> None:
     local = openai.embeddings.create(model="minilm", input=["a cat"])
     assert [len(d.embedding) for d in remote.data] == [640, 640]  # Gemma 270M's width, computed upstream
     assert len(local.data[0].embedding) == 384 and remote.usage.prompt_tokens >= 2
+    import ollama
+
+    reply = ollama.Client(host=router.url, headers=AUTH).chat(model="remote", messages=CHAT,
+                                                              options={"num_predict": 3})
+    assert reply.model == "remote" and reply.eval_count == 3 and reply.done_reason == "length"
     native = httpx.post(router.url + "/completion", headers=AUTH, timeout=60,
                         json={"model": "remote", "prompt": "Hello", "n_predict": 2}).json()
     assert native["model"] == "remote" and native["tokens_predicted"] == 2

@@ -23,7 +23,8 @@ from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, Settings
 log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
-REPEATABLE = frozenset({"upstream"})  # flags whose every occurrence counts (the others: the last wins)
+REPEATABLE = frozenset({"upstream"})
+HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args  # flags whose every occurrence counts (the others: the last wins)
 
 
 def build_serve_parser(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +97,7 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
     """
     scanned = ServeArgs()
     positional: list[str] = []
-    models: list[list[str | None]] = []  # every -m with the -a that follows it
+    models: list[list[str | None]] = []  # every -m (a path) and -hf ("hf:" REPO) with the -a that follows it
     alias_first: str | None = None  # an -a given before any -m
     index = 0
     while index < len(argv):
@@ -140,6 +141,8 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
             scanned.values[flag.dest] = (name, values[0])
             if flag.dest == "model":
                 models.append([values[0], None])
+            elif flag.dest == "hf_repo":
+                models.append([HF_PREFIX + values[0], None])
             elif flag.dest == "alias" and models:
                 models[-1][1] = values[0]
             elif flag.dest == "alias":
@@ -149,7 +152,7 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
     if positional:
         scanned.values["model"] = ("MODEL", positional[0])
         models.insert(0, [positional[0], None])
-    if len(models) > 1:  # router mode: each -m is its own model, named by its -a (else by its file stem)
+    if len(models) > 1:  # router mode: each -m/-hf is its own model, named by its -a (else file stem, repo)
         if models[0][1] is None:
             models[0][1] = alias_first
         scanned.values["model_args"] = ("-m", tuple((path, alias) for path, alias in models))

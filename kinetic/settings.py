@@ -77,7 +77,7 @@ FLAGS: tuple[Flag, ...] = (
          metavar="TOKEN"),
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only"),
     Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id); "
-         "with several -m, each -a names the -m it follows", metavar="NAME"),
+         "with several -m/-hf, each -a names the one it follows", metavar="NAME"),
     Flag("models_dir", ("--models-dir",), "router mode: serve every GGUF under this folder, named by file stem",
          metavar="PATH"),
     Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model", metavar="PATH"),
@@ -281,7 +281,7 @@ class ServerSettings(BaseSettings):
 
     @property
     def router_mode(self) -> bool:
-        """Several models at one address: a models folder, a preset file, upstreams, or more than one -m."""
+        """Several models at one address: a models folder, a preset file, upstreams, or more than one -m/-hf."""
         return bool(self.models_dir or self.models_preset or self.upstream or len(self.model_args) > 1)
 
     @field_validator("chat_template_file", "api_key_file", "models_preset")

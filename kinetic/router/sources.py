@@ -29,6 +29,7 @@ STARTUP_KEYS = frozenset({"load-on-startup"})
 PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
                        "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
                        "embeddings", "hf_file", "fair_share", "max_in_flight"})
+HF_PREFIX = "hf:"  # kinetic.cli's mark for a -hf entry of ServerSettings.model_args
 ENV_TO_FLAG = {env.lower(): flag for flag in FLAGS for env in flag.env_names}
 
 
@@ -88,10 +89,14 @@ def gguf_stem(path: Path) -> str:
 
 def from_model_args(settings: ServerSettings) -> list[ModelSpec]:
     specs = []
-    for path, alias in settings.model_args:
+    for source, alias in settings.model_args:
         aliases = split_aliases(alias)
-        specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(Path(path)), aliases=aliases,
-                               path=Path(path).expanduser(), source="cli"))
+        if source.startswith(HF_PREFIX):  # -hf REPO[:QUANT]
+            repo = source[len(HF_PREFIX):]
+            specs.append(ModelSpec(name=aliases[0] if aliases else repo, aliases=aliases, hf_repo=repo))
+            continue
+        specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(Path(source)), aliases=aliases,
+                               path=Path(source).expanduser(), source="cli"))
     if not specs and (settings.model or settings.hf_repo):  # one model named the usual way, beside others
         aliases = split_aliases(settings.alias)
         if settings.model:

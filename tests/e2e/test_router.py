@@ -217,6 +217,24 @@ def test_models_dir_and_preset(model_lock: None, minilm_path: str, tmp_path) -> 
     assert "[tiny-ctx] n-gpu-layers" in server.log()  # a llama-server key kinetic ignores is named
 
 
+def test_hf_repo_beside_a_local_file(model_lock: None, minilm_path: str, tmp_path) -> None:
+    """`-hf REPO -a NAME` and `-m PATH -a NAME` in one router; the repo resolves from the hub cache."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-gemma-GGUF"
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision / "tiny-gemma-Q4_K_M.gguf").symlink_to(bundled_model_path())
+    env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    with KineticServer("-hf", "test-org/tiny-gemma-GGUF", "-a", "hf-chat", "-m", minilm_path, "-a", "minilm",
+                       "-c", "1024", "-np", "1", env=env) as server:
+        chat = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                          json={"model": "hf-chat", "messages": CHAT, "max_tokens": 2}).json()
+        assert chat["model"] == "hf-chat" and chat["usage"]["completion_tokens"] >= 1
+        props = httpx.get(server.url + "/props", params={"model": "hf-chat"}, timeout=30).json()
+        assert props["model_path"].endswith("tiny-gemma-Q4_K_M.gguf")
+
+
 def test_single_model_server_ignores_model_and_has_no_load_routes(live_server: KineticServer) -> None:
     body = {"model": "anything-at-all", "messages": CHAT, "max_tokens": 2}
     assert httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200

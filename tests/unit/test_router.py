@@ -42,6 +42,13 @@ def test_each_a_names_the_m_it_follows() -> None:
     assert [(spec.name, spec.aliases) for spec in specs] == [("first", ("first",)), ("bee", ("bee",)), ("c", ())]
 
 
+def test_hf_repos_mix_with_paths() -> None:
+    s = parse_serve_args(["-hf", "org/chat-GGUF:Q8_0", "-a", "chat", "-m", "e.gguf", "-hf", "org/other"], environ={})
+    specs, _ = model_specs(s)
+    assert [(spec.name, spec.hf_repo, spec.path) for spec in specs] == [
+        ("chat", "org/chat-GGUF:Q8_0", None), ("e", None, Path("e.gguf")), ("org/other", "org/other", None)]
+
+
 def test_one_model_keeps_todays_mode() -> None:
     s = parse_serve_args(["-m", "a.gguf", "-a", "x"], environ={})
     assert not s.router_mode and s.model == "a.gguf" and s.alias == "x" and s.model_args == ()

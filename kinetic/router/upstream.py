@@ -168,17 +168,20 @@ class UpstreamEngine:
         return self.info
 
     # no tokenizer: the upstream tokenizes
+    def _no_tokenizer(self) -> NotSupportedError:
+        return NotSupportedError(f"model '{self.pool.name}' is served by an upstream server: kinetic has no "
+                                 "tokenizer for it")
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        raise NotSupportedError(f"model '{self.pool.name}' is served by an upstream server: kinetic has no "
-                                "tokenizer for it")
+        raise self._no_tokenizer()
 
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
-        if not tokens:
-            return ""
-        return self.tokenize("")  # type: ignore[return-value]  (raises NotSupportedError)
+        if tokens:
+            raise self._no_tokenizer()
+        return ""  # a forwarded request's empty token prompt (the native /completion route echoes it)
 
     def token_piece(self, token: int, *, special: bool = False) -> bytes:
-        raise NotSupportedError("no tokenizer for an upstream model")
+        raise self._no_tokenizer()
 
     def valid_token(self, token: int) -> bool:
         return False

@@ -13,8 +13,9 @@ the ledger.
 
 Several upstreams under one name form a pool: each request goes to the healthy member with the
 fewest requests outstanding; a member that refuses connections or answers 5xx before the first byte
-is taken out of rotation and the request tried on the next one; a member out of rotation is probed
-(GET /models) again every few seconds and comes back when it answers.
+is taken out of rotation and the request tried on the next one. Every member is probed (GET /models)
+every 10 seconds, and one out of rotation also when a request comes 3 seconds or more after it
+failed; it comes back when it answers.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from kinetic.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 RETRY_DOWN_AFTER_S = 3.0  # a member out of rotation is probed again after this long
+HEALTH_INTERVAL_S = 10.0  # every member is probed this often while the server runs
 PROBE_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0  # a long generation may pause between chunks while the upstream is busy
@@ -81,6 +83,22 @@ class UpstreamPool:
         self.name = name
         self.members = [Member(spec) for spec in specs]
         self._client: httpx.AsyncClient | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def watch(self) -> None:
+        """Starts the periodic health check (from the event loop, on first use)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            await asyncio.gather(*(self._probe(m) for m in self.members))
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -120,6 +138,7 @@ class UpstreamPool:
 
     async def candidates(self) -> list[Member]:
         """Healthy members, fewest outstanding first; members down long enough are probed first."""
+        self.watch()
         down = [m for m in self.members if not m.healthy]
         due = [m for m in down if time.monotonic() - m.down_since >= RETRY_DOWN_AFTER_S]
         if len(down) == len(self.members):
@@ -161,6 +180,7 @@ class UpstreamEngine:
 
     def close(self) -> None:
         self._loaded = False
+        self.pool.stop_watching()
 
     def require_ready(self) -> ModelInfo:
         if not self._loaded:

@@ -4,10 +4,12 @@ turns, the registry's resolution, LRU unloading and load failures, and the upstr
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolSpec
@@ -16,7 +18,8 @@ from kinetic.engine.turns import DecodeTurns
 from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
-from kinetic.router.upstream import chat_body
+from kinetic.engine.types import Timings, Usage
+from kinetic.router.upstream import chat_body, read_events, upstream_error
 from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
@@ -215,3 +218,34 @@ def test_chat_request_becomes_an_openai_body() -> None:
                     "temperature": 0.2, "top_k": 5}
     with pytest.raises(NotSupportedError, match="tools"):
         chat_body(ChatRequest(messages=req.messages, tools=(ToolSpec(name="f"),)), "m", ServerSettings())
+
+
+def sse(*chunks: dict) -> httpx.Response:
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return httpx.Response(200, content=body.encode())
+
+
+def test_upstream_stream_becomes_engine_events() -> None:
+    async def events(response: httpx.Response) -> list:
+        return [event async for event in read_events(response, is_chat=True)]
+
+    got = asyncio.run(events(sse(
+        {"choices": [{"delta": {"reasoning_content": "think"}}]},
+        {"choices": [{"delta": {"content": "Hi"}}]},
+        {"choices": [{"delta": {}, "finish_reason": "length"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}},
+         "timings": {"cache_n": 3, "prompt_n": 2, "prompt_ms": 4.0, "predicted_n": 2, "predicted_ms": 10.0}})))
+    *deltas, finished = got
+    assert [d.text for d in deltas] == ["<think>think", "</think>Hi"]  # split again by the answer parser
+    assert finished.finish_reason == "length" and finished.usage == Usage(5, 2, 3)
+    assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
+    with pytest.raises(NotSupportedError, match="tool call"):
+        asyncio.run(events(sse({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})))
+    with pytest.raises(ServerError, match="upstream: boom"):
+        asyncio.run(events(sse({"error": {"message": "boom"}})))
+
+
+def test_upstream_4xx_keeps_its_kind_and_message() -> None:
+    err = upstream_error(400, b'{"error": {"message": "bad temperature"}}')
+    assert isinstance(err, InvalidRequestError) and err.message == "upstream: bad temperature"
+    assert isinstance(upstream_error(404, b"no such model"), NotFoundError)

@@ -1,6 +1,6 @@
 """What every protocol adapter shares: the engine, the chat layer, the served name and defaults.
 
-Built once by the app's lifespan and kept on `app.state.service`. The `prepare_*` methods run
+Built by the model registry (kinetic/router/registry.py), one per model: the `prepare_*` methods run
 the chat layer's CPU work (templates, tokenizer, grammars) in a worker thread, so a request with
 a large schema never stalls the streams other clients are reading.
 """

@@ -352,6 +352,7 @@ OTHER_KINETIC_VARIABLES = frozenset({
     "KINETIC_CACHE_DIR",  # kinetic.models.cache_dir(): where the bundled model is assembled
     "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
     "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
+    "KINETIC_TEST_MODELS",  # tests: where the router tests' embedding GGUF is cached
 })
 
 

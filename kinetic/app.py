@@ -35,6 +35,7 @@ from kinetic.protocols.ollama.routes import router as ollama_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
 from kinetic.protocols.responses.routes import router as responses_router
+from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.service import Service
 from kinetic.streaming import ClientDisconnected
 
@@ -77,10 +78,10 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 class RequestGate:
     """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
 
-    def __init__(self, app: ASGIApp, *, service: Service, keys: KeyRing, cors_origins: str,
+    def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, cors_origins: str,
                  body_timeout: float):
         self.app = app
-        self.service = service
+        self.registry = registry
         self.keys = keys
         self.cors_origins = cors_origins
         self.body_timeout = body_timeout
@@ -124,7 +125,7 @@ class RequestGate:
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": CORS_METHODS,
                 "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
-        elif not self.service.ready:
+        elif not self.registry.ready:
             response = error_response(path, UnavailableError("Loading model"))
         elif self.keys and path not in PUBLIC_PATHS and client_name is None:
             response = error_response(path, UnauthorizedError("Invalid API Key"))
@@ -176,19 +177,36 @@ def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:
 
 
 def create_app(
-    service: Service,
+    models: Service | ModelRegistry,
     *,
     on_ready: Callable[[], None] | None = None,
     on_load_failure: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """The app for one Service. The model loads in the background; until then every route is 503."""
+    """The app for one Service (loaded in the background; until then every route is 503), or for a
+    router's registry (ready at once; its models load on demand)."""
+    registry = models if isinstance(models, ModelRegistry) else ModelRegistry.single(models)
+    settings = registry.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if registry.router:
+            if on_ready is not None:
+                on_ready()
+            startup = asyncio.create_task(registry.load_on_startup())
+            try:
+                yield
+            finally:
+                startup.cancel()
+                registry.close()
+            return
+        service = registry.only.service
+        assert service is not None
+
         async def load() -> None:
             try:
                 await asyncio.to_thread(service.engine.load)
                 service.on_model_loaded()
+                registry.only.state = ModelState.LOADED
                 log.info("model loaded: %s (%s), %d slot(s) of %d tokens, chat template %s",
                          service.model_name, service.info.ftype, service.engine.n_slots,
                          service.engine.slot_n_ctx, service.template.origin if service.template else "-")
@@ -207,7 +225,7 @@ def create_app(
             service.engine.close()
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.service = service
+    app.state.registry = registry
     app.state.load_error = None
 
     @app.exception_handler(KineticError)
@@ -245,10 +263,10 @@ def create_app(
     app.include_router(responses_router)
     app.include_router(ollama_router)
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
-    keys = service.settings.key_ring()
-    app.add_middleware(RequestGate, service=service, keys=keys,
-                       cors_origins=service.settings.cors_origins, body_timeout=service.settings.body_timeout)
-    if service.settings.ledger:  # added last: outermost, so it also records the gate's 401s
-        writer = LedgerWriter(service.settings.ledger, content=service.settings.ledger_content)
+    keys = settings.key_ring()
+    app.add_middleware(RequestGate, registry=registry, keys=keys,
+                       cors_origins=settings.cors_origins, body_timeout=settings.body_timeout)
+    if settings.ledger:  # added last: outermost, so it also records the gate's 401s
+        writer = LedgerWriter(settings.ledger, content=settings.ledger_content)
         app.add_middleware(LedgerMiddleware, writer=writer, keyed=bool(keys))
     return app

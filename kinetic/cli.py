@@ -23,6 +23,8 @@ from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, Settings
 log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
+REPEATABLE = frozenset({"upstream"})
+HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args  # flags whose every occurrence counts (the others: the last wins)
 
 
 def build_serve_parser(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +97,8 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
     """
     scanned = ServeArgs()
     positional: list[str] = []
+    models: list[list[str | None]] = []  # every -m (a path) and -hf ("hf:" REPO) with the -a that follows it
+    alias_first: str | None = None  # an -a given before any -m
     index = 0
     while index < len(argv):
         token = argv[index]
@@ -131,12 +135,27 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
                 scanned.ignored.append(name)
         elif flag.is_switch:
             scanned.values[flag.dest] = (name, name not in flag.negations)
+        elif flag.dest in REPEATABLE:
+            scanned.values[flag.dest] = (name, [*scanned.values.get(flag.dest, (name, []))[1], values[0]])
         else:
             scanned.values[flag.dest] = (name, values[0])
+            if flag.dest == "model":
+                models.append([values[0], None])
+            elif flag.dest == "hf_repo":
+                models.append([HF_PREFIX + values[0], None])
+            elif flag.dest == "alias" and models:
+                models[-1][1] = values[0]
+            elif flag.dest == "alias":
+                alias_first = values[0]
     if len(positional) > 1:
         raise SettingsError(f"unexpected argument(s): {' '.join(positional[1:])} (only one model path is taken)")
     if positional:
         scanned.values["model"] = ("MODEL", positional[0])
+        models.insert(0, [positional[0], None])
+    if len(models) > 1:  # router mode: each -m/-hf is its own model, named by its -a (else file stem, repo)
+        if models[0][1] is None:
+            models[0][1] = alias_first
+        scanned.values["model_args"] = ("-m", tuple((path, alias) for path, alias in models))
     return scanned
 
 
@@ -179,9 +198,6 @@ def serve(settings: ServerSettings) -> int:
     import uvicorn
 
     from kinetic.app import create_app, error_response
-    from kinetic.engine.llama import LlamaEngine
-    from kinetic.models import resolve_model
-    from kinetic.service import Service
     from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
@@ -191,10 +207,10 @@ def serve(settings: ServerSettings) -> int:
             "a llama-server variable kinetic does not implement"
         print(f"warning: {name} is {what}; ignored", file=sys.stderr)
     try:
-        resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
-                                 token=settings.hf_token)
-        if resolved.note:
-            print(f"warning: {resolved.note}", file=sys.stderr)
+        if settings.router_mode:
+            models, loading = router_registry(settings)
+        else:
+            models, loading = single_service(settings)
         settings.api_keys()  # an unreadable --api-key-file should stop us now, not on the first request
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -211,14 +227,6 @@ def serve(settings: ServerSettings) -> int:
         except OSError as exc:
             print(f"error: cannot write the ledger {settings.ledger}: {exc.strerror}", file=sys.stderr)
             return 1
-    keyed = bool(settings.api_keys())
-    engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
-                         n_threads=settings.threads, n_batch=settings.batch_size,
-                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
-                         fair_share=settings.fair_share,
-                         max_in_flight_per_client=settings.max_in_flight if keyed else 0,
-                         verbose=settings.verbose)
-    service = Service.create(settings, engine, resolved.name)
     config_holder: dict[str, uvicorn.Server] = {}
 
     def stop_on_load_failure(exc: BaseException) -> None:
@@ -236,7 +244,7 @@ def serve(settings: ServerSettings) -> int:
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
         print(f"listening on http://{shown_host}:{port}", flush=True)
 
-    app = create_app(service, on_ready=announce, on_load_failure=stop_on_load_failure)
+    app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
     config = TransportConfig(app, limits=limits, error_response=error_response,
@@ -244,13 +252,46 @@ def serve(settings: ServerSettings) -> int:
                              timeout_keep_alive=30, server_header=False)
     server = uvicorn.Server(config)
     config_holder["server"] = server
-    print(f"kinetic {__version__}: loading {resolved.path} (http://{shown_host}:{port} answers 503 until ready)",
-          file=sys.stderr, flush=True)
+    print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if app.state.load_error is not None:
         print(f"error: {app.state.load_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def single_service(settings: ServerSettings) -> tuple[Any, str]:
+    """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
+    from kinetic.engine.llama import LlamaEngine
+    from kinetic.models import resolve_model
+    from kinetic.service import Service
+
+    resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
+                             token=settings.hf_token)
+    if resolved.note:
+        print(f"warning: {resolved.note}", file=sys.stderr)
+    keyed = bool(settings.api_keys())
+    engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
+                         n_threads=settings.threads, n_batch=settings.batch_size,
+                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
+                         fair_share=settings.fair_share,
+                         max_in_flight_per_client=settings.max_in_flight if keyed else 0,
+                         verbose=settings.verbose)
+    return Service.create(settings, engine, resolved.name), f"loading {resolved.path} (answers 503 until ready)"
+
+
+def router_registry(settings: ServerSettings) -> tuple[Any, str]:
+    """Router mode: every model of the command line, folder and preset, loaded on demand."""
+    from kinetic.router.factory import service_factory
+    from kinetic.router.registry import ModelRegistry
+    from kinetic.router.sources import model_specs
+
+    specs, ignored = model_specs(settings)
+    for key in ignored:
+        print(f"warning: preset key {key} is not a per-model setting kinetic implements; ignored", file=sys.stderr)
+    names = ", ".join(spec.name for spec in specs)
+    return (ModelRegistry(settings, specs, service_factory(settings), router=True),
+            f"router mode, {len(specs)} model(s): {names}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

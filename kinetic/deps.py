@@ -1,20 +1,85 @@
-"""FastAPI dependencies: the shared Service, read from app.state (no module-level state)."""
+"""FastAPI dependencies: the Service a request is for, resolved through the model registry on app.state.
+
+In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
+llama-server's native routes take it); with one model it is ignored. The dependency holds a lease on
+the model until the request is done, so that an LRU unload never takes it away mid-request.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from contextlib import asynccontextmanager
+from typing import Annotated, AsyncIterator, Callable
 
 from fastapi import Depends, Request
 
-from kinetic.errors import UnavailableError
+from kinetic.errors import InvalidRequestError, NotFoundError
+from kinetic.router.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
 from kinetic.service import Service
 
 
-def get_service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    if not service.ready:
-        raise UnavailableError("Loading model")
-    return service
+def get_registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
+
+
+async def requested_model(request: Request) -> str | None:
+    """The model a request names: `?model=`, else the JSON body's `model` (the body is read once and
+    kept by Starlette, so the route's own body parsing reads the same bytes)."""
+    if name := request.query_params.get("model"):
+        return name
+    if request.method != "POST":
+        return None
+    try:
+        body = json.loads(await request.body() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # the route's validation answers the bad body
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def autoload_override(request: Request) -> bool | None:
+    """llama-server's `?autoload=true|false`, which overrides --models-autoload for one request."""
+    value = request.query_params.get("autoload")
+    return None if value is None else value.lower() in ("1", "true", "on", "yes")
+
+
+@asynccontextmanager
+async def model_service(request: Request, *, missing: str | None = None,
+                        unknown: str | None = None) -> AsyncIterator[Service]:
+    """The Service of the model `request` names, leased for the block. `missing` and `unknown`
+    (with `{name}`) reword the router's 400 and 404 in a protocol's own words."""
+    registry = get_registry(request)
+    name = await requested_model(request) if registry.router else None
+    try:
+        entry, service = await registry.acquire(name, autoload=autoload_override(request))
+    except ModelMissingError:
+        if missing is None:
+            raise
+        raise InvalidRequestError(missing, param="model") from None
+    except ModelNotFoundError as exc:
+        if unknown is None:
+            raise
+        raise NotFoundError(unknown.format(name=exc.name), param="model") from None
+    try:
+        yield service
+    finally:
+        registry.release(entry)
+
+
+async def get_service(request: Request) -> AsyncIterator[Service]:
+    async with model_service(request) as service:
+        yield service
+
+
+def service_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[Service]]:
+    """get_service with a protocol's own wording for a missing and an unknown model."""
+
+    async def dependency(request: Request) -> AsyncIterator[Service]:
+        async with model_service(request, missing=missing, unknown=unknown) as service:
+            yield service
+
+    return dependency
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]

@@ -1,6 +1,6 @@
 """What every protocol adapter shares: the engine, the chat layer, the served name and defaults.
 
-Built once by the app's lifespan and kept on `app.state.service`. The `prepare_*` methods run
+Built by the model registry (kinetic/router/registry.py), one per model: the `prepare_*` methods run
 the chat layer's CPU work (templates, tokenizer, grammars) in a worker thread, so a request with
 a large schema never stalls the streams other clients are reading.
 """
@@ -25,7 +25,7 @@ from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import ChatRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
-from kinetic.errors import NotSupportedError
+from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.settings import ServerSettings
 
 
@@ -70,6 +70,12 @@ class Service:
         kwargs = json.loads(settings.chat_template_kwargs) if settings.chat_template_kwargs else {}
         return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
                    default_template_kwargs=kwargs)
+
+    @classmethod
+    def for_model(cls, settings: ServerSettings, engine: Engine, name: str, aliases: tuple[str, ...]) -> "Service":
+        """One model of a router, named by the registry (its -a, preset section or file stem)."""
+        return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
+                   default_template_kwargs=settings.template_kwargs())
 
     def on_model_loaded(self) -> None:
         info = self.info
@@ -116,11 +122,19 @@ class Service:
 
     # ------------------------------------------------ chat-layer work, off the event loop
 
+    def require_generation(self) -> None:
+        """A clear 400 for a generation route sent to an embedding-only model (router mode)."""
+        if not self.engine.can_generate:
+            raise InvalidRequestError(f"model '{self.model_name}' is an embedding model and does not generate "
+                                      "text: use /v1/embeddings with it", param="model")
+
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        self.require_generation()
         generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
         return replace(generation, client=CLIENT.get()), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        self.require_generation()
         generation = await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
         return replace(generation, client=CLIENT.get())
 

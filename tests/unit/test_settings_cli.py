@@ -33,7 +33,7 @@ def test_implemented_flag_reads_like_llama_server(flag) -> None:
 
 
 def test_every_setting_has_one_flag() -> None:
-    fields = set(ServerSettings.model_fields) - {"ignored_flags", "ignored_env"}
+    fields = set(ServerSettings.model_fields) - {"model_args", "ignored_flags", "ignored_env"}
     assert fields == {flag.dest for flag in FLAGS}
     assert len(FLAGS_BY_SPELLING) == sum(len(f.names) + len(f.negations) for f in FLAGS)
 
@@ -182,7 +182,7 @@ def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in FLAGS:
         assert flag.names[0] in out and flag.kinetic_env in out
     assert "-ngl" in out and "accepted" in out and "ignored" in out  # the other flags are mentioned...
-    assert "--override-kv" not in out and len(out.splitlines()) < 150  # ...but not listed one by one
+    assert "--override-kv" not in out and len(out.splitlines()) < 180  # ...but not listed one by one (300+)
     assert len(llama_server_flags()) > 200
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import llama_cpp
 from llama_cpp import _internals
 
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.turns import DecodeLock
 from kinetic.errors import ServerError
 
 MAX_EMBEDDING_CTX = 2048
@@ -18,7 +17,7 @@ class EmbeddingContext:
     """A second context with pooling on. `decode_lock` is the generation context's: the two never
     decode at the same time (llama.cpp's threads spin; two decodes at once crawl)."""
 
-    def __init__(self, model: LoadedModel, *, n_ctx: int, n_threads: int, decode_lock: threading.Lock):
+    def __init__(self, model: LoadedModel, *, n_ctx: int, n_threads: int, decode_lock: DecodeLock):
         self.model = model
         self.decode_lock = decode_lock
         params = llama_cpp.llama_context_default_params()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler
+from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotState
 from kinetic.errors import (
     ContextOverflowError,
@@ -36,6 +36,18 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# Encoder architectures llama.cpp runs for embeddings only (no causal decoder to sample from).
+ENCODER_ARCHITECTURES = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
+                                   "modern-bert", "neo-bert", "eurobert"})
+
+
+def is_embedding_only(model: LoadedModel) -> bool:
+    """A BERT-style embedding GGUF: an encoder architecture, or one that declares non-causal attention."""
+    info = model.info
+    causal = info.metadata.get(f"{info.architecture}.attention.causal")
+    return info.architecture in ENCODER_ARCHITECTURES or str(causal).lower() == "false"
+
+
 class LlamaEngine:
     """One GGUF served from N slots of one llama.cpp context (see scheduler.py for the decode loop)."""
 
@@ -52,6 +64,7 @@ class LlamaEngine:
         fair_share: bool = True,
         max_in_flight_per_client: int = 0,
         verbose: bool = False,
+        decode_lock: DecodeLock | None = None,
     ):
         self.model_path = model_path
         self.requested_ctx = n_ctx
@@ -68,17 +81,22 @@ class LlamaEngine:
         self._model: LoadedModel | None = None
         self._scheduler: Scheduler | None = None
         self._embeddings: EmbeddingContext | None = None
-        # Generation steps and embedding decodes take turns on the CPU.
-        self._decode_lock = threading.Lock()
+        self.generates = True  # False once load() finds an embedding-only (encoder) model
+        # Generation steps and embedding decodes take turns on the CPU; in router mode every model's
+        # engine gets the same DecodeTurns, so two models never decode at once either.
+        self._decode_lock: DecodeLock = decode_lock if decode_lock is not None else DecodeTurns()
 
     # ---------------------------------------------------------------- lifecycle
 
     @property
     def ready(self) -> bool:
-        return self._scheduler is not None
+        return self._scheduler is not None or self._embeddings is not None
 
     def load(self) -> None:
         model = LoadedModel(self.model_path, verbose=self.verbose)
+        if is_embedding_only(model):
+            self._load_embedding_only(model)
+            return
         total_ctx = self.requested_ctx if self.requested_ctx > 0 else model.info.n_ctx_train
         try:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
@@ -96,15 +114,30 @@ class LlamaEngine:
         self.slot_n_ctx = scheduler.slot_n_ctx
         self._scheduler = scheduler
 
+    def _load_embedding_only(self, model: LoadedModel) -> None:
+        """A BERT-style encoder: one pooled embedding context, no generation slots and no sampler."""
+        # an encoder reads at most the positions it was trained on (BERT: 512)
+        n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
+        self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
+                                            decode_lock=self._decode_lock)
+        self.generates = False
+        self.n_slots = 0
+        self.slot_n_ctx = self._embeddings.n_ctx
+        self._model = model
+
     def close(self) -> None:
+        """Stops the decode thread and lets llama.cpp free the contexts and weights (an LRU unload)."""
         if self._scheduler is not None:
             self._scheduler.close()
+        self._scheduler = None
+        self._embeddings = None
+        self._model = None
 
     def require_ready(self) -> ModelInfo:
         return self._require_model().info
 
     def _require_model(self) -> LoadedModel:
-        if self._model is None or self._scheduler is None:
+        if self._model is None or not self.ready:
             raise UnavailableError("Loading model")
         return self._model
 
@@ -126,12 +159,14 @@ class LlamaEngine:
 
     @property
     def can_generate(self) -> bool:
-        return True
+        return self.generates
 
     async def submit(self, request: GenerationRequest) -> Generation:
         model = self._require_model()
         scheduler = self._scheduler
-        assert scheduler is not None
+        if scheduler is None:
+            raise InvalidRequestError(f"{self.model_path.name} is an embedding model: it does not generate text "
+                                      "(use /v1/embeddings)", param="model")
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")

@@ -28,6 +28,7 @@ from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import Sampler, token_logprob
 from kinetic.engine.text import TextAssembler
 from kinetic.engine.types import (
@@ -98,7 +99,7 @@ class Scheduler:
     """Owns the generation context, its slots, the waiting queue and the decode thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
-                 n_batch: int, n_ubatch: int, decode_lock: threading.Lock, fair: bool = True,
+                 n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
                  max_in_flight: int = 0, share_prefixes: bool = True):
         self.model = model
         params = llama_cpp.llama_context_default_params()

@@ -10,30 +10,62 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from kinetic.deps import ServiceDep
-from kinetic.errors import NotSupportedError, UnavailableError
+from kinetic import __version__
+from kinetic.deps import RegistryDep, ServiceDep, model_service
+from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.llamacpp import translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ModelActionRequest,
     TokenizeRequest,
 )
+from kinetic.router.registry import ModelState
 from kinetic.protocols.common import translate as common
 from kinetic.streaming import respond
 
 router = APIRouter()
+BUILD_INFO = f"b{__version__}-kinetic"
 
 
 @router.get("/health")
 @router.get("/v1/health")
-async def health(service: ServiceDep) -> dict[str, str]:
-    return {"status": "ok"}
+async def health() -> dict[str, str]:
+    return {"status": "ok"}  # the gate answers 503 while the (single) model loads
 
 
 @router.get("/props")
-async def get_props(service: ServiceDep) -> dict[str, Any]:
-    return translate.props(service)
+async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
+    if registry.router and not request.query_params.get("model"):
+        return translate.router_props(max_instances=registry.settings.models_max,
+                                      autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
+    async with model_service(request) as service:
+        return translate.props(service)
+
+
+@router.post("/models/load")
+async def load_model(body: ModelActionRequest, registry: RegistryDep) -> dict[str, bool]:
+    entry = registry.find(body.model) if registry.router else None
+    if entry is None:
+        raise NotFoundError("model is not found" if registry.router else "File Not Found", param="model")
+    if entry.state is not ModelState.UNLOADED:
+        raise InvalidRequestError("model is already running", param="model")
+    await registry.load(entry)
+    return {"success": True}
+
+
+@router.post("/models/unload")
+async def unload_model(body: ModelActionRequest, registry: RegistryDep) -> dict[str, bool]:
+    if not registry.router:
+        raise NotFoundError("File Not Found")
+    entry = registry.find(body.model)
+    if entry is None:
+        raise InvalidRequestError("model is not found", param="model")
+    if entry.state is not ModelState.LOADED:
+        raise InvalidRequestError("model is not running", param="model")
+    await registry.unload(entry)
+    return {"success": True}
 
 
 @router.get("/slots")

@@ -100,6 +100,14 @@ class NativeEncoder:
         return [sse_data(error_body(err))]
 
 
+def router_props(*, max_instances: int, autoload: bool, build_info: str) -> dict[str, Any]:
+    """GET /props of a router asked for no model in particular (llama-server's router answer)."""
+    return {"role": "router", "max_instances": max_instances, "models_autoload": autoload,
+            "model_alias": "kinetic", "model_path": "none",
+            "default_generation_settings": {"params": {}, "n_ctx": 0}, "build_info": build_info,
+            "cors_proxy_enabled": False}
+
+
 def props(service: Service) -> dict[str, Any]:
     engine = service.engine
     info = service.info

@@ -30,3 +30,9 @@ class ApplyTemplateRequest(WireModel):
     tools: list[Tool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+
+
+class ModelActionRequest(WireModel):
+    """POST /models/load and /models/unload (router mode)."""
+
+    model: str

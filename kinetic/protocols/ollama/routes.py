@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from kinetic.chat.types import PreparedChat
-from kinetic.deps import ServiceDep
+from kinetic.deps import RegistryDep, service_dependency
+from kinetic.router.registry import ModelEntry
 from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
@@ -22,26 +23,40 @@ router = APIRouter()
 NDJSON = "application/x-ndjson"
 
 
+# In router mode the body's `model` picks the model; Ollama's own words when it is missing or unknown.
+ServiceDep = Annotated[Service, Depends(service_dependency(missing="model is required",
+                                                           unknown='model "{name}" not found'))]
+
+
 def served(service: Service) -> translate.ServedModel:
     template = service.template
     return translate.ServedModel(name=service.model_name, aliases=service.aliases,
                                  thinks=template is not None and template.thinks, n_ctx=service.engine.slot_n_ctx,
-                                 embeddings=service.engine.embedding_n_ctx > 0)
+                                 embeddings=service.engine.embedding_n_ctx > 0,
+                                 generates=service.engine.can_generate)
+
+
+def loaded(entry: ModelEntry) -> Service | None:
+    return entry.service if entry.service is not None and entry.service.ready else None
 
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
-async def version(service: ServiceDep) -> dict[str, str]:
+async def version() -> dict[str, str]:
     return {"version": translate.OLLAMA_VERSION}
 
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
-async def tags(service: ServiceDep) -> dict[str, Any]:
-    return translate.tags(served(service), service.info, await service.model_file())
+async def tags(registry: RegistryDep) -> dict[str, Any]:
+    """Every model (a router's unloaded ones by name only)."""
+    return {"models": [translate.model_entry(served(s), s.info, await s.model_file()) if (s := loaded(e))
+                       else translate.unloaded_entry(e.name) for e in registry.entries.values()]}
 
 
 @router.get("/api/ps")
-async def ps(service: ServiceDep) -> dict[str, Any]:
-    return translate.ps(served(service), service.info, await service.model_file())
+async def ps(registry: RegistryDep) -> dict[str, Any]:
+    """The models loaded now."""
+    return {"models": [translate.ps_entry(served(s), s.info, await s.model_file())
+                       for e in registry.entries.values() if (s := loaded(e))]}
 
 
 @router.post("/api/show")

@@ -70,6 +70,7 @@ class ServedModel:
     thinks: bool  # the chat template has a reasoning block
     n_ctx: int  # one slot's context, the most a request can use
     embeddings: bool = False
+    generates: bool = True  # False: an embedding-only model (router mode)
 
 
 class ModelFile(Protocol):
@@ -118,6 +119,8 @@ def details(info: ModelInfo) -> dict[str, Any]:
 
 
 def capabilities(served: ServedModel) -> list[str]:
+    if not served.generates:
+        return ["embedding"]
     found = ["completion", "tools"]
     if served.thinks:
         found.append("thinking")
@@ -136,10 +139,21 @@ def tags(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any
     return {"models": [model_entry(served, info, file)]}
 
 
-def ps(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any]:
+def unloaded_entry(name: str) -> dict[str, Any]:
+    """A router's model that is not loaded: /api/tags lists it by name (its facts come with loading)."""
+    return {"name": name, "model": name, "modified_at": timestamp(0), "size": 0, "digest": "",
+            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [], "parameter_size": "",
+                        "quantization_level": ""}, "capabilities": []}
+
+
+def ps_entry(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any]:
     entry = {key: value for key, value in model_entry(served, info, file).items()
              if key not in ("modified_at", "capabilities")}
-    return {"models": [{**entry, "expires_at": NEVER_EXPIRES, "size_vram": 0, "context_length": served.n_ctx}]}
+    return {**entry, "expires_at": NEVER_EXPIRES, "size_vram": 0, "context_length": served.n_ctx}
+
+
+def ps(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any]:
+    return {"models": [ps_entry(served, info, file)]}
 
 
 def _metadata_value(text: str) -> Any:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.deps import ServiceDep
+from kinetic.deps import RegistryDep, ServiceDep
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from kinetic.service import Service
+from kinetic.router import listing
 from kinetic.streaming import respond
 
 router = APIRouter()
@@ -50,27 +49,7 @@ async def create_embeddings(body: EmbeddingRequest, service: ServiceDep) -> dict
     return translate.to_embeddings(body, inputs, vectors, service.model_name)
 
 
-def model_entry(service: Service) -> dict[str, Any]:
-    info = service.info
-    return {
-        "id": service.model_name,
-        "aliases": list(service.aliases),
-        "tags": [],
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "llamacpp",
-        "meta": {"vocab_type": info.vocab_type, "n_vocab": info.n_vocab, "n_ctx": service.engine.slot_n_ctx,
-                 "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-                 "size": info.size, "ftype": info.ftype},
-    }
-
-
 @router.get("/v1/models")
 @router.get("/models")
-async def list_models(service: ServiceDep) -> dict[str, Any]:
-    name = service.model_name
-    ollama_shaped = {"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
-                     "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
-                     "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
-                                 "parameter_size": "", "quantization_level": ""}}
-    return {"models": [ollama_shaped], "object": "list", "data": [model_entry(service)]}
+async def list_models(registry: RegistryDep) -> dict[str, Any]:
+    return listing.models_body(registry)

@@ -1,0 +1,1 @@
+"""Router mode: several models at one address (local GGUFs, embedding models, remote upstreams)."""

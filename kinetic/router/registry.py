@@ -1,0 +1,241 @@
+"""ModelRegistry: the models one server answers for, their state, and the Service of each loaded one.
+
+One model named the usual way (`-m`, `-hf`, the bundled default) is a registry of one, loaded at start,
+and the request's `model` field is ignored, as in llama-server. In router mode (several models) the
+request's `model` picks the entry by name or alias; an unloaded one is loaded first (unless
+--no-models-autoload), and when --models-max local models are already loaded the least recently used
+idle one is unloaded to make room. Every local engine decodes under the registry's one DecodeTurns,
+so two models never decode at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from enum import Enum
+from typing import Callable
+
+import anyio
+
+from kinetic.engine.turns import DecodeLock, DecodeTurns
+from kinetic.errors import InvalidRequestError, NotFoundError, ServerError, UnavailableError
+from kinetic.router.sources import ModelSpec
+from kinetic.service import Service
+from kinetic.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+# Builds the (not yet loaded) Service of a model; runs in a worker thread (it may resolve an -hf repo).
+ServiceFactory = Callable[[ModelSpec, DecodeLock], Service]
+IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model to unload
+ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
+
+
+class ModelState(str, Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+
+
+class ModelNotFoundError(NotFoundError):
+    """A `model` no entry has (router mode)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"model '{name}' not found", param="model")
+        self.name = name
+
+
+class ModelMissingError(InvalidRequestError):
+    """A request without `model` (router mode)."""
+
+    def __init__(self) -> None:
+        super().__init__("model name is missing from the request", param="model")
+
+
+class ModelEntry:
+    """One model of the registry: its spec, its state and, once loaded, its Service."""
+
+    def __init__(self, spec: ModelSpec, service: Service | None = None):
+        self.spec = spec
+        self.service = service
+        self.state = ModelState.UNLOADED
+        self.task: asyncio.Task[Service] | None = None
+        self.last_used = 0.0
+        self.leases = 0  # requests that resolved this model and have not finished
+        self.failure: str | None = None  # why the last load failed
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def busy(self) -> bool:
+        """A request holds it, or its engine still has work (a stream outlives its route function)."""
+        if self.leases > 0:
+            return True
+        if self.service is None:
+            return False
+        stats = self.service.engine.stats()
+        return stats.requests_processing > 0 or stats.requests_deferred > 0
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+
+class ModelRegistry:
+    def __init__(self, settings: ServerSettings, specs: list[ModelSpec], factory: ServiceFactory | None, *,
+                 router: bool):
+        self.settings = settings
+        self.router = router
+        self.factory = factory
+        self.entries: dict[str, ModelEntry] = {}
+        self._by_name: dict[str, ModelEntry] = {}
+        for spec in specs:
+            entry = ModelEntry(spec)
+            self.entries[spec.name] = entry
+            for name in spec.names:
+                self._by_name[name] = entry
+        self.decode_lock = DecodeTurns()
+        self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
+
+    @classmethod
+    def single(cls, service: Service) -> "ModelRegistry":
+        """Today's server: one model, loaded at start, the `model` field ignored."""
+        spec = ModelSpec(name=service.model_name, aliases=service.aliases)
+        registry = cls(service.settings, [spec], None, router=False)
+        registry.entries[spec.name].service = service
+        return registry
+
+    # ------------------------------------------------------------------ looking models up
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests may through the gate: the one model is loaded, or (router) always."""
+        if self.router:
+            return True
+        service = self.only.service
+        return service is not None and service.ready
+
+    @property
+    def only(self) -> ModelEntry:
+        return next(iter(self.entries.values()))
+
+    def find(self, name: str) -> ModelEntry | None:
+        """By id or alias; Ollama clients may add the default tag `:latest`."""
+        return self._by_name.get(name) or self._by_name.get(name.removesuffix(":latest"))
+
+    def resolve(self, name: str | None) -> ModelEntry:
+        """The entry a request names (single mode: the one model, whatever it names)."""
+        if not self.router:
+            return self.only
+        if not name:
+            raise ModelMissingError()
+        entry = self.find(name)
+        if entry is None:
+            raise ModelNotFoundError(name)
+        return entry
+
+    async def acquire(self, name: str | None, *, autoload: bool | None = None) -> tuple[ModelEntry, Service]:
+        """The Service of the model a request names, loaded first if need be, with a lease taken on it
+        (release() it when the request is done) so that it is not unloaded under the request."""
+        entry = self.resolve(name)
+        entry.leases += 1
+        try:
+            service = await self._loaded_service(entry, autoload)
+        except BaseException:
+            entry.leases -= 1
+            raise
+        entry.touch()
+        return entry, service
+
+    def release(self, entry: ModelEntry) -> None:
+        entry.leases -= 1
+        entry.touch()
+
+    async def _loaded_service(self, entry: ModelEntry, autoload: bool | None) -> Service:
+        if not self.router:
+            service = entry.service
+            if service is None or not service.ready:
+                raise UnavailableError("Loading model")
+            return service
+        if entry.state is ModelState.LOADED and entry.service is not None:
+            return entry.service
+        if entry.state is ModelState.UNLOADED and not (self.settings.models_autoload if autoload is None else autoload):
+            raise InvalidRequestError("model is not loaded", param="model")
+        return await self.load(entry)
+
+    # ------------------------------------------------------------------ loading and unloading
+
+    async def load(self, entry: ModelEntry) -> Service:
+        """Loads `entry` (or joins the load under way); raises ServerError naming the model if it fails."""
+        if entry.task is None or entry.task.done():
+            if entry.state is ModelState.LOADED and entry.service is not None:
+                return entry.service
+            entry.task = asyncio.get_running_loop().create_task(self._load(entry))
+        return await asyncio.shield(entry.task)
+
+    async def _load(self, entry: ModelEntry) -> Service:
+        assert self.factory is not None
+        async with self._load_lock:
+            if not entry.spec.remote:
+                await self._make_room(entry)
+            entry.state = ModelState.LOADING
+            entry.failure = None
+            log.info("loading model %s", entry.name)
+            try:
+                service = await anyio.to_thread.run_sync(self.factory, entry.spec, self.decode_lock)
+                await anyio.to_thread.run_sync(service.engine.load)
+                service.on_model_loaded()
+            except Exception as exc:  # any failure: the model stays unloaded, the router up
+                entry.state = ModelState.UNLOADED
+                entry.failure = str(exc)
+                log.warning("model %s failed to load: %s", entry.name, exc)
+                raise ServerError(f"model '{entry.name}' failed to load: {exc}") from exc
+            entry.service = service
+            entry.state = ModelState.LOADED
+            entry.touch()
+            log.info("model %s loaded", entry.name)
+            return service
+
+    def _resident(self, exclude: ModelEntry) -> list[ModelEntry]:
+        return [e for e in self.entries.values() if e is not exclude and not e.spec.remote
+                and e.state is not ModelState.UNLOADED]
+
+    async def _make_room(self, entry: ModelEntry) -> None:
+        """Unloads least recently used idle local models until `entry` fits under --models-max."""
+        limit = self.settings.models_max
+        if limit <= 0:
+            return
+        deadline = time.monotonic() + ROOM_TIMEOUT_S
+        while len(resident := self._resident(entry)) >= limit:
+            idle = [e for e in resident if e.state is ModelState.LOADED and not e.busy]
+            if idle:
+                await self.unload(min(idle, key=lambda e: e.last_used))
+                continue
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"cannot load model '{entry.name}': the {limit} loaded model(s) stayed busy")
+            await asyncio.sleep(IDLE_POLL_S)
+
+    async def unload(self, entry: ModelEntry) -> None:
+        service, entry.service = entry.service, None
+        entry.state = ModelState.UNLOADED
+        if service is not None:
+            log.info("unloading model %s", entry.name)
+            await anyio.to_thread.run_sync(service.engine.close)
+
+    async def load_on_startup(self) -> None:
+        """Loads the preset's `load-on-startup` models (a failure is logged; the router stays up)."""
+        if not self.settings.models_autoload:
+            return  # llama-server: --no-models-autoload wins over load-on-startup
+        for entry in list(self.entries.values()):
+            if entry.spec.load_on_startup or entry.spec.remote:
+                try:
+                    await self.load(entry)
+                except ServerError:
+                    pass
+
+    def close(self) -> None:
+        for entry in self.entries.values():
+            if entry.service is not None:
+                entry.service.engine.close()

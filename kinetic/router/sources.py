@@ -1,0 +1,217 @@
+"""Which models a router serves: repeated -m/-a, --models-dir, --models-preset and --upstream.
+
+Every source yields `ModelSpec`s; `model_specs()` merges them and refuses two models under one name.
+The preset file is llama-server's INI format: one `[name]` section a model, keys spelled as the
+long flags without their dashes (`model`, `hf`, `ctx-size`, `alias`...) or as LLAMA_ARG_* variables,
+a `[*]` section of defaults for every model, `load-on-startup = true`; kinetic adds `upstream`.
+"""
+
+from __future__ import annotations
+
+import configparser
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kinetic.errors import ModelLoadError
+from kinetic.models import SHARD_PATTERN
+from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, TRUE_WORDS
+
+# Preset keys that say what the model is rather than how to run it.
+PATH_KEYS = frozenset({"model", "m"})
+HF_KEYS = frozenset({"hf", "hf-repo", "hfr"})
+ALIAS_KEYS = frozenset({"alias", "a"})
+UPSTREAM_KEYS = frozenset({"upstream"})
+STARTUP_KEYS = frozenset({"load-on-startup"})
+# Per-model settings a preset may change; the rest (host, port, keys, ledger...) belong to the server.
+PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
+                       "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
+                       "embeddings", "hf_file", "fair_share", "max_in_flight"})
+HF_PREFIX = "hf:"  # kinetic.cli's mark for a -hf entry of ServerSettings.model_args
+ENV_TO_FLAG = {env.lower(): flag for flag in FLAGS for env in flag.env_names}
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """One OpenAI-compatible server: its base URL (…/v1) and the key to send it."""
+
+    url: str
+    key: str | None = None
+    model: str | None = None  # the id the upstream knows the model by (default: kinetic's name)
+
+    @classmethod
+    def parse(cls, value: str) -> "UpstreamSpec":
+        """`URL[,key=KEY][,model=ID]`."""
+        url, *options = [part.strip() for part in value.split(",")]
+        found: dict[str, str] = {}
+        for option in options:
+            name, _, setting = option.partition("=")
+            if name not in ("key", "model"):
+                raise ModelLoadError(f"upstream {value!r}: unknown option {name!r} (expected key=KEY or model=ID)")
+            found[name] = setting
+        url = url.rstrip("/")
+        return cls(url=url if url.endswith("/v1") else url + "/v1", key=found.get("key"), model=found.get("model"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the router answers for, loaded or not."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    path: Path | None = None
+    hf_repo: str | None = None
+    upstreams: tuple[UpstreamSpec, ...] = ()
+    settings: ServerSettings | None = None  # the server's settings with this model's own values applied
+    load_on_startup: bool = False
+    source: str = "cli"  # cli, models-dir, preset, upstream
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *(a for a in self.aliases if a != self.name))
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.upstreams)
+
+
+def split_aliases(value: str | None) -> tuple[str, ...]:
+    return tuple(a.strip() for a in (value or "").split(",") if a.strip())
+
+
+def gguf_stem(path: Path) -> str:
+    """`qwen-00001-of-00003.gguf` -> `qwen`; `bge-small.gguf` -> `bge-small`."""
+    match = SHARD_PATTERN.search(path.name)
+    return path.name[: match.start()] if match else path.stem
+
+
+def from_model_args(settings: ServerSettings) -> list[ModelSpec]:
+    specs = []
+    for source, alias in settings.model_args:
+        aliases = split_aliases(alias)
+        if source.startswith(HF_PREFIX):  # -hf REPO[:QUANT]
+            repo = source[len(HF_PREFIX):]
+            specs.append(ModelSpec(name=aliases[0] if aliases else repo, aliases=aliases, hf_repo=repo))
+            continue
+        specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(Path(source)), aliases=aliases,
+                               path=Path(source).expanduser(), source="cli"))
+    if not specs and (settings.model or settings.hf_repo):  # one model named the usual way, beside others
+        aliases = split_aliases(settings.alias)
+        if settings.model:
+            name = aliases[0] if aliases else gguf_stem(Path(settings.model))
+            specs.append(ModelSpec(name=name, aliases=aliases, path=Path(settings.model).expanduser()))
+        else:
+            assert settings.hf_repo is not None
+            name = aliases[0] if aliases else settings.hf_repo
+            specs.append(ModelSpec(name=name, aliases=aliases, hf_repo=settings.hf_repo))
+    return specs
+
+
+def from_models_dir(folder: Path) -> list[ModelSpec]:
+    """Every GGUF under `folder` (first shard of a split model; projector files skipped)."""
+    specs = []
+    for path in sorted(folder.expanduser().rglob("*.gguf")):
+        match = SHARD_PATTERN.search(path.name)
+        if "mmproj" in path.name.lower() or (match and match.group(1) != "00001"):
+            continue
+        specs.append(ModelSpec(name=gguf_stem(path), path=path, source="models-dir"))
+    return specs
+
+
+def from_upstream_flags(values: tuple[str, ...]) -> list[ModelSpec]:
+    """`NAME=URL[,key=KEY]` flags; the same NAME several times is one load-balanced pool."""
+    pools: dict[str, list[UpstreamSpec]] = {}
+    for value in values:
+        name, _, rest = value.partition("=")
+        pools.setdefault(name.strip(), []).append(UpstreamSpec.parse(rest))
+    return [ModelSpec(name=name, upstreams=tuple(pool), source="upstream") for name, pool in pools.items()]
+
+
+def _preset_key(key: str) -> str:
+    """`--ctx-size`, `ctx_size`, `LLAMA_ARG_CTX_SIZE` -> `ctx-size` (a flag's long spelling)."""
+    key = key.strip().lower().lstrip("-").replace("_", "-")
+    flag = ENV_TO_FLAG.get(key.replace("-", "_"))
+    if flag is not None:
+        return next(n for n in flag.names if n.startswith("--")).lstrip("-")
+    return key
+
+
+def read_preset(path: Path, base: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
+    """The models of an INI preset, and the keys it sets that kinetic does not implement (warned about)."""
+    parser = configparser.ConfigParser(interpolation=None, default_section="*", strict=False)
+    try:
+        text = path.expanduser().read_text(encoding="utf-8")
+        # Keys before the first section (`version = 1`) belong to no model.
+        parser.read_string("[__top__]\n" + text, source=str(path))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the preset {path}: {exc.strerror}") from None
+    except configparser.Error as exc:
+        raise ModelLoadError(f"the preset {path} is not valid INI: {exc}".splitlines()[0]) from None
+    specs: list[ModelSpec] = []
+    ignored: list[str] = []
+    for section in parser.sections():
+        if section == "__top__":
+            continue
+        spec_path: Path | None = None
+        hf_repo = None
+        aliases: tuple[str, ...] = ()
+        upstreams: list[UpstreamSpec] = []
+        startup = False
+        options: dict[str, Any] = {}
+        for raw_key, value in parser.items(section):
+            key = _preset_key(raw_key)
+            value = value.strip()
+            if key in PATH_KEYS:
+                spec_path = Path(value).expanduser()
+                if not spec_path.is_absolute():
+                    spec_path = (path.expanduser().parent / spec_path)
+            elif key in HF_KEYS:
+                hf_repo = value
+            elif key in ALIAS_KEYS:
+                aliases = split_aliases(value)
+            elif key in UPSTREAM_KEYS:
+                upstreams += [UpstreamSpec.parse(line) for line in value.split() if line]
+            elif key in STARTUP_KEYS:
+                startup = value.lower() in TRUE_WORDS
+            else:
+                flag = FLAGS_BY_SPELLING.get("--" + key) or FLAGS_BY_SPELLING.get("-" + key)
+                if flag is not None and flag.dest in PER_MODEL:
+                    negated = "--" + key in flag.negations
+                    options[flag.dest] = ("false" if value.lower() in TRUE_WORDS else "true") if negated else value
+                elif f"[{section}] {key}" not in ignored:
+                    ignored.append(f"[{section}] {key}")
+        if spec_path is None and hf_repo is None and not upstreams:
+            raise ModelLoadError(f"preset {path}, [{section}]: no model, hf or upstream key says what to serve")
+        try:
+            settings = ServerSettings(**{**base.model_dump(), **options}) if options else None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ModelLoadError(f"preset {path}, [{section}] {first['loc'][0]}: {first['msg']}") from None
+        specs.append(ModelSpec(name=section, aliases=aliases, path=spec_path, hf_repo=hf_repo,
+                               upstreams=tuple(upstreams), settings=settings, load_on_startup=startup,
+                               source="preset"))
+    return specs, ignored
+
+
+def model_specs(settings: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
+    """Every model of a router's command line, and the preset keys to warn about."""
+    specs = from_model_args(settings)
+    ignored: list[str] = []
+    if settings.models_dir:
+        specs += from_models_dir(Path(settings.models_dir))
+    if settings.models_preset:
+        preset, ignored = read_preset(Path(settings.models_preset), settings)
+        specs += preset
+    specs += from_upstream_flags(settings.upstream)
+    seen: dict[str, ModelSpec] = {}
+    for spec in specs:
+        for name in spec.names:
+            if name in seen:
+                raise ModelLoadError(f"two models are named {name!r} ({seen[name].source} and {spec.source}): "
+                                     "give one of them another alias")
+            seen[name] = spec
+    if not specs:
+        raise ModelLoadError(f"no model to serve: {settings.models_dir} holds no .gguf file")
+    return specs, ignored

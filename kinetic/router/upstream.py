@@ -1,0 +1,566 @@
+"""Remote models: an OpenAI-compatible server (vLLM, llama-server, another kinetic) behind kinetic.
+
+Where it plugs in. kinetic's Engine takes token prompts, and an upstream wants messages, so the
+upstream sits one level up, at the Service: `UpstreamService.prepare_chat` turns the neutral
+ChatRequest every protocol translator already produces into an OpenAI chat-completions body
+(instead of rendering and tokenizing it), and `UpstreamEngine.submit` forwards that body and turns
+the upstream's SSE chunks back into kinetic's neutral engine events (TextDelta..., Finished with
+usage and, when the upstream sends them, llama-server's timings). The protocol translators and
+routes are untouched: an Anthropic, Responses or llama-server native request reaches the upstream's
+OpenAI route the same way. The classroom layer stays in front: key names, the per-key in-flight
+limit (429), a waiting line fair across keys (fairqueue.py) when every upstream connection is busy,
+the ledger.
+
+Several upstreams under one name form a pool: each request goes to the healthy member with the
+fewest requests outstanding; a member that refuses connections or answers 5xx before the first byte
+is taken out of rotation and the request tried on the next one. Every member is probed (GET /models)
+every 10 seconds, and one out of rotation also when a request comes 3 seconds or more after it
+failed; it comes back when it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+
+from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
+from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PreparedChat, PromptInput, PromptRequest
+from kinetic.classroom.identity import CLIENT
+from kinetic.engine.base import Generation
+from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotState, TextDelta,
+                                  Timings, Usage)
+from kinetic.errors import (InvalidRequestError, KineticError, NotFoundError, NotSupportedError, RateLimitError,
+                            ServerError, UnauthorizedError, UnavailableError)
+from kinetic.router.sources import ModelSpec, UpstreamSpec
+from kinetic.service import Service
+from kinetic.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+RETRY_DOWN_AFTER_S = 3.0  # a member out of rotation is probed again after this long
+HEALTH_INTERVAL_S = 10.0  # every member is probed this often while the server runs
+PROBE_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 600.0  # a long generation may pause between chunks while the upstream is busy
+DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
+STATUS_ERRORS: dict[int, type[KineticError]] = {400: InvalidRequestError, 401: UnauthorizedError,
+                                                404: NotFoundError, 429: RateLimitError}
+
+
+@dataclass(frozen=True)
+class ForwardRequest(GenerationRequest):
+    """A generation request that carries the OpenAI body to forward instead of prompt tokens."""
+
+    route: str = "/chat/completions"
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Member:
+    spec: UpstreamSpec
+    outstanding: int = 0
+    healthy: bool = True
+    down_since: float = 0.0
+    last_error: str = ""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.spec.key}"} if self.spec.key else {}
+
+
+class UpstreamPool:
+    """One name's upstream servers: least outstanding requests first, failing members out of rotation."""
+
+    def __init__(self, name: str, specs: tuple[UpstreamSpec, ...]):
+        self.name = name
+        self.members = [Member(spec) for spec in specs]
+        self._client: httpx.AsyncClient | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def watch(self) -> None:
+        """Starts the periodic health check (from the event loop, on first use)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            await asyncio.gather(*(self._probe(m) for m in self.members))
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        return self._client
+
+    def check_now(self) -> None:
+        """Blocking probe of every member (at load time, from a worker thread)."""
+        for member in self.members:
+            try:
+                ok = httpx.get(member.spec.url + "/models", headers=member.headers, timeout=PROBE_TIMEOUT_S).is_success
+            except httpx.HTTPError as exc:
+                ok, member.last_error = False, str(exc) or type(exc).__name__
+            self._set_health(member, ok)
+
+    async def _probe(self, member: Member) -> None:
+        try:
+            response = await self.client.get(member.spec.url + "/models", headers=member.headers,
+                                              timeout=PROBE_TIMEOUT_S)
+            ok = response.is_success
+        except httpx.HTTPError as exc:
+            ok, member.last_error = False, str(exc) or type(exc).__name__
+        self._set_health(member, ok)
+
+    def _set_health(self, member: Member, ok: bool) -> None:
+        if ok and not member.healthy:
+            log.info("upstream %s (%s) is back in rotation", member.spec.url, self.name)
+        member.healthy = ok
+        if not ok:
+            member.down_since = time.monotonic()
+
+    def mark_down(self, member: Member, reason: str) -> None:
+        if member.healthy:
+            log.warning("upstream %s (%s) taken out of rotation: %s", member.spec.url, self.name, reason)
+        member.healthy, member.down_since, member.last_error = False, time.monotonic(), reason
+
+    async def candidates(self) -> list[Member]:
+        """Healthy members, fewest outstanding first; members down long enough are probed first."""
+        self.watch()
+        down = [m for m in self.members if not m.healthy]
+        due = [m for m in down if time.monotonic() - m.down_since >= RETRY_DOWN_AFTER_S]
+        if len(down) == len(self.members):
+            due = down  # all out of rotation: look at every one again now rather than fail
+        if due:
+            await asyncio.gather(*(self._probe(m) for m in due))
+        return sorted((m for m in self.members if m.healthy), key=lambda m: m.outstanding)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class UpstreamEngine:
+    """The Engine interface over an UpstreamPool: generation by forwarding, no tokenizer of its own."""
+
+    def __init__(self, name: str, specs: tuple[UpstreamSpec, ...], *, connections_per_member: int,
+                 fair_share: bool, max_in_flight_per_client: int):
+        self.pool = UpstreamPool(name, specs)
+        self.n_slots = connections_per_member * len(specs)
+        self.slot_n_ctx = 0
+        self.max_in_flight = max_in_flight_per_client
+        self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair_share)
+        self._running = 0
+        self._in_flight: dict[str, int] = {}
+        self._loaded = False
+        self.info = ModelInfo(path=Path(specs[0].url), architecture="upstream", description=f"upstream {name}",
+                              n_vocab=0, n_ctx_train=0, n_embd=0, n_params=0, size=0, vocab_type=0, bos_token="",
+                              eos_token="", bos_id=-1, add_bos=False, chat_template=None, metadata={})
+
+    # lifecycle
+    @property
+    def ready(self) -> bool:
+        return self._loaded
+
+    def load(self) -> None:
+        self.pool.check_now()
+        self._loaded = True
+
+    def close(self) -> None:
+        self._loaded = False
+        self.pool.stop_watching()
+
+    def require_ready(self) -> ModelInfo:
+        if not self._loaded:
+            raise UnavailableError("Loading model")
+        return self.info
+
+    # no tokenizer: the upstream tokenizes
+    def _no_tokenizer(self) -> NotSupportedError:
+        return NotSupportedError(f"model '{self.pool.name}' is served by an upstream server: kinetic has no "
+                                 "tokenizer for it")
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        raise self._no_tokenizer()
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        if tokens:
+            raise self._no_tokenizer()
+        return ""  # a forwarded request's empty token prompt (the native /completion route echoes it)
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        raise self._no_tokenizer()
+
+    def valid_token(self, token: int) -> bool:
+        return False
+
+    @property
+    def can_generate(self) -> bool:
+        return True
+
+    @property
+    def embedding_n_ctx(self) -> int:
+        return 1 << 30  # the upstream checks its own limit
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        raise NotSupportedError("embeddings through an upstream go by UpstreamService.embed_texts")
+
+    def slot_states(self) -> list[SlotState]:
+        return []
+
+    def stats(self) -> EngineStats:
+        return EngineStats(counters={}, requests_processing=self._running, requests_deferred=len(self._waiting),
+                           deferred_by_client=self._waiting.counts())
+
+    # ------------------------------------------------------------ the fair waiting line
+
+    def _count(self, client: str) -> None:
+        if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
+            raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
+                                 "retry when one has finished", retry_after=1)
+        self._in_flight[client] = self._in_flight.get(client, 0) + 1
+
+    def _uncount(self, client: str) -> None:
+        self._in_flight[client] -= 1
+        if not self._in_flight[client]:
+            del self._in_flight[client]
+
+    async def _take_turn(self, client: str) -> None:
+        if self._running < self.n_slots and not self._waiting:
+            self._running += 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.push(client, turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if not self._waiting.remove(turn):  # the turn was given just as we left: pass it on
+                self._end_turn()
+            raise
+
+    def _end_turn(self) -> None:
+        self._running -= 1
+        for client, turn in self._waiting.in_order():
+            self._waiting.served(client, turn)
+            self._running += 1
+            turn.set_result(None)
+            return
+
+    # ------------------------------------------------------------ forwarding
+
+    async def submit(self, request: GenerationRequest) -> Generation:
+        """Waits for a turn, then sends the request to a pool member; an upstream 4xx is raised here
+        (before any byte goes to the client), a member that is down is skipped."""
+        if not isinstance(request, ForwardRequest):
+            raise NotSupportedError(f"model '{self.pool.name}' is served by an upstream server: it takes "
+                                    "messages or text, not token prompts")
+        client = request.client
+        self._count(client)
+        try:
+            await self._take_turn(client)
+        except BaseException:
+            self._uncount(client)
+            raise
+        try:
+            member, response = await self._open(request)
+        except BaseException:
+            self._end_turn()
+            self._uncount(client)
+            raise
+        queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in read_events(response, is_chat=request.route == "/chat/completions"):
+                    queue.put_nowait(event)
+            except httpx.HTTPError as exc:
+                self.pool.mark_down(member, f"stream broken: {exc or type(exc).__name__}")
+                queue.put_nowait(ServerError(f"upstream {member.spec.url} failed mid-answer: "
+                                             f"{exc or type(exc).__name__}"))
+            except KineticError as exc:
+                queue.put_nowait(exc)
+            finally:
+                await response.aclose()
+                member.outstanding -= 1
+                self._end_turn()
+                self._uncount(client)
+
+        task = asyncio.get_running_loop().create_task(pump())
+        return Generation(queue, task.cancel)
+
+    async def _open(self, request: ForwardRequest) -> tuple[Member, httpx.Response]:
+        tried: list[str] = []
+        for member in await self.pool.candidates():
+            member.outstanding += 1
+            try:
+                http_request = self.pool.client.build_request("POST", member.spec.url + request.route,
+                                                              json=request.payload, headers=member.headers)
+                response = await self.pool.client.send(http_request, stream=True)
+            except httpx.HTTPError as exc:
+                member.outstanding -= 1
+                self.pool.mark_down(member, str(exc) or type(exc).__name__)
+                tried.append(member.spec.url)
+                continue
+            if response.status_code >= 500:
+                await response.aread()
+                await response.aclose()
+                member.outstanding -= 1
+                self.pool.mark_down(member, f"HTTP {response.status_code}")
+                tried.append(member.spec.url)
+                continue
+            if response.status_code >= 400:
+                body = await response.aread()
+                await response.aclose()
+                member.outstanding -= 1
+                raise upstream_error(response.status_code, body)
+            return member, response
+        detail = f" (tried {', '.join(tried)})" if tried else ""
+        raise UnavailableError(f"no upstream server for model '{self.pool.name}' is reachable{detail}")
+
+    async def forward_json(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A non-streamed call (embeddings), with the same turns, limits and failover."""
+        client = CLIENT.get()
+        self._count(client)
+        try:
+            await self._take_turn(client)
+            try:
+                member, response = await self._open(ForwardRequest(prompt_tokens=[], route=route, payload=payload))
+                try:
+                    return json.loads(await response.aread())
+                finally:
+                    await response.aclose()
+                    member.outstanding -= 1
+            finally:
+                self._end_turn()
+        finally:
+            self._uncount(client)
+
+
+def upstream_error(status: int, body: bytes) -> KineticError:
+    """The upstream's 4xx as kinetic's own error kind, with its message."""
+    try:
+        parsed = json.loads(body)
+        error = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
+        message = error.get("message") if isinstance(error, dict) else str(error)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        message = None
+    message = f"upstream: {message or body[:200].decode('utf-8', 'replace') or f'HTTP {status}'}"
+    kind = STATUS_ERRORS.get(status, InvalidRequestError)
+    return kind(message) if kind is not RateLimitError else RateLimitError(message)
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(chunk, dict) and "error" in chunk:
+            error = chunk["error"]
+            raise ServerError(f"upstream: {error.get('message') if isinstance(error, dict) else error}")
+        yield chunk
+
+
+async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterator[Event]:
+    """An OpenAI SSE stream as kinetic's engine events. Reasoning the upstream sends apart
+    (`reasoning_content`) is wrapped in <think> tags, which the chat layer's answer parser splits off
+    again by the request's reasoning format."""
+    started = time.perf_counter()
+    first_at: float | None = None
+    pieces: list[str] = []
+    thinking = False
+    finish = "stop"
+    usage: dict[str, Any] = {}
+    timings: dict[str, Any] | None = None
+    async for chunk in sse_data(response):
+        usage = chunk.get("usage") or usage
+        timings = chunk.get("timings") or timings
+        for choice in chunk.get("choices") or []:
+            if is_chat:
+                delta = choice.get("delta") or {}
+                reasoning, content = delta.get("reasoning_content") or "", delta.get("content") or ""
+                if delta.get("tool_calls"):
+                    raise NotSupportedError("the upstream answered with a tool call, which kinetic does not "
+                                            "forward yet")
+            else:
+                reasoning, content = "", choice.get("text") or ""
+            text = ""
+            if reasoning:
+                text += ("" if thinking else OPEN_TAG) + reasoning
+                thinking = True
+            if content:
+                text += (CLOSE_TAG if thinking else "") + content
+                thinking = False
+            if text:
+                first_at = first_at or time.perf_counter()
+                pieces.append(text)
+                yield TextDelta(text=text, token_id=-1)
+            finish = choice.get("finish_reason") or finish
+    if thinking:
+        pieces.append(CLOSE_TAG)
+        yield TextDelta(text=CLOSE_TAG, token_id=-1)
+    ended = time.perf_counter()
+    prompt_n = int(usage.get("prompt_tokens") or 0)
+    predicted_n = int(usage.get("completion_tokens") or len(pieces))
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if timings:  # llama-server's (or kinetic's) own numbers, passed through
+        measured = Timings(cache_n=int(timings.get("cache_n", cached)), prompt_n=int(timings.get("prompt_n", prompt_n)),
+                           prompt_ms=float(timings.get("prompt_ms", 0.0)),
+                           predicted_n=int(timings.get("predicted_n", predicted_n)),
+                           predicted_ms=float(timings.get("predicted_ms", 0.0)))
+    else:  # measured here: time to the first piece, then the rest
+        first = first_at or ended
+        measured = Timings(cache_n=cached, prompt_n=prompt_n, prompt_ms=(first - started) * 1000,
+                           predicted_n=predicted_n, predicted_ms=(ended - first) * 1000)
+    reason = "length" if finish == "length" else "stop"
+    yield Finished(finish_reason=reason, stop_type="limit" if reason == "length" else "eos", stopping_word="",
+                   text="".join(pieces), tokens=[], usage=Usage(prompt_n, predicted_n, cached), timings=measured,
+                   id_slot=-1, tokens_cached=cached, truncated=False)
+
+
+# ---------------------------------------------------------------- neutral request -> OpenAI body
+
+def openai_message(message: Message) -> dict[str, Any]:
+    data: dict[str, Any] = {"role": message.role}
+    if message.parts is not None:
+        data["content"] = message.text
+    if message.name is not None:
+        data["name"] = message.name
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        data["tool_calls"] = [{"id": call.id or f"call_{i}", "type": "function",
+                               "function": {"name": call.name, "arguments": call.arguments
+                                            if isinstance(call.arguments, str) else json.dumps(call.arguments)}}
+                              for i, call in enumerate(message.tool_calls)]
+    return data
+
+
+def output_fields(output: OutputConstraint) -> dict[str, Any]:
+    if output.schema is not None:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": output.schema}}}
+    if output.any_json:
+        return {"response_format": {"type": "json_object"}}
+    if output.grammar:
+        return {"grammar": output.grammar}  # llama-server's (and kinetic's) extension
+    return {}
+
+
+def option_fields(req: ChatRequest | PromptRequest, defaults: ServerSettings) -> dict[str, Any]:
+    options, sampling = req.options, req.options.sampling
+    body: dict[str, Any] = {}
+    max_tokens = options.max_tokens if options.max_tokens is not None else defaults.n_predict
+    if max_tokens is not None and max_tokens > 0:
+        body["max_tokens"] = max_tokens
+    if options.stop:
+        body["stop"] = list(options.stop)
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed"):
+        value = getattr(sampling, name)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def chat_body(req: ChatRequest, model: str, defaults: ServerSettings) -> dict[str, Any]:
+    if req.tools:
+        raise NotSupportedError("tools are not forwarded to upstream models yet", param="tools")
+    body = {"model": model, "messages": [openai_message(m) for m in req.messages], "stream": True,
+            "stream_options": {"include_usage": True}, **option_fields(req, defaults), **output_fields(req.output)}
+    if req.template_kwargs:
+        body["chat_template_kwargs"] = req.template_kwargs
+    return body
+
+
+def prompt_body(req: PromptRequest, model: str, defaults: ServerSettings) -> dict[str, Any]:
+    prompt: PromptInput = req.prompt
+    return {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
+            **option_fields(req, defaults), **output_fields(req.output)}
+
+
+# ---------------------------------------------------------------- the Service of an upstream model
+
+class UpstreamService(Service):
+    """A router model served by an upstream: prepare_* build the OpenAI body instead of a token prompt."""
+
+    upstream_model: str = ""
+    _answers: dict[int, list[list[float]]]  # embedding_inputs() -> embed(), by the token lists' identity
+
+    def on_model_loaded(self) -> None:
+        pass  # no chat template: the upstream renders
+
+    def upstream_status(self) -> list[dict[str, Any]]:
+        """Each pool member's URL, whether it is in rotation, and its requests outstanding (/v1/models)."""
+        assert isinstance(self.engine, UpstreamEngine)
+        return [{"url": m.spec.url, "healthy": m.healthy, "outstanding": m.outstanding,
+                 **({"error": m.last_error} if not m.healthy and m.last_error else {})}
+                for m in self.engine.pool.members]
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        body = chat_body(req, self.upstream_model, self.settings)
+        prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
+                                reasoning_format=req.reasoning_format or self.settings.reasoning_format,
+                                tool_mode="none", tool_names=())
+        return ForwardRequest(prompt_tokens=[], payload=body, client=CLIENT.get()), prepared
+
+    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        return ForwardRequest(prompt_tokens=[], route="/completions", client=CLIENT.get(),
+                              payload=prompt_body(req, self.upstream_model, self.settings))
+
+    async def count_chat_tokens(self, req: ChatRequest) -> int:
+        raise NotSupportedError(f"model '{self.model_name}' is served by an upstream server: kinetic cannot "
+                                "count its tokens")
+
+    async def render(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(f"model '{self.model_name}' is served by an upstream server, which renders "
+                                "its own chat template")
+
+    def require_embeddings(self) -> None:
+        pass  # the upstream says whether it embeds
+
+    async def embedding_inputs(self, inputs: list[PromptInput], params: list[str], *,
+                               truncate: bool = False) -> list[list[int]]:
+        """Forwards the inputs (the upstream tokenizes them) and keeps the vectors for embed(); the token
+        lists returned only carry the upstream's token count, which is what the usage field reports."""
+        assert isinstance(self.engine, UpstreamEngine)
+        answer = await self.engine.forward_json("/embeddings", {"model": self.upstream_model, "input": list(inputs)})
+        vectors = [item["embedding"] for item in sorted(answer.get("data", []), key=lambda d: d["index"])]
+        total = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        token_lists = [[-1] * total] + [[] for _ in inputs[1:]]
+        self._answers[id(token_lists)] = vectors
+        return token_lists
+
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        return self._answers.pop(id(inputs))
+
+
+def upstream_service(spec: ModelSpec, settings: ServerSettings, *, keyed: bool) -> UpstreamService:
+    connections = DEFAULT_CONNECTIONS if settings.parallel < 0 else settings.parallel
+    engine = UpstreamEngine(spec.name, spec.upstreams, connections_per_member=connections,
+                            fair_share=settings.fair_share,
+                            max_in_flight_per_client=settings.max_in_flight if keyed else 0)
+    service = UpstreamService(settings=settings, engine=engine, model_name=spec.name,
+                              aliases=spec.aliases or (spec.name,))
+    service.upstream_model = spec.upstreams[0].model or spec.name
+    service._answers = {}
+    return service

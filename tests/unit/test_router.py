@@ -1,0 +1,251 @@
+"""Router mode without a model: where models come from (flags, folder, preset, upstreams), the decode
+turns, the registry's resolution, LRU unloading and load failures, and the upstream body translation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolSpec
+from kinetic.cli import parse_serve_args
+from kinetic.engine.turns import DecodeTurns
+from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
+from kinetic.router.registry import ModelRegistry, ModelState
+from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
+from kinetic.engine.types import Timings, Usage
+from kinetic.router.upstream import chat_body, read_events, upstream_error
+from kinetic.service import Service
+from kinetic.settings import ServerSettings, SettingsError
+from tests.scripted import ScriptedEngine
+
+GGUF = b"GGUF" + b"\0" * 16
+
+
+def gguf(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(GGUF)
+    return path
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_each_a_names_the_m_it_follows() -> None:
+    s = parse_serve_args(["-a", "first", "-m", "a.gguf", "-m", "b.gguf", "-a", "bee", "-m", "dir/c-00001-of-00002.gguf"],
+                         environ={})
+    assert s.router_mode
+    specs, _ = model_specs(s)
+    assert [(spec.name, spec.aliases) for spec in specs] == [("first", ("first",)), ("bee", ("bee",)), ("c", ())]
+
+
+def test_hf_repos_mix_with_paths() -> None:
+    s = parse_serve_args(["-hf", "org/chat-GGUF:Q8_0", "-a", "chat", "-m", "e.gguf", "-hf", "org/other"], environ={})
+    specs, _ = model_specs(s)
+    assert [(spec.name, spec.hf_repo, spec.path) for spec in specs] == [
+        ("chat", "org/chat-GGUF:Q8_0", None), ("e", None, Path("e.gguf")), ("org/other", "org/other", None)]
+
+
+def test_one_model_keeps_todays_mode() -> None:
+    s = parse_serve_args(["-m", "a.gguf", "-a", "x"], environ={})
+    assert not s.router_mode and s.model == "a.gguf" and s.alias == "x" and s.model_args == ()
+
+
+def test_upstream_flags_repeat_and_are_checked() -> None:
+    s = parse_serve_args(["--upstream", "big=http://a:8000/v1,key=k1", "--upstream", "big=http://b:8000,model=Q/Q"],
+                         environ={})
+    specs, _ = model_specs(s)
+    assert specs == [ModelSpec(name="big", source="upstream", upstreams=(
+        UpstreamSpec("http://a:8000/v1", key="k1"), UpstreamSpec("http://b:8000/v1", model="Q/Q")))]
+    with pytest.raises(SettingsError, match="--upstream.*NAME=URL"):
+        parse_serve_args(["--upstream", "big"], environ={})
+    with pytest.raises(ModelLoadError, match="unknown option 'token'"):
+        UpstreamSpec.parse("http://a,token=x")
+
+
+def test_models_dir_names_by_stem(tmp_path: Path) -> None:
+    gguf(tmp_path, "qwen.gguf")
+    gguf(tmp_path, "sub/big-00001-of-00002.gguf")
+    gguf(tmp_path, "sub/big-00002-of-00002.gguf")
+    gguf(tmp_path, "mmproj-qwen.gguf")
+    specs, _ = model_specs(parse_serve_args(["--models-dir", str(tmp_path)], environ={}))
+    assert sorted(spec.name for spec in specs) == ["big", "qwen"]
+    with pytest.raises(SettingsError, match="--models-dir: no such folder"):
+        parse_serve_args(["--models-dir", str(tmp_path / "nope")], environ={})
+
+
+def test_preset_sections_defaults_and_ignored_keys(tmp_path: Path) -> None:
+    preset = tmp_path / "models.ini"
+    preset.write_text("version = 1\n[*]\nc = 1024\n\n[chat]\nhf = org/repo:Q8_0\nalias = c1, c2\n"
+                      "load-on-startup = true\nn-gpu-layers = 99\n\n[embed]\nmodel = e.gguf\n"
+                      "LLAMA_ARG_CTX_SIZE = 256\n\n[big]\nupstream = http://a:1/v1,key=k http://b:1\n")
+    base = ServerSettings(temp=0.3)
+    specs, ignored = read_preset(preset, base)
+    chat, embed, big = specs
+    assert (chat.hf_repo, chat.aliases, chat.load_on_startup) == ("org/repo:Q8_0", ("c1", "c2"), True)
+    assert chat.settings is not None and chat.settings.ctx_size == 1024 and chat.settings.temp == 0.3
+    assert embed.path == tmp_path / "e.gguf" and embed.settings is not None and embed.settings.ctx_size == 256
+    assert [u.url for u in big.upstreams] == ["http://a:1/v1", "http://b:1/v1"] and big.remote
+    assert ignored == ["[chat] n-gpu-layers"]
+
+
+def test_preset_errors_name_the_section(tmp_path: Path) -> None:
+    preset = tmp_path / "p.ini"
+    preset.write_text("[nothing]\nctx-size = 12\n")
+    with pytest.raises(ModelLoadError, match=r"\[nothing\]: no model, hf or upstream"):
+        read_preset(preset, ServerSettings())
+    preset.write_text("[m]\nmodel = a.gguf\nctx-size = lots\n")
+    with pytest.raises(ModelLoadError, match=r"\[m\] ctx_size"):
+        read_preset(preset, ServerSettings())
+
+
+def test_two_models_under_one_name_stop_the_start(tmp_path: Path) -> None:
+    gguf(tmp_path, "chat.gguf")
+    s = parse_serve_args(["--models-dir", str(tmp_path), "--upstream", "chat=http://x:1"], environ={})
+    with pytest.raises(ModelLoadError, match="two models are named 'chat'"):
+        model_specs(s)
+
+
+# ------------------------------------------------------------------ the decode turns
+
+
+def test_decode_turns_serve_waiting_threads_in_arrival_order() -> None:
+    turns = DecodeTurns()
+    order: list[int] = []
+    turns.acquire()
+    threads = []
+    for i in range(4):
+        thread = threading.Thread(target=lambda i=i: (turns.acquire(), order.append(i), turns.release()))
+        thread.start()
+        threads.append(thread)
+        while turns._next_ticket < i + 2:  # wait until thread i holds its ticket
+            time.sleep(0.001)
+    turns.release()
+    for thread in threads:
+        thread.join()
+    assert order == [0, 1, 2, 3] and not turns.locked()
+
+
+# ------------------------------------------------------------------ the registry
+
+
+def registry(names: list[str], *, models_max: int = 0, autoload: bool = True,
+             fail: set[str] = frozenset()) -> tuple[ModelRegistry, list[str]]:
+    settings = ServerSettings(models_max=models_max, models_autoload=autoload)
+    built: list[str] = []
+
+    def factory(spec: ModelSpec, lock: object) -> Service:
+        if spec.name in fail:
+            raise ModelLoadError(f"cannot load model {spec.name}.gguf")
+        built.append(spec.name)
+        loaded = threading.Event()
+        loaded.set()
+        return Service.for_model(settings, ScriptedEngine(["x"], loaded=loaded), spec.name, spec.aliases)
+
+    specs = [ModelSpec(name=n, aliases=(n, n + "-alias")) for n in names]
+    return ModelRegistry(settings, specs, factory, router=True), built
+
+
+def test_resolution_errors() -> None:
+    reg, _ = registry(["a"])
+    with pytest.raises(InvalidRequestError, match="model name is missing from the request"):
+        reg.resolve(None)
+    with pytest.raises(NotFoundError, match="model 'b' not found"):
+        reg.resolve("b")
+    assert reg.resolve("a-alias") is reg.entries["a"]
+
+
+def test_lru_unloads_the_least_recently_used_idle_model() -> None:
+    async def scenario() -> list[tuple[str, ...]]:
+        reg, built = registry(["a", "b", "c"], models_max=2)
+        seen = []
+        for name in ("a", "b", "a", "c", "b"):
+            entry, _ = await reg.acquire(name)
+            reg.release(entry)
+            seen.append(tuple(e.name for e in reg.entries.values() if e.state is ModelState.LOADED))
+        assert built == ["a", "b", "c", "b"]
+        return seen
+
+    # b unloaded for c (a was used more recently); then a (least recent) unloaded for b
+    assert asyncio.run(scenario()) == [("a",), ("a", "b"), ("a", "b"), ("a", "c"), ("b", "c")]
+
+
+def test_a_model_in_use_is_not_unloaded_until_released() -> None:
+    async def scenario() -> None:
+        reg, _ = registry(["a", "b"], models_max=1)
+        held, _ = await reg.acquire("a")
+        waiting = asyncio.create_task(reg.acquire("b"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and reg.entries["a"].state is ModelState.LOADED
+        reg.release(held)
+        entry, _ = await asyncio.wait_for(waiting, 5)
+        assert entry.name == "b" and reg.entries["a"].state is ModelState.UNLOADED
+
+    asyncio.run(scenario())
+
+
+def test_no_autoload_and_load_failures() -> None:
+    async def scenario() -> None:
+        reg, _ = registry(["a"], autoload=False)
+        with pytest.raises(InvalidRequestError, match="model is not loaded"):
+            await reg.acquire("a")
+        entry, _ = await reg.acquire("a", autoload=True)  # ?autoload=true
+        assert entry.state is ModelState.LOADED
+        broken, _ = registry(["bad"], fail={"bad"})
+        with pytest.raises(ServerError, match="model 'bad' failed to load: cannot load model bad.gguf"):
+            await broken.acquire("bad")
+        assert broken.entries["bad"].state is ModelState.UNLOADED and "bad.gguf" in broken.entries["bad"].failure
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------ the upstream body
+
+
+def test_chat_request_becomes_an_openai_body() -> None:
+    req = ChatRequest(messages=(Message(role="user", parts=(TextPart("hi"),)),),
+                      options=GenerationOptions(sampling=SamplingOptions(temperature=0.2, top_k=5), max_tokens=7,
+                                                stop=("\n",)))
+    body = chat_body(req, "Qwen/Qwen3-32B", ServerSettings())
+    assert body == {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                    "stream_options": {"include_usage": True}, "max_tokens": 7, "stop": ["\n"],
+                    "temperature": 0.2, "top_k": 5}
+    with pytest.raises(NotSupportedError, match="tools"):
+        chat_body(ChatRequest(messages=req.messages, tools=(ToolSpec(name="f"),)), "m", ServerSettings())
+
+
+def sse(*chunks: dict) -> httpx.Response:
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return httpx.Response(200, content=body.encode())
+
+
+def test_upstream_stream_becomes_engine_events() -> None:
+    async def events(response: httpx.Response) -> list:
+        return [event async for event in read_events(response, is_chat=True)]
+
+    got = asyncio.run(events(sse(
+        {"choices": [{"delta": {"reasoning_content": "think"}}]},
+        {"choices": [{"delta": {"content": "Hi"}}]},
+        {"choices": [{"delta": {}, "finish_reason": "length"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 3}},
+         "timings": {"cache_n": 3, "prompt_n": 2, "prompt_ms": 4.0, "predicted_n": 2, "predicted_ms": 10.0}})))
+    *deltas, finished = got
+    assert [d.text for d in deltas] == ["<think>think", "</think>Hi"]  # split again by the answer parser
+    assert finished.finish_reason == "length" and finished.usage == Usage(5, 2, 3)
+    assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
+    with pytest.raises(NotSupportedError, match="tool call"):
+        asyncio.run(events(sse({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})))
+    with pytest.raises(ServerError, match="upstream: boom"):
+        asyncio.run(events(sse({"error": {"message": "boom"}})))
+
+
+def test_upstream_4xx_keeps_its_kind_and_message() -> None:
+    err = upstream_error(400, b'{"error": {"message": "bad temperature"}}')
+    assert isinstance(err, InvalidRequestError) and err.message == "upstream: bad temperature"
+    assert isinstance(upstream_error(404, b"no such model"), NotFoundError)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from load import Student, jain_index, kinetic_server, percentile, run_students, table  # noqa: E402
+from load import MODEL_LOCK_PATH, Student, jain_index, kinetic_server, percentile, run_students, table  # noqa: E402
 
 
 def key_file(students: int) -> tuple[Path, list[tuple[str, str]]]:
@@ -79,8 +79,6 @@ def main() -> None:
 
         args.model = str(bundled_model_path())
     from filelock import FileLock
-
-    from kinetic.launch import MODEL_LOCK_PATH
 
     settings = [args.only == "on"] if args.only else [True, False]
     with FileLock(str(MODEL_LOCK_PATH)):

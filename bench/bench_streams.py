@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import (  # noqa: E402
+    MODEL_LOCK_PATH,
     QUESTIONS,
     Server,
     Student,
@@ -203,8 +204,6 @@ def main() -> None:
     args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
     flags = ["-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
     from filelock import FileLock
-
-    from kinetic.launch import MODEL_LOCK_PATH
 
     with FileLock(str(MODEL_LOCK_PATH)):
         candidates = [kinetic_server(args.model, flags + args.kinetic_flags.split())]

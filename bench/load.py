@@ -14,6 +14,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import httpx
 LAB_SYSTEM = ("Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli "
               "linguistici: spieghi llama.cpp, llama-server, kinetic, i token, la cache KV, il time to first "
               "token e la velocità di generazione con esempi concreti e senza formule inutili. ") * 4
+# The machine-wide lock every model run takes (tests, benchmarks): see kinetic.launch.
+MODEL_LOCK_PATH = Path(tempfile.gettempdir()) / "kinetic-tests-model.lock"
 QUESTIONS = ["Che cos'è llama.cpp?", "A cosa serve la cache KV?", "Che cos'è il TTFT?", "Perché il prompt costa?",
              "Che cosa misura cache_n?", "Che differenza c'è tra stream e risposta intera?",
              "Che cosa fa --parallel?", "Perché serve una chiave API?"]

@@ -124,6 +124,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
     Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
     Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
+    Flag("cache_ram", ("-cram", "--cache-ram"), "MiB of host memory for prompt prefixes a slot moved on from, "
+         "restored when a later prompt starts the same way (0 = off)", metavar="N"),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
@@ -194,6 +196,9 @@ class ServerSettings(BaseSettings):
     max_connections: Annotated[int, Field(ge=1)] = 64
     max_header_size: ByteSize = 64 * 1024
     max_body_size: ByteSize = 4 * 1024 * 1024
+    # llama-server's default is 8192; a course laptop also runs the students' tools: 1 GiB holds the
+    # lab's shared prefix many times over (about 18 KiB a token on the bundled model).
+    cache_ram: Annotated[int, Field(ge=0)] = 1024
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None

@@ -248,3 +248,24 @@ def test_a_cancelled_stream_does_not_change_its_neighbour(live_server: KineticSe
     assert_same_or_near_tie(alone, result["answer"])
     slots = httpx.get(url + "/slots").json()
     assert not any(slot["is_processing"] for slot in slots)  # the cancelled one freed its slot
+
+
+# ------------------------------------------------------------------- host-memory prefixes
+
+
+@pytest.mark.parametrize("cache_ram", ["64", "0"])
+def test_a_prefix_the_slot_moved_on_from_comes_back_from_host_memory(model_lock: None, cache_ram: str) -> None:
+    """One slot: the class's shared prompt, then another prompt takes the slot, then the shared
+    prompt again. With --cache-ram its cells come back from host memory instead of being evaluated."""
+    with KineticServer("-c", "2048", "-np", "1", "--cache-ram", cache_ram) as server:
+        url = server.url
+        n_shared = len(httpx.post(url + "/tokenize", json={"content": SHARED}).json()["tokens"])
+        complete(url, {"prompt": SHARED + " Question one:", "n_predict": 4, "temperature": 0})
+        complete(url, {"prompt": "Something else entirely, " * 8, "n_predict": 4, "temperature": 0})
+        again = complete(url, greedy(SHARED + " Question two:"))
+        if cache_ram == "0":
+            assert again["timings"]["cache_n"] < 16  # evaluated again: only a token or two in common
+            return
+        assert again["timings"]["cache_n"] >= n_shared - 1
+        evaluated = complete(url, greedy(SHARED + " Question two:", cache_prompt=False))
+        assert_same_or_near_tie(evaluated, again)

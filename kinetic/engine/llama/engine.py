@@ -63,6 +63,7 @@ class LlamaEngine:
         embeddings: bool = False,
         fair_share: bool = True,
         max_in_flight_per_client: int = 0,
+        cache_ram_mib: int = 0,
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
     ):
@@ -76,6 +77,7 @@ class LlamaEngine:
         self.embeddings_enabled = embeddings
         self.fair_share = fair_share
         self.max_in_flight_per_client = max_in_flight_per_client
+        self.cache_ram_mib = cache_ram_mib
         self.verbose = verbose
         self.slot_n_ctx = 0
         self._model: LoadedModel | None = None
@@ -102,7 +104,7 @@ class LlamaEngine:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                                   decode_lock=self._decode_lock, fair=self.fair_share,
-                                  max_in_flight=self.max_in_flight_per_client)
+                                  max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc

@@ -27,6 +27,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import Sampler, token_logprob
@@ -100,7 +101,7 @@ class Scheduler:
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
-                 max_in_flight: int = 0, share_prefixes: bool = True):
+                 max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0):
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -125,6 +126,7 @@ class Scheduler:
             "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0, "prompt_seconds_total": 0.0,
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
             "n_tokens_max": 0}
+        self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024)
         self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
         self.share_prefixes = share_prefixes
         self._cv = threading.Condition()
@@ -238,8 +240,9 @@ class Scheduler:
                 return  # every waiting job wants a busy slot
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
-        """How many prompt tokens `slot` need not evaluate: its own cached prefix, or a longer one
-        copied from another slot's cells (also while that slot is still generating)."""
+        """How many prompt tokens `slot` need not evaluate: its own cached prefix, a longer one copied
+        from another slot's cells (also while that slot is still generating), or one restored from the
+        host-memory cache. The slot's old cells are saved there first when a real prefix is dropped."""
         # The last prompt token is always evaluated again: its logits give the first sample.
         limit = len(prompt) - 1
         n_own = min(_common_prefix(slot.tokens, prompt), limit)
@@ -250,6 +253,18 @@ class Scheduler:
                 n = min(_common_prefix(other.tokens, prompt), limit) if other is not slot else 0
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        if len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+            self.host_cache.save(slot.id, slot.tokens)
+        if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
+            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+            if self.host_cache.restore(saved, slot.id):
+                llama_cpp.llama_memory_seq_rm(memory, slot.id, n_saved, -1)
+                self.metrics["prompt_tokens_restored_total"] = (
+                    self.metrics.get("prompt_tokens_restored_total", 0) + n_saved)
+                return n_saved
+            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+            return 0
         if source is not None:
             llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
             if self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
@@ -271,6 +286,7 @@ class Scheduler:
         if job.request.cache_prompt:
             n_common = self._reuse_prefix(slot, prompt)
         else:
+            self.host_cache.save(slot.id, slot.tokens)
             llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
             n_common = 0
         slot.tokens = list(prompt[:n_common])

@@ -1,0 +1,78 @@
+"""Prompt prefixes kept in host memory after their slot moved on (llama-server's --cache-ram).
+
+A slot holds one prompt's KV cells. When a new request takes the slot and shares little with it,
+those cells would be lost; with thirty students and four slots the lab's system prompt is lost
+again and again. Before a slot's cells are dropped, its sequence state is saved here (up to a
+budget in MiB, least recently used out first); a later prompt that starts the same way gets the
+state restored into its slot instead of evaluating the prefix again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+
+import llama_cpp
+from llama_cpp import _internals
+
+# Saving pays off only for a real shared prefix, not a BOS and a few tokens.
+MIN_SAVED_TOKENS = 16
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class HostPrefixCache:
+    """Sequence states by the tokens they hold; `budget_bytes` 0 turns it off."""
+
+    def __init__(self, ctx: _internals.LlamaContext, budget_bytes: int):
+        self.ctx = ctx
+        self.budget = budget_bytes
+        self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self.size = 0
+
+    def save(self, seq_id: int, tokens: list[int]) -> None:
+        """Keeps the state of sequence `seq_id`, which holds exactly `tokens`."""
+        key = tuple(tokens)
+        if self.budget <= 0 or len(key) < MIN_SAVED_TOKENS or key in self.entries:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+            return
+        # A saved prefix of this one is superseded: the longer state serves it too.
+        for old in [k for k in self.entries if len(k) < len(key) and key[:len(k)] == k]:
+            self.size -= len(self.entries.pop(old))
+        n_bytes = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
+        if n_bytes <= 0 or n_bytes > self.budget:
+            return
+        buffer = (ctypes.c_uint8 * n_bytes)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buffer, n_bytes, seq_id)
+        if written <= 0:
+            return
+        self.entries[key] = bytes(buffer)[:written]
+        self.size += written
+        while self.size > self.budget and self.entries:
+            _, state = self.entries.popitem(last=False)
+            self.size -= len(state)
+
+    def longest_prefix(self, prompt: list[int], limit: int) -> tuple[tuple[int, ...] | None, int]:
+        """The saved state sharing the longest prefix with `prompt` (at most `limit` tokens)."""
+        best: tuple[int, ...] | None = None
+        n_best = 0
+        for key in self.entries:
+            n = min(_common_prefix(key, prompt), limit)
+            if n > n_best:
+                best, n_best = key, n
+        return best, n_best
+
+    def restore(self, key: tuple[int, ...], seq_id: int) -> bool:
+        """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused."""
+        state = self.entries[key]
+        self.entries.move_to_end(key)
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return llama_cpp.llama_state_seq_set_data(self.ctx.ctx, buffer, len(state), seq_id) > 0

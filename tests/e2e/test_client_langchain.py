@@ -41,13 +41,24 @@ def test_plain_chat(llm: ChatOpenAI) -> None:
 
 
 def test_bind_tools_auto_without_parallel_calls(llm: ChatOpenAI) -> None:
-    # With "auto" the base model answers in free text (it never writes a call by itself); what this
-    # proves is that the request LangChain sends is accepted and the reply maps onto an AIMessage
-    # whose tool_calls, if any, are well formed.
-    reply = llm.bind_tools([get_weather], tool_choice="auto", parallel_tool_calls=False).invoke(QUESTION, max_tokens=8)
-    assert isinstance(reply, AIMessage)
+    bound = llm.bind_tools([get_weather], tool_choice="auto", parallel_tool_calls=False)
+    # With "auto" the base model answers in free text (it never writes a call by itself, checked
+    # greedily on the bundled model): the text stays content and no call is made up from it.
+    free = bound.invoke(QUESTION, max_tokens=8)
+    assert isinstance(free, AIMessage) and free.tool_calls == [] and free.invalid_tool_calls == []
+    assert isinstance(free.content, str) and free.content.strip()
+    assert free.response_metadata["finish_reason"] in {"stop", "length"}
+    # A reply whose text is a call (here made certain by a grammar on the same "auto" request) is
+    # parsed out of the text and reaches LangChain as a well-formed tool call.
+    call_shape = {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                      "required": ["city"], "additionalProperties": False}}}
+    reply = bound.invoke(QUESTION, extra_body={"json_schema": call_shape})
+    assert reply.response_metadata["finish_reason"] == "tool_calls" and not reply.content
     assert reply.invalid_tool_calls == []
-    assert all(call["name"] == "get_weather" for call in reply.tool_calls)
+    (call,) = reply.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str) and call["id"]
 
 
 @pytest.mark.parametrize("choice", ["any", "get_weather"])

@@ -82,7 +82,7 @@ def test_streamed_tool_call_with_sdk_stream_helper(openai_client: openai.OpenAI)
     assert any(e.type == "tool_calls.function.arguments.done" for e in events)
 
 
-def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI) -> None:
+def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI, base_url: str) -> None:
     first = openai_client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
                                                   tool_choice="required", temperature=0, max_tokens=40)
     call = first.choices[0].message.tool_calls[0]
@@ -91,9 +91,12 @@ def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI)
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"}]
     r = openai_client.chat.completions.create(model="local", messages=messages, tools=[WEATHER], max_tokens=6)
     assert r.choices[0].finish_reason in {"stop", "length", "tool_calls"}
-    # the tool turn and the earlier call are in the prompt, not dropped
-    without = openai_client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER], max_tokens=1)
-    assert r.usage.prompt_tokens > without.usage.prompt_tokens + 10
+    # the prompt this request used is the rendered conversation, with the call and its result in it
+    prompt = httpx.post(base_url + "/apply-template", json={"messages": messages, "tools": [WEATHER]}).json()["prompt"]
+    assert "Sunny, 24 degrees" in prompt
+    assert prompt.count('"get_weather"') == 2  # once in the tool list, once in the model's earlier call
+    tokens = httpx.post(base_url + "/tokenize", json={"content": prompt}).json()["tokens"]
+    assert r.usage.prompt_tokens == len(tokens)
 
 
 def test_tool_choice_errors(openai_client: openai.OpenAI) -> None:

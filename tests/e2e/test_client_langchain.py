@@ -4,6 +4,7 @@ and a tool result sent back, through langchain-openai against `kinetic serve` (b
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -87,13 +88,25 @@ def test_structured_output_json_schema_strict(llm: ChatOpenAI) -> None:
     assert isinstance(answer, Answer)
 
 
-def test_tool_result_sent_back(llm: ChatOpenAI) -> None:
+def test_tool_result_sent_back(llm: ChatOpenAI, live_server: KineticServer) -> None:
     bound = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
     call_message = bound.invoke(QUESTION)
     call = call_message.tool_calls[0]
-    result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
-    reply = llm.bind_tools([get_weather]).invoke(QUESTION + [call_message, result], max_tokens=6)
-    assert isinstance(reply, AIMessage)
-    # the call and its result reached the prompt through the template
+
+    def input_tokens(result: str) -> int:
+        reply = llm.bind_tools([get_weather]).invoke(
+            QUESTION + [call_message, ToolMessage(result, tool_call_id=call["id"])], max_tokens=1)
+        assert isinstance(reply, AIMessage)
+        return reply.usage_metadata["input_tokens"]
+
+    def n_tokens(text: str) -> int:
+        body = {"content": text, "add_special": False}
+        return len(httpx.post(live_server.url + "/tokenize", json=body).json()["tokens"])
+
+    # the result reached the prompt word for word: the prompt grows by exactly its extra tokens
+    short = get_weather.invoke(call["args"])
+    long = short + ", 24 degrees, a light wind from the west and no rain expected before the evening"
+    assert input_tokens(long) - input_tokens(short) == n_tokens(long) - n_tokens(short) > 10
+    # and the call itself is in it too
     alone = llm.bind_tools([get_weather]).invoke(QUESTION, max_tokens=1)
-    assert reply.usage_metadata["input_tokens"] > alone.usage_metadata["input_tokens"] + 10
+    assert input_tokens(short) > alone.usage_metadata["input_tokens"] + n_tokens(short) + 5

@@ -108,7 +108,8 @@ def test_tool_choice_errors(openai_client: openai.OpenAI) -> None:
 
 def test_auto_tools_stream_matches_non_stream(openai_client: openai.OpenAI) -> None:
     # With "auto" the text is streamed through the call detector; nothing may be lost or duplicated.
-    kwargs = dict(model="local", messages=ASK, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=8)
+    kwargs = dict(model="local", messages=ASK, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=8,
+                  extra_body={"cache_prompt": False})  # both runs evaluate the prompt whole: same logits
     whole = openai_client.chat.completions.create(**kwargs)
     chunks = list(openai_client.chat.completions.create(stream=True, **kwargs))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -229,10 +230,11 @@ def test_content_parts_user_metadata_store_max_completion_tokens(openai_client: 
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the weather"},
                                           {"type": "text", "text": "in Rome?"}]}]
     r = openai_client.chat.completions.create(model="local", messages=parts, max_completion_tokens=3, seed=7,
-                                              temperature=0, user="u-1", metadata={"k": "v"}, store=False)
+                                              temperature=0, user="u-1", metadata={"k": "v"}, store=False,
+                                              extra_body={"cache_prompt": False})
     plain = openai_client.chat.completions.create(
         model="local", messages=[{"role": "user", "content": "What is the weather\nin Rome?"}], max_tokens=3,
-        seed=7, temperature=0)
+        seed=7, temperature=0, extra_body={"cache_prompt": False})
     assert r.usage.completion_tokens <= 3 and r.model == MODEL_ALIAS
     assert r.usage.prompt_tokens == plain.usage.prompt_tokens  # parts are joined with a newline
     assert r.choices[0].message.content == plain.choices[0].message.content

@@ -34,7 +34,8 @@ def test_missing_or_wrong_key_gets_exact_401(keyed_server: KineticServer) -> Non
 
 
 def test_health_stays_public(keyed_server: KineticServer) -> None:
-    assert httpx.get(keyed_server.url + "/health").status_code == 200
+    r = httpx.get(keyed_server.url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
 def test_openai_sdk_without_key_raises_authentication_error(keyed_server: KineticServer) -> None:
@@ -48,7 +49,8 @@ def test_bearer_and_x_api_key_both_work(keyed_server: KineticServer) -> None:
     client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=KEY, max_retries=0)
     r = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens <= 2
-    assert httpx.get(keyed_server.url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    models = httpx.get(keyed_server.url + "/v1/models", headers={"x-api-key": KEY})
+    assert models.status_code == 200 and models.json()["data"][0]["object"] == "model"
 
 
 PUBLIC = {"/health", "/v1/health"}

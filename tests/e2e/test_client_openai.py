@@ -82,7 +82,7 @@ def test_streamed_tool_call_with_sdk_stream_helper(openai_client: openai.OpenAI)
     assert any(e.type == "tool_calls.function.arguments.done" for e in events)
 
 
-def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI) -> None:
+def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI, base_url: str) -> None:
     first = openai_client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
                                                   tool_choice="required", temperature=0, max_tokens=40)
     call = first.choices[0].message.tool_calls[0]
@@ -91,9 +91,12 @@ def test_tool_result_is_sent_back_through_template(openai_client: openai.OpenAI)
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"}]
     r = openai_client.chat.completions.create(model="local", messages=messages, tools=[WEATHER], max_tokens=6)
     assert r.choices[0].finish_reason in {"stop", "length", "tool_calls"}
-    # the tool turn and the earlier call are in the prompt, not dropped
-    without = openai_client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER], max_tokens=1)
-    assert r.usage.prompt_tokens > without.usage.prompt_tokens + 10
+    # the prompt this request used is the rendered conversation, with the call and its result in it
+    prompt = httpx.post(base_url + "/apply-template", json={"messages": messages, "tools": [WEATHER]}).json()["prompt"]
+    assert "Sunny, 24 degrees" in prompt
+    assert prompt.count('"get_weather"') == 2  # once in the tool list, once in the model's earlier call
+    tokens = httpx.post(base_url + "/tokenize", json={"content": prompt}).json()["tokens"]
+    assert r.usage.prompt_tokens == len(tokens)
 
 
 def test_tool_choice_errors(openai_client: openai.OpenAI) -> None:
@@ -105,7 +108,8 @@ def test_tool_choice_errors(openai_client: openai.OpenAI) -> None:
 
 def test_auto_tools_stream_matches_non_stream(openai_client: openai.OpenAI) -> None:
     # With "auto" the text is streamed through the call detector; nothing may be lost or duplicated.
-    kwargs = dict(model="local", messages=ASK, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=8)
+    kwargs = dict(model="local", messages=ASK, tools=[WEATHER], tool_choice="auto", temperature=0, max_tokens=8,
+                  extra_body={"cache_prompt": False})  # both runs evaluate the prompt whole: same logits
     whole = openai_client.chat.completions.create(**kwargs)
     chunks = list(openai_client.chat.completions.create(stream=True, **kwargs))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -226,10 +230,11 @@ def test_content_parts_user_metadata_store_max_completion_tokens(openai_client: 
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the weather"},
                                           {"type": "text", "text": "in Rome?"}]}]
     r = openai_client.chat.completions.create(model="local", messages=parts, max_completion_tokens=3, seed=7,
-                                              temperature=0, user="u-1", metadata={"k": "v"}, store=False)
+                                              temperature=0, user="u-1", metadata={"k": "v"}, store=False,
+                                              extra_body={"cache_prompt": False})
     plain = openai_client.chat.completions.create(
         model="local", messages=[{"role": "user", "content": "What is the weather\nin Rome?"}], max_tokens=3,
-        seed=7, temperature=0)
+        seed=7, temperature=0, extra_body={"cache_prompt": False})
     assert r.usage.completion_tokens <= 3 and r.model == MODEL_ALIAS
     assert r.usage.prompt_tokens == plain.usage.prompt_tokens  # parts are joined with a newline
     assert r.choices[0].message.content == plain.choices[0].message.content

@@ -171,7 +171,7 @@ def test_function_call_output_round_trip(openai_client: openai.OpenAI, live_serv
     r = openai_client.responses.create(model="m", input=conversation(long_result), tools=[WEATHER],
                                        max_output_tokens=6)
     assert r.usage.input_tokens == input_tokens(long_result) and r.status == "completed"
-    assert all(item.type in {"message", "function_call"} for item in r.output)
+    assert r.output and all(item.type in {"message", "function_call"} for item in r.output)
 
 
 # ------------------------------------------------------------------------ LangChain on /v1/responses

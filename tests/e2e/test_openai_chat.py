@@ -12,6 +12,10 @@ from tests.conftest import MODEL_ALIAS
 
 MESSAGES = [{"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "In one sentence, what is llama.cpp?"}]
+# llama.cpp's logits are not bit-identical between a prompt evaluated whole and one resumed from the
+# KV cache (llama-server documents this for cache_prompt), so runs compared token for token each
+# evaluate their prompt from scratch.
+COLD = {"cache_prompt": False}
 TIMING_KEYS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
                "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
 
@@ -95,36 +99,81 @@ def test_completions_legacy_string_and_token_prompt(openai_client: openai.OpenAI
 
 
 def test_completions_stream_ends_with_usage(openai_client: openai.OpenAI) -> None:
-    chunks = list(openai_client.completions.create(model="local", prompt="Once upon a time", max_tokens=4,
-                                                   stream=True))
-    assert chunks[-1].choices[0].finish_reason in {"stop", "length"} and chunks[-1].usage is not None
+    kwargs = dict(model="local", prompt="Once upon a time", max_tokens=4, temperature=0, extra_body=COLD)
+    whole = openai_client.completions.create(**kwargs)
+    chunks = list(openai_client.completions.create(stream=True, **kwargs))
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
+STORY = [{"role": "user", "content": "Tell me a story."}]
+
+
+def sampled(client: openai.OpenAI, **fields: object) -> str:
+    """24 tokens exactly (ignore_eos), so two runs differ only where the sampler differs."""
+    extra = {k: fields.pop(k) for k in ("top_k", "min_p", "repeat_penalty") if k in fields}
+    r = client.chat.completions.create(model="local", messages=STORY, max_tokens=24, **fields,
+                                       extra_body={"ignore_eos": True, **COLD, **extra})
+    assert r.usage.completion_tokens == 24
+    return r.choices[0].message.content
+
+
+def test_top_k_1_is_greedy_whatever_the_seed(openai_client: openai.OpenAI) -> None:
+    greedy = sampled(openai_client, temperature=0)
+    assert sampled(openai_client, temperature=1.5, top_k=1, seed=1) == greedy
+    assert sampled(openai_client, temperature=1.5, top_k=1, seed=2) == greedy
+    assert sampled(openai_client, temperature=1.5, seed=1) != greedy  # without top_k the seed matters
+
+
+def test_seed_fixes_the_sampled_text(openai_client: openai.OpenAI) -> None:
+    # A wide distribution (no top-k, min-p or top-p cut) over 24 tokens: two seeds agreeing on all
+    # of them is out of reach, while one seed always makes the same draws.
+    wide = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0)
+    first = sampled(openai_client, seed=1234, **wide)
+    assert sampled(openai_client, seed=1234, **wide) == first
+    assert sampled(openai_client, seed=4321, **wide) != first
+    assert sampled(openai_client, seed=99, **wide) != first
+
+
+def test_repeat_penalty_changes_a_seeded_run(openai_client: openai.OpenAI) -> None:
+    plain = sampled(openai_client, temperature=0.8, seed=7)
+    assert sampled(openai_client, temperature=0.8, seed=7, repeat_penalty=1.0) == plain  # 1.0 is "off"
+    assert sampled(openai_client, temperature=0.8, seed=7, repeat_penalty=1.5) != plain
+
+
+def test_repeat_penalty_breaks_a_greedy_loop(openai_client: openai.OpenAI) -> None:
+    def run(**extra: float) -> str:
+        r = openai_client.completions.create(model="local", prompt="1, 1, 1, 1, 1, 1, 1, 1,", max_tokens=16,
+                                             temperature=0, extra_body={"ignore_eos": True, **COLD, **extra})
+        return r.choices[0].text
+
+    looping = run()
+    assert looping.startswith(" 1, 1, 1, 1,")  # what greedy decoding makes of this prompt
+    assert run(repeat_penalty=1.5).count("1") < looping.count("1")
 
 
 def test_sampling_fields_and_unknown_fields_accepted(openai_client: openai.OpenAI) -> None:
-    r = openai_client.chat.completions.create(
-        model="local", messages=MESSAGES, max_completion_tokens=4, temperature=0.7, top_p=0.9, seed=42,
-        presence_penalty=0.5, frequency_penalty=0.5, stop=["\n\n", "###"],
-        extra_body={"top_k": 20, "min_p": 0.1, "typical_p": 0.9, "repeat_penalty": 1.1, "mirostat": 0,
-                    "some_future_field": {"x": 1}})
+    fields = dict(model="local", messages=MESSAGES, max_completion_tokens=4, temperature=0.7, top_p=0.9, seed=42,
+                  presence_penalty=0.5, frequency_penalty=0.5, stop=["\n\n", "###"])
+    extra = {"top_k": 20, "min_p": 0.1, "typical_p": 0.9, "repeat_penalty": 1.1, "mirostat": 0, **COLD}
+    r = openai_client.chat.completions.create(**fields, extra_body={**extra, "some_future_field": {"x": 1}})
     assert r.usage.completion_tokens <= 4
-
-
-def test_same_seed_same_text(openai_client: openai.OpenAI) -> None:
-    def run() -> str:
-        r = openai_client.chat.completions.create(model="local", messages=MESSAGES, max_tokens=8, seed=1234,
-                                                  temperature=1.0)
-        return r.choices[0].message.content
-
-    assert run() == run()
+    # the unknown field is ignored, not half-applied: the same seeded run without it gives the same text
+    again = openai_client.chat.completions.create(**fields, extra_body=extra)
+    assert again.choices[0].message.content == r.choices[0].message.content
 
 
 def test_stop_string_is_not_returned(openai_client: openai.OpenAI) -> None:
-    greedy = openai_client.completions.create(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
-    text = greedy.choices[0].text
-    stop = text.strip()[:3]
-    r = openai_client.completions.create(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
-                                         stop=[stop])
-    assert stop not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+    # ignore_eos and greedy decoding: the 12-token continuation is fixed, so a piece of its middle is
+    # certain to come up again when it is the stop string.
+    kwargs = dict(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, extra_body={"ignore_eos": True, **COLD})
+    text = openai_client.completions.create(**kwargs).choices[0].text
+    assert len(text) >= 12, text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    r = openai_client.completions.create(**kwargs, stop=["NEVER!", stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == text[:text.index(stop)]
 
 
 @pytest.mark.parametrize("overrides, field", [

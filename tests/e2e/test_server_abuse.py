@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
 
+import httpx
 import pytest
 
 from tests.server import KineticServer
@@ -31,7 +34,7 @@ abuse = load_script()
 
 @pytest.fixture(scope="module")
 def target(model_lock: None, live_server: KineticServer) -> Iterator[object]:
-    with KineticServer("-c", "2048", "-np", "2", "--body-timeout", str(BODY_TIMEOUT_S),
+    with KineticServer("-c", "2048", "-np", "2", "--metrics", "--body-timeout", str(BODY_TIMEOUT_S),
                        "--header-timeout", str(HEADER_TIMEOUT_S)) as server:
         yield abuse.Target(server.url, body_timeout=BODY_TIMEOUT_S, header_timeout=HEADER_TIMEOUT_S)
 
@@ -41,3 +44,36 @@ def target(model_lock: None, live_server: KineticServer) -> Iterator[object]:
 def test_server_survives(target: object, description: str, check: object) -> None:
     check(target)  # type: ignore[operator]
     assert abuse.healthy(target), f"not healthy after: {description}"
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes; a socket timeout (a hang) fails the test."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith(("llamacpp:n_decode_total", "llamacpp:prompt_tokens_total",
+                                "llamacpp:requests_processing"))}
+
+
+def test_disconnect_before_body_runs_nothing(target: object) -> None:
+    # the script's check asserts the close; this one that no prompt of a half-sent body is decoded
+    url = target.url  # type: ignore[attr-defined]
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 500\r\n\r\n{\"messages\":")
+    before = engine_counters(url)
+    for _ in range(3):
+        with socket.create_connection(target.address, timeout=30) as sock:  # type: ignore[attr-defined]
+            sock.sendall(head)
+            sock.shutdown(socket.SHUT_WR)  # the client is gone with 488 bytes of its body unsent
+            response = read_until_closed(sock)
+        # closed, or refused with a client error; never served
+        assert response == b"" or re.match(rb"HTTP/1\.1 4\d\d ", response), response[:300]
+    assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+    after = engine_counters(url)
+    assert after == before and after["llamacpp:requests_processing"] == 0  # no prompt reached the engine

@@ -182,7 +182,9 @@ def cache_grew(ctx: Context) -> str:
     if (first.get("usage") or {}).get("prompt_tokens") != prompt:
         raise Failure("the two completions have different prompts: the same request must be sent twice",
                       "send request.json unchanged both times")
-    if not (c2 > c1 and c2 >= MIN_REUSE * prompt):
+    # A first request may already find its prompt cached (the student ran it before, and the server
+    # kept the prefix in a slot or in host memory, as --cache-ram does): then both show it reused.
+    if not (c2 >= c1 and c2 >= MIN_REUSE * prompt):
         raise Failure(f"cache_n went from {c1} to {c2} of {prompt} prompt tokens: the second request did not reuse "
                       "the first one's prompt", "send the same request twice in a row to a server with one slot")
     return f"cache_n {c1} -> {c2} of {prompt} prompt tokens"

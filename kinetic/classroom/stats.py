@@ -64,6 +64,19 @@ def name_of(record: dict[str, Any]) -> str | None:
     return None
 
 
+def tokens_of(record: dict[str, Any]) -> tuple[int, int]:
+    """Tokens in and out: the usage the client got, else the timings (a stream without
+    `stream_options.include_usage` carries only those)."""
+    timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
+    prompt = record.get("prompt_tokens")
+    if not isinstance(prompt, int):
+        prompt = _int(timings.get("prompt_n")) + _int(timings.get("cache_n"))
+    completion = record.get("completion_tokens")
+    if not isinstance(completion, int):
+        completion = _int(timings.get("predicted_n"))
+    return _int(prompt), _int(completion)
+
+
 def ttft_of(record: dict[str, Any]) -> float | None:
     """Seconds to the first token: as the client saw it for a stream; for a full answer, which
     arrives whole, the prompt time the server reports (timings.prompt_ms)."""
@@ -109,8 +122,9 @@ class ClassStats:
                 return
             totals = self._totals.setdefault(name, KeyTotals())
             totals.requests += 1
-            totals.prompt_tokens += _int(record.get("prompt_tokens"))
-            totals.completion_tokens += _int(record.get("completion_tokens"))
+            prompt, completion = tokens_of(record)
+            totals.prompt_tokens += prompt
+            totals.completion_tokens += completion
             if status >= 400 or "error" in record:
                 totals.errors += 1
             ttft = ttft_of(record)

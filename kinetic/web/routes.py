@@ -74,6 +74,14 @@ async def index(request: Request) -> Response:
     return response
 
 
+@router.get("/ui/config.json")
+async def page_config(request: Request) -> dict[str, Any]:
+    """What the pages must know before their first API call: whether to ask for a key first (so a
+    student opening the page does not make a 401 that the dashboard would count as their lab's)."""
+    keys: KeyRing = request.app.state.keys
+    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin}
+
+
 @router.api_route("/ui/{name}", methods=["GET", "HEAD"])
 async def asset(name: str, request: Request) -> Response:
     service: Service = request.app.state.service

@@ -30,6 +30,11 @@ async function getJSON(path) {
 }
 
 async function loadProps() {
+  const config = await (await fetch("/ui/config.json")).json();
+  if (config.api_key_required && !keyStore.get()) {
+    setStatus("this server needs an API key");
+    await kinetic.askKey($("key-form"), keyStore, "This server needs an API key.");
+  }
   const props = await getJSON("/props");
   state.model = props.model_alias || "";
   $("model").textContent = state.model;

@@ -76,7 +76,7 @@ function drawStudents(students) {
 // A line of tokens/s per time bucket, drawn in SVG by hand: no chart library, works offline.
 function drawChart(points) {
   const svg = $("chart");
-  const width = 600, height = 140, top = 14, bottom = 122;
+  const width = 600, top = 4, bottom = 138;
   const max = Math.max(1, ...points.map((p) => p.tokens_per_s));
   const x = (i) => (points.length > 1 ? (i / (points.length - 1)) * width : 0);
   const y = (v) => bottom - (v / max) * (bottom - top);
@@ -91,15 +91,17 @@ function drawChart(points) {
     make("line", { x1: 0, y1: bottom, x2: width, y2: bottom, class: "axis" }),
     make("polygon", { points: `0,${bottom} ${line} ${width},${bottom}`, class: "area" }),
     make("polyline", { points: line, class: "rate" }),
-    make("text", { x: 4, y: 11, class: "label" }, `${max.toFixed(1)} tokens/s`),
-    make("text", { x: 4, y: 136, class: "label" }, "−10 min"),
-    make("text", { x: width - 4, y: 136, class: "label end" }, "now"),
   );
+  $("chart-max").textContent = `${max.toFixed(1)} tokens/s`;
   const recent = points.slice(-6).reduce((sum, p) => sum + p.tokens_per_s, 0) / Math.min(6, points.length || 1);
   $("rate-now").textContent = `(last 30 s: ${recent.toFixed(1)} tokens/s)`;
 }
 
 async function poll() {
+  const config = await (await fetch("/ui/config.json")).json();
+  if (config.admin_key_required && !keyStore.get()) {
+    await kinetic.askKey($("key-form"), keyStore, "The dashboard needs an admin key.");
+  }
   for (;;) {
     let res;
     try {

@@ -102,8 +102,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
     Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
          metavar="FNAME"),
-    Flag("admin_key", ("--admin-key",), "key(s) that open the instructor's /dashboard, comma separated (a key "
-         "named `admin` in the key file does too)", metavar="KEY"),
+    Flag("admin_key", ("--admin-key",), "key(s) for the instructor's /dashboard (so is a key named admin in "
+         "the key file)", metavar="KEY"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list",
          metavar="ORIGINS"),
     Flag("body_timeout", ("--body-timeout",),
@@ -123,8 +123,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("jinja", ("--jinja",), "use Jinja chat templates", negations=("--no-jinja",)),
     Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
          metavar="FORMAT"),
-    Flag("ui", ("--ui", "--webui"), "serve the chat page at / (browsers; other clients get Ollama's "
-         "`Ollama is running`)", negations=("--no-ui", "--no-webui")),
+    Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
     Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
     Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
     Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),

@@ -208,6 +208,8 @@ def test_dashboard_counts_requests_by_key_name(page: Any, server: KineticServer)
 def test_root_answers_ollama_probes_and_dashboard_data_needs_the_admin(server: KineticServer) -> None:
     probe = httpx.get(server.url + "/")
     assert (probe.status_code, probe.text) == (200, "Ollama is running")
+    head = httpx.head(server.url + "/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"].startswith("text/plain")
     assert httpx.get(server.url + "/", headers={"Accept": "text/html"}).text.startswith("<!doctype html>")
     stats = server.url + "/dashboard/stats"
     assert httpx.get(stats).status_code == 401

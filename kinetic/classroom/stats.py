@@ -66,14 +66,15 @@ def name_of(record: dict[str, Any]) -> str | None:
 
 def tokens_of(record: dict[str, Any]) -> tuple[int, int]:
     """Tokens in and out: the usage the client got, else the timings (a stream without
-    `stream_options.include_usage` carries only those)."""
+    `stream_options.include_usage` carries only those), else for tokens out the content chunks
+    received (a stream stopped by its client never gets to the chunk with the numbers)."""
     timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
     prompt = record.get("prompt_tokens")
     if not isinstance(prompt, int):
         prompt = _int(timings.get("prompt_n")) + _int(timings.get("cache_n"))
     completion = record.get("completion_tokens")
     if not isinstance(completion, int):
-        completion = _int(timings.get("predicted_n"))
+        completion = _int(timings.get("predicted_n")) if timings else _int(record.get("chunks"))
     return _int(prompt), _int(completion)
 
 

@@ -163,6 +163,10 @@ def test_class_stats_per_key_totals_and_the_labs_requests() -> None:
     assert by_name[UNKNOWN]["requests"] == 1 and by_name[UNKNOWN]["errors"] == 1
     stats.record({**chat("bob", stream=True), "prompt_tokens": None, "completion_tokens": None}, now=T0 + 50)
     assert (rows(stats)["bob"]["prompt_tokens"], rows(stats)["bob"]["completion_tokens"]) == (25, 50)  # timings
+    stopped = {"client": "bob", "auth": "ok", "addr": "10.0.0.2", "route": "/v1/chat/completions", "status": 200,
+               "stream": True, "chunks": 7, "ttft_s": 0.2}  # aborted by the client: no usage, no timings
+    stats.record(stopped, now=T0 + 55)
+    assert rows(stats)["bob"]["completion_tokens"] == 57 and rows(stats)["bob"]["lab"]["streamed_chat"]
     stats = ClassStats(clock=lambda: T0)
     for index, record in enumerate((chat("alice", stream=True), chat("alice", stream=False),
                                     chat(None, stream=False, status=401))):

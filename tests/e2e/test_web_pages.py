@@ -133,7 +133,7 @@ def test_thinking_toggle_sets_enable_thinking(page: Any, server: KineticServer) 
     assert page.is_hidden(".turn.assistant .reasoning")
 
 
-def test_stop_aborts_the_request_and_frees_the_slot(page: Any, server: KineticServer) -> None:
+def test_stop_aborts_the_request_and_frees_the_slot(page: Any, browser_context: Any, server: KineticServer) -> None:
     open_chat(page, server, KEYS["bob"])
     page.fill("#max-tokens", "1800")
     page.click(".options summary")
@@ -146,6 +146,15 @@ def test_stop_aborts_the_request_and_frees_the_slot(page: Any, server: KineticSe
     busy = [slot for slot in slots(server) if slot["is_processing"]]
     assert [slot.get("key") for slot in busy] == ["bob"]
     page.screenshot(path=str(ARTIFACTS / "chat-streaming.png"))
+    # meanwhile, on the instructor's dashboard (another tab: its own session storage), bob's slot is busy
+    dashboard = browser_context.new_page()
+    dashboard.goto(server.url + "/dashboard")
+    dashboard.fill("#key-form input", ADMIN_KEY)
+    dashboard.click("#key-form button")
+    busy_row = dashboard.wait_for_selector("#slots tbody tr.processing")
+    assert busy_row.query_selector_all("td")[2].inner_text() == "bob"
+    dashboard.screenshot(path=str(ARTIFACTS / "dashboard-busy.png"), full_page=True)
+    dashboard.close()
     page.click("#stop")
     page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=note]")
     deadline = time.monotonic() + 30

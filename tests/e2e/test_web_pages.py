@@ -1,28 +1,24 @@
 """The chat page and the dashboard in a real browser: Debian's chromium driven by Playwright, against
 `kinetic serve` on the bundled model with a key file of two named students and an admin key.
 
-Never skipped: without /usr/bin/chromium the tests fail and say how to install it. Screenshots go to
-tests/artifacts/ (gitignored) for a person to look at.
+Never skipped: without /usr/bin/chromium the tests fail and say how to install it (tests/browser.py).
+Screenshots go to tests/artifacts/ (gitignored) for a person to look at.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
+from tests.browser import ARTIFACTS, chromium_context
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 KEYS = {"alice": "sk-alice-5d1e", "bob": "sk-bob-a0c3"}
 ADMIN_KEY = "sk-teacher-77f0"
 ALIAS = "kinetic-web"
@@ -39,22 +35,12 @@ def server(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium); "
-                    "the web pages are tested in it and never skipped")
-    from playwright.sync_api import sync_playwright
-
+def browser_context() -> Iterator[Any]:
+    """Debian's chromium on a fresh profile (tests/browser.py: a missing browser fails, naming the fix)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1200, "height": 800})
-        context.set_default_timeout(TIMEOUT_MS)
-        try:
-            yield context
-        finally:
-            context.close()
+    with chromium_context() as context:
+        context.set_default_timeout(TIMEOUT_MS)  # type: ignore[attr-defined]
+        yield context
 
 
 @pytest.fixture()

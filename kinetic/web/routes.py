@@ -19,9 +19,9 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response
 
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.stats import ClassStats
-from kinetic.deps import ServiceDep
+from kinetic.deps import RegistryDep
 from kinetic.errors import ForbiddenError, NotFoundError, UnauthorizedError
-from kinetic.service import Service
+from kinetic.router.registry import ModelRegistry
 
 router = APIRouter()
 
@@ -63,10 +63,14 @@ def _page(name: str) -> FileResponse:
     return FileResponse(STATIC / name, headers={"Cache-Control": "no-cache"})
 
 
+def _ui_on(request: Request) -> bool:
+    registry: ModelRegistry = request.app.state.registry
+    return registry.settings.ui
+
+
 @router.api_route("/", methods=["GET", "HEAD"])
 async def index(request: Request) -> Response:
-    service: Service = request.app.state.service
-    if service.settings.ui and wants_html(request.headers.get("accept", "")):
+    if _ui_on(request) and wants_html(request.headers.get("accept", "")):
         response: Response = _page("chat.html")
     else:
         response = PlainTextResponse(OLLAMA_TEXT)
@@ -84,8 +88,7 @@ async def page_config(request: Request) -> dict[str, Any]:
 
 @router.api_route("/ui/{name}", methods=["GET", "HEAD"])
 async def asset(name: str, request: Request) -> Response:
-    service: Service = request.app.state.service
-    if name in SHARED_ASSETS or (name in CHAT_ASSETS and service.settings.ui):
+    if name in SHARED_ASSETS or (name in CHAT_ASSETS and _ui_on(request)):
         return _page(name)
     raise NotFoundError("File Not Found")
 
@@ -112,21 +115,33 @@ def require_admin(keys: KeyRing, headers: dict[str, str]) -> None:
 
 
 @router.get("/dashboard/stats")
-async def dashboard_stats(request: Request, service: ServiceDep) -> dict[str, Any]:
+async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, Any]:
+    """Slots and queue of every loaded model (one, or several in router mode), and the class's totals."""
     keys: KeyRing = request.app.state.keys
     require_admin(keys, {k.lower(): v for k, v in request.headers.items()})
     stats: ClassStats = request.app.state.class_stats
-    engine = service.engine
-    engine_stats = engine.stats()
-    slots = [{"id": slot.id, "state": "processing" if slot.is_processing else "idle",
-              "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
-              "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
-             for slot in engine.slot_states()]
+    models: list[dict[str, Any]] = []
+    slots: list[dict[str, Any]] = []
+    processing = deferred = 0
+    by_key: dict[str, int] = {}
+    for entry in registry.entries.values():
+        service = entry.service
+        if service is None or not service.ready:  # a router's model that is not loaded: no slots to show
+            continue
+        engine = service.engine
+        engine_stats = engine.stats()
+        models.append({"name": entry.name, "n_ctx": engine.slot_n_ctx, "n_slots": engine.n_slots})
+        slots += [{"model": entry.name, "id": slot.id, "state": "processing" if slot.is_processing else "idle",
+                   "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
+                   "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
+                  for slot in engine.slot_states()]
+        processing += engine_stats.requests_processing
+        deferred += engine_stats.requests_deferred
+        for name, count in engine_stats.deferred_by_client.items():
+            by_key[name] = by_key.get(name, 0) + count
     return {
-        "model": service.model_name,
-        "n_ctx": engine.slot_n_ctx,
+        "models": models,
         "slots": slots,
-        "queue": {"processing": engine_stats.requests_processing, "deferred": engine_stats.requests_deferred,
-                  "deferred_by_key": dict(sorted(engine_stats.deferred_by_client.items()))},
+        "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items()))},
         **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),
     }

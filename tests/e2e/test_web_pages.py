@@ -211,7 +211,8 @@ def test_root_answers_ollama_probes_and_dashboard_data_needs_the_admin(server: K
     denied = httpx.get(stats, headers={"Authorization": f"Bearer {KEYS['bob']}"})
     assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
     body = httpx.get(stats, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
-    assert body["model"] == ALIAS and [s["name"] for s in body["students"]][:2] == ["alice", "bob"]
+    assert [m["name"] for m in body["models"]] == [ALIAS] and body["models"][0]["n_ctx"] == 2048
+    assert [s["name"] for s in body["students"]][:2] == ["alice", "bob"]
     assert body["queue"]["deferred"] == 0 and len(body["slots"]) == 2
 
 

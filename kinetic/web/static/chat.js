@@ -36,9 +36,21 @@ async function loadProps() {
     await kinetic.askKey($("key-form"), keyStore, "This server needs an API key.");
   }
   const props = await getJSON("/props");
-  state.model = props.model_alias || "";
-  $("model").textContent = state.model;
-  $("ctx").textContent = `n_ctx ${props.default_generation_settings?.n_ctx ?? "?"}`;
+  if (props.role === "router") {
+    // several models (router mode): the student picks one; it loads on its first request
+    const models = (await getJSON("/v1/models")).data.map((m) => m.id);
+    const select = $("model-select");
+    select.replaceChildren(...models.map((id) => new Option(id, id)));
+    select.onchange = () => { state.model = select.value; };
+    state.model = select.value;
+    select.hidden = false;
+    $("model").hidden = true;
+    $("ctx").textContent = "router";
+  } else {
+    state.model = props.model_alias || "";
+    $("model").textContent = state.model;
+    $("ctx").textContent = `n_ctx ${props.default_generation_settings?.n_ctx ?? "?"}`;
+  }
   setStatus("ready");
   $("send").disabled = false;
 }

@@ -25,12 +25,12 @@ function ago(iso) {
   return seconds < 60 ? `${seconds} s ago` : `${Math.floor(seconds / 60)} min ago`;
 }
 
-function drawSlots(slots) {
+function drawSlots(slots, models) {
   const rows = slots.map((slot) => {
     const row = document.createElement("tr");
     row.dataset.slot = slot.id;
     row.className = slot.state;
-    cell(row, slot.id);
+    cell(row, models.length > 1 ? `${slot.model} #${slot.id}` : slot.id); // router mode: which model's slot
     cell(row, slot.state);
     cell(row, slot.key ?? "");
     cell(row, slot.n_prompt_tokens);
@@ -126,9 +126,9 @@ async function poll() {
     }
     const stats = await res.json();
     $("board").hidden = false;
-    $("model").textContent = stats.model;
-    $("ctx").textContent = `n_ctx ${stats.n_ctx}`;
-    drawSlots(stats.slots);
+    $("model").textContent = stats.models.map((m) => m.name).join(", ") || "no model loaded";
+    $("ctx").textContent = stats.models.length ? `n_ctx ${stats.models[0].n_ctx}` : "";
+    drawSlots(stats.slots, stats.models);
     drawQueue(stats.queue, stats.totals);
     drawStudents(stats.students);
     drawChart(stats.throughput);

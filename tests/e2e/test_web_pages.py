@@ -239,3 +239,35 @@ def test_reasoning_is_shown_folded(page: Any) -> None:
         page.click(".turn.assistant .reasoning summary")
         assert page.is_visible(".turn.assistant .reasoning pre") and turn is not None
         page.screenshot(path=str(ARTIFACTS / "chat-reasoning.png"))
+
+
+def test_router_mode_the_student_picks_the_model(page: Any, browser_context: Any, model_lock: None,
+                                                  server: KineticServer) -> None:
+    """Several models at one address: the page lists them (/v1/models), the request names the one
+    picked, and the dashboard (open: this server has no keys) shows that model's slots."""
+    from kinetic.models import bundled_model_path
+
+    gemma = str(bundled_model_path())
+    server.stop()  # one model process at a time on this machine: the keyed server is not needed any more
+    with KineticServer("-c", "2048", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b") as router:
+        bodies: list[dict[str, Any]] = []
+        page.on("request", lambda request: bodies.append(json.loads(request.post_data))
+                if request.url.endswith("/v1/chat/completions") else None)
+        page.goto(router.url + "/")
+        page.wait_for_selector("#model-select:not([hidden])")
+        assert [o.inner_text() for o in page.query_selector_all("#model-select option")] == ["chat-a", "chat-b"]
+        page.select_option("#model-select", "chat-b")
+        page.fill("#max-tokens", "8")
+        page.fill("#message", "Hello")
+        page.click("#send")
+        page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=tokens-per-second]")
+        assert bodies[0]["model"] == "chat-b"
+        page.screenshot(path=str(ARTIFACTS / "chat-router.png"))
+        dashboard = browser_context.new_page()
+        dashboard.goto(router.url + "/dashboard")
+        dashboard.wait_for_selector("#board:not([hidden]) #slots tbody tr")
+        assert dashboard.inner_text("#model") == "chat-b"  # only the model that was loaded by the request
+        assert dashboard.inner_text("#slots tbody tr td") == "0"
+        student = dashboard.query_selector("#students tbody tr")
+        assert student.get_attribute("data-name") == "addr:127.0.0.1"  # no keys: the address stands in
+        dashboard.close()

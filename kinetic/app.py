@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
+from kinetic.classroom.stats import ClassStats
 from kinetic.errors import (
     InvalidRequestError,
     KineticError,
@@ -38,6 +39,8 @@ from kinetic.protocols.responses.routes import router as responses_router
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.service import Service
 from kinetic.streaming import ClientDisconnected
+from kinetic.web.routes import is_public_page
+from kinetic.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,9 @@ class RequestGate:
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": CORS_METHODS,
                 "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
+        elif is_public_page(scope["method"], path):  # no key, and served while loading (the page says so)
+            await self._call_app(scope, receive, send_with_cors)
+            return
         elif not self.registry.ready:
             response = error_response(path, UnavailableError("Loading model"))
         elif self.keys and path not in PUBLIC_PATHS and client_name is None:
@@ -262,11 +268,15 @@ def create_app(
     app.include_router(anthropic_router)
     app.include_router(responses_router)
     app.include_router(ollama_router)
+    app.include_router(web_router)
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     keys = settings.key_ring()
+    app.state.keys = keys
     app.add_middleware(RequestGate, registry=registry, keys=keys,
                        cors_origins=settings.cors_origins, body_timeout=settings.body_timeout)
-    if settings.ledger:  # added last: outermost, so it also records the gate's 401s
-        writer = LedgerWriter(settings.ledger, content=settings.ledger_content)
-        app.add_middleware(LedgerMiddleware, writer=writer, keyed=bool(keys))
+    # The request recorder, added last: outermost, so it also sees the gate's 401s. Its records feed
+    # the dashboard always, and the ledger file with --ledger.
+    app.state.class_stats = ClassStats()
+    writer = LedgerWriter(settings.ledger, content=settings.ledger_content) if settings.ledger else None
+    app.add_middleware(LedgerMiddleware, writer=writer, sinks=[app.state.class_stats], keyed=bool(keys))
     return app

@@ -49,7 +49,7 @@ def build_serve_parser(parser: argparse.ArgumentParser) -> None:
 def serve_epilog() -> str:
     implemented = set(FLAGS_BY_SPELLING)
     others = [f for f in llama_server_flags() if not implemented & {*f.names, *f.negations}]
-    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --no-webui, -sps N,\n"
+    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --mlock, -sps N,\n"
             "--dry-multiplier N...) is accepted with its values and ignored with a one-line warning;\n"
             "so are their LLAMA_ARG_* variables. A flag llama-server does not know either is an error.\n"
             "A bad value stops the start with one line naming the flag or variable (exit code 2).")

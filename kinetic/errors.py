@@ -55,6 +55,13 @@ class UnauthorizedError(KineticError):
     kind = "authentication_error"
 
 
+class ForbiddenError(KineticError):
+    """A valid key that may not do this (a student's key on the instructor's dashboard): 403."""
+
+    status = 403
+    kind = "permission_error"
+
+
 class RequestTimeoutError(KineticError):
     status = 408
     kind = "timeout_error"

@@ -102,6 +102,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
     Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
          metavar="FNAME"),
+    Flag("admin_key", ("--admin-key",), "key(s) for the instructor's /dashboard (so is a key named admin in "
+         "the key file)", metavar="KEY"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list",
          metavar="ORIGINS"),
     Flag("body_timeout", ("--body-timeout",),
@@ -121,6 +123,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("jinja", ("--jinja",), "use Jinja chat templates", negations=("--no-jinja",)),
     Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
          metavar="FORMAT"),
+    Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
     Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
     Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
     Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
@@ -190,6 +193,7 @@ class ServerSettings(BaseSettings):
     port: Port = 8080
     api_key: str | None = None
     api_key_file: str | None = None
+    admin_key: str | None = None
     cors_origins: str = "*"
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
     header_timeout: Annotated[float, Field(gt=0)] = 30.0
@@ -208,6 +212,7 @@ class ServerSettings(BaseSettings):
     chat_template_kwargs: str | None = None
     jinja: bool = True
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
+    ui: bool = True
     slots: bool = True
     metrics: bool = False
     embeddings: bool = False
@@ -320,7 +325,7 @@ class ServerSettings(BaseSettings):
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""
-        return KeyRing(self.api_key, self.api_key_file)
+        return KeyRing(self.api_key, self.api_key_file, self.admin_key)
 
     def api_keys(self) -> tuple[str, ...]:
         """Every key a client may send; empty when the server is open."""

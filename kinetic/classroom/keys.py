@@ -3,6 +3,10 @@
 The name is who the key belongs to (a student); the server passes it on (ledger, fair queue,
 dashboard) and never the key itself. A key without a name gets `key-N`, its position, so that
 even an anonymous key can be told apart without writing it anywhere.
+
+Admin keys open the instructor's dashboard: `--admin-key` values, and any key named `admin` in the
+key file. On a server that requires keys, an `--admin-key` is also a valid API key (named `admin`);
+on an open server it only guards the dashboard.
 """
 
 from __future__ import annotations
@@ -54,9 +58,12 @@ def parse_inline_keys(value: str | None) -> list[KeyEntry]:
 class KeyRing:
     """Every key the server accepts and its name; `reload()` rereads the file (e.g. a student added)."""
 
-    def __init__(self, inline: str | None = None, file: str | Path | None = None):
+    ADMIN = "admin"
+
+    def __init__(self, inline: str | None = None, file: str | Path | None = None, admin: str | None = None):
         self._inline = parse_inline_keys(inline)
         self._file = Path(file) if file else None
+        self.admin_keys = tuple(entry.key for entry in parse_inline_keys(admin))
         self._lock = threading.Lock()
         self._entries: tuple[KeyEntry, ...] = ()
         self.reload()
@@ -66,6 +73,8 @@ class KeyRing:
         if self._file is not None:
             text = self._file.read_text(encoding="utf-8")
             entries += parse_key_lines(text, first_index=len(entries) + 1, source=str(self._file))
+        if entries:  # a keyed server: the admin may call the API too (an open server needs no key)
+            entries += [KeyEntry(key, self.ADMIN) for key in self.admin_keys]
         with self._lock:
             self._entries = tuple(entries)
 
@@ -91,6 +100,20 @@ class KeyRing:
             if secrets.compare_digest(sent_bytes, entry.key.encode()) and found is None:
                 found = entry.name
         return found
+
+    @property
+    def has_file(self) -> bool:
+        return self._file is not None
+
+    @property
+    def has_admin(self) -> bool:
+        return bool(self.admin_keys) or self.ADMIN in self.names
+
+    def is_admin(self, sent: str) -> bool:
+        """An `--admin-key`, or a key the key file names `admin`."""
+        sent_bytes = sent.encode()
+        by_flag = any([secrets.compare_digest(sent_bytes, key.encode()) for key in self.admin_keys])
+        return by_flag or (bool(sent) and self.name_for(sent) == self.ADMIN)
 
 
 def key_from_headers(headers: dict[str, str]) -> str:

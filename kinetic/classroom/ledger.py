@@ -7,19 +7,22 @@ are lines too. Prompt and answer text are written only with `--ledger-content`.
 
 The numbers are read from the response as it goes out (JSON body or SSE/NDJSON frames), not from
 inside the engine: the ledger then holds exactly what the client saw, and the recorder needs no
-hook in any protocol. One writer per file: lines are written whole, under a lock, and flushed one
-by one, so the file can be read (and graded) while the server runs.
+hook in any protocol. The middleware hands each record to its sinks: the file writer (with
+`--ledger`) and the dashboard's in-memory totals (always, see stats.py). One writer per file:
+lines are written whole, under a lock, and flushed one by one, so the file can be read (and
+graded) while the server runs. The server's web pages and the dashboard's polling are not recorded.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,7 +33,18 @@ GENERATION_ROUTES = frozenset({
     "/v1/messages", "/api/chat", "/api/generate", "/infill",
 })
 MAX_PARSED_BODY = 4 * 1024 * 1024  # a JSON answer larger than this is recorded without its numbers
+log = logging.getLogger(__name__)
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
+# The server's own web pages and the dashboard's polling are not requests a student made: recording
+# them would bury the class's requests (the dashboard polls every two seconds).
+UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico"})
+UNRECORDED_PREFIXES = ("/ui/",)
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+def recorded(path: str) -> bool:
+    return path not in UNRECORDED_PATHS and not path.startswith(UNRECORDED_PREFIXES)
 
 
 def _now_iso() -> str:
@@ -46,6 +60,9 @@ class LedgerWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = self.path.open("a", encoding="utf-8")
+
+    def __call__(self, record: dict[str, Any]) -> None:  # a LedgerMiddleware sink
+        self.write(record)
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -224,19 +241,23 @@ def auth_outcome(status: int, headers: dict[str, str], *, keyed: bool, client: s
 
 
 class LedgerMiddleware:
-    """Writes one ledger line per HTTP request (CORS preflights excepted) once its answer is sent.
+    """Builds one record per HTTP request (CORS preflights and the web pages excepted) once its
+    answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
     The request gate inside puts the caller's name in `scope["state"]["client_name"]`; this reads it
-    after the answer, so the state dict is created here, before the gate runs.
+    after the answer, so the state dict is created here, before the gate runs. `content` keeps the
+    prompt and answer text in the record (`--ledger-content`); it defaults to the writer's setting.
     """
 
-    def __init__(self, app: ASGIApp, *, writer: LedgerWriter, keyed: bool):
+    def __init__(self, app: ASGIApp, *, keyed: bool, writer: LedgerWriter | None = None,
+                 sinks: Sequence[Sink] = (), content: bool | None = None):
         self.app = app
-        self.writer = writer
+        self.sinks: list[Sink] = [*([writer] if writer is not None else []), *sinks]
+        self.content = (writer.content if writer is not None else False) if content is None else content
         self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not recorded(scope["path"]):
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
@@ -262,7 +283,7 @@ class LedgerMiddleware:
                                     for k, v in message.get("headers", [])).get("content-type", "")
                 stream = content_type.startswith(STREAM_TYPES)
                 if stream or path in GENERATION_ROUTES or status >= 400:
-                    reader = ResponseReader(record, stream, self.writer.content, started)
+                    reader = ResponseReader(record, stream, self.content, started)
                 record["stream"] = stream
             elif message["type"] == "http.response.body":
                 if reader is not None:
@@ -272,7 +293,7 @@ class LedgerMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive_and_keep if self.writer.content else receive, send_and_read)
+            await self.app(scope, receive_and_keep if self.content else receive, send_and_read)
         finally:
             if reader is not None:
                 reader.finish()
@@ -293,15 +314,18 @@ class LedgerMiddleware:
             "status": status,
             **record,
         }
-        if self.writer.content and request_body:
+        if self.content and request_body:
             try:
                 line["request"] = json.loads(bytes(request_body))
             except ValueError:
                 line["request"] = bytes(request_body).decode("utf-8", "replace")
-        try:
-            self.writer.write(line)
-        except (OSError, ValueError):  # a full disk must not take the answer down with it
-            pass
+        for sink in self.sinks:
+            try:
+                sink(line)
+            except (OSError, ValueError):  # a full disk must not take the answer down with it
+                pass
+            except Exception:  # nor a bug in a sink: the answer has been sent already
+                log.exception("request record sink %r failed", sink)
 
 
 def records_of(records: Iterable[dict[str, Any]], client: str) -> list[dict[str, Any]]:

@@ -53,7 +53,9 @@ def test_bearer_and_x_api_key_both_work(keyed_server: KineticServer) -> None:
     assert models.status_code == 200 and models.json()["data"][0]["object"] == "model"
 
 
-PUBLIC = {"/health", "/v1/health"}
+# The web pages and their assets are public as in llama-server (kinetic/web/routes.py): what they
+# fetch is not. /dashboard/stats is behind the key (and an admin key: tests/e2e/test_web_pages.py).
+PUBLIC = {"/health", "/v1/health", "/", "/dashboard", "/ui/x", "/ui/config.json"}
 KEY_HEADERS = ({"Authorization": f"Bearer {KEY}"}, {"Authorization": KEY}, {"X-Api-Key": KEY})
 
 

@@ -89,10 +89,21 @@ def test_reference_page_lists_exactly_the_protocols_routes(protocol: str) -> Non
     assert not documented - served, f"in http-{protocol}.md but not served: {sorted(documented - served)}"
 
 
+def web_routes() -> set[Route]:
+    """The server's own pages (kinetic/web), documented in docs/classroom.md."""
+    return routes_of(importlib.import_module("kinetic.web.routes").router.routes)
+
+
 def test_the_app_serves_exactly_the_protocol_routers() -> None:
     """So a router the app includes without a protocol package (or the reverse) is noticed."""
     app = create_app(Service.create(ServerSettings(), LlamaEngine(Path("unused.gguf")), "unused"))
-    assert routes_of(app.routes) == set().union(*(protocol_routes(p) for p in PROTOCOLS))
+    assert routes_of(app.routes) == set().union(*(protocol_routes(p) for p in PROTOCOLS)) | web_routes()
+
+
+def test_the_web_pages_doc_names_every_web_route() -> None:
+    text = (ROOT / "docs" / "classroom.md").read_text(encoding="utf-8")
+    for _, path in web_routes():
+        assert path.replace("{name}", "") in text, path
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

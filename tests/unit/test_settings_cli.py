@@ -101,10 +101,10 @@ def test_issue_examples_start() -> None:
             "--xtc-probability", "0.5", "--xtc-threshold", "0.1", "-ngl", "99", "-fa", "on", "--mlock",
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
-    assert s.model == "model.gguf" and s.parallel == 2
+    assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
     assert s.ignored_flags == ("-kvu", "-sps", "-r", "--keep", "-ot", "--override-kv", "--dry-multiplier",
                                "--dry-sequence-breaker", "--xtc-probability", "--xtc-threshold", "-ngl", "-fa",
-                               "--mlock", "--control-vector-layer-range", "--no-webui")
+                               "--mlock", "--control-vector-layer-range")
 
 
 def test_unimplemented_variables_are_reported() -> None:

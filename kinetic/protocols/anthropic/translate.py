@@ -24,6 +24,7 @@ from kinetic.chat.types import (
 from kinetic.chat.types import Message as ChatMessage
 from kinetic.engine.types import Finished, TextDelta
 from kinetic.errors import (
+    ForbiddenError,
     InvalidRequestError,
     KineticError,
     NotFoundError,
@@ -44,6 +45,7 @@ STOP_REASONS = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens
 ERROR_TYPES: tuple[tuple[type[KineticError], str], ...] = (
     (InvalidRequestError, "invalid_request_error"),
     (UnauthorizedError, "authentication_error"),
+    (ForbiddenError, "permission_error"),
     (NotFoundError, "not_found_error"),
     (RequestTimeoutError, "timeout_error"),
     (PayloadTooLargeError, "request_too_large"),

@@ -1,0 +1,147 @@
+"""The server's own web pages: the chat page at `/`, the instructor's `/dashboard`, their assets.
+
+Plain static files (kinetic/web/static: no build step, no CDN, since a class may run offline) that
+talk to the server's public routes. The pages and their assets need no key, as in llama-server;
+what they fetch does: the chat page asks for the key and keeps it in the tab's sessionStorage,
+the dashboard asks for an admin key (see classroom.keys) and polls `/dashboard/stats`.
+
+`GET /` is content-negotiated: a browser (`Accept: text/html`) gets the chat page, any other
+client Ollama's `Ollama is running`, which Ollama tools probe for. `--no-ui` turns the chat page off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, PlainTextResponse, Response
+
+from kinetic.classroom.keys import KeyRing, key_from_headers
+from kinetic.classroom.stats import ClassStats
+from kinetic.deps import RegistryDep
+from kinetic.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from kinetic.router.registry import ModelRegistry
+
+router = APIRouter()
+
+STATIC = Path(__file__).resolve().parent / "static"
+OLLAMA_TEXT = "Ollama is running"
+# Assets by name: which page needs them (the chat page's go away with --no-ui).
+CHAT_ASSETS = frozenset({"chat.js"})
+SHARED_ASSETS = frozenset({"style.css", "dashboard.js", "common.js"})
+PUBLIC_PAGES = frozenset({"/", "/dashboard"})
+NO_ADMIN = ("the dashboard needs an admin key: start kinetic with --admin-key KEY, or name a key `admin` "
+            "in the key file")
+
+
+def is_public_page(method: str, path: str) -> bool:
+    """The pages and assets: served without a key, and while the model loads (the page says so)."""
+    return method in ("GET", "HEAD") and (path in PUBLIC_PAGES or path.startswith("/ui/"))
+
+
+def wants_html(accept: str) -> bool:
+    """Whether an Accept header asks for HTML (a browser), rather than anything (`*/*`, curl, Ollama
+    clients) or JSON. `text/html;q=0` refuses it."""
+    for part in accept.split(","):
+        media, *params = (piece.strip() for piece in part.split(";"))
+        if media.lower() != "text/html":
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+def _page(name: str) -> FileResponse:
+    # no-cache: a browser revalidates (cheap, ETag) so an upgraded server never runs yesterday's page
+    return FileResponse(STATIC / name, headers={"Cache-Control": "no-cache"})
+
+
+def _ui_on(request: Request) -> bool:
+    registry: ModelRegistry = request.app.state.registry
+    return registry.settings.ui
+
+
+@router.api_route("/", methods=["GET", "HEAD"])
+async def index(request: Request) -> Response:
+    if _ui_on(request) and wants_html(request.headers.get("accept", "")):
+        response: Response = _page("chat.html")
+    else:
+        response = PlainTextResponse(OLLAMA_TEXT)
+    response.headers["Vary"] = "Accept"
+    return response
+
+
+@router.get("/ui/config.json")
+async def page_config(request: Request) -> dict[str, Any]:
+    """What the pages must know before their first API call: whether to ask for a key first (so a
+    student opening the page does not make a 401 that the dashboard would count as their lab's)."""
+    keys: KeyRing = request.app.state.keys
+    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin}
+
+
+@router.api_route("/ui/{name}", methods=["GET", "HEAD"])
+async def asset(name: str, request: Request) -> Response:
+    if name in SHARED_ASSETS or (name in CHAT_ASSETS and _ui_on(request)):
+        return _page(name)
+    raise NotFoundError("File Not Found")
+
+
+@router.api_route("/dashboard", methods=["GET", "HEAD"])
+async def dashboard() -> Response:
+    return _page("dashboard.html")  # a shell: every number comes from /dashboard/stats, admin only
+
+
+def require_admin(keys: KeyRing, headers: dict[str, str]) -> None:
+    """The dashboard's data is the instructor's: an admin key (`--admin-key`, or a key named `admin`
+    in the key file). A server with `--api-key` only and no admin takes any of its keys; a server
+    without keys and without an admin key is open."""
+    sent = key_from_headers(headers)
+    if keys.is_admin(sent):
+        return
+    named = bool(sent) and keys.name_for(sent) is not None
+    if keys.has_admin or keys.has_file:
+        if named:
+            raise ForbiddenError(NO_ADMIN if not keys.has_admin else "this key is not an admin key")
+        raise UnauthorizedError("Invalid API Key")
+    if keys and not named:
+        raise UnauthorizedError("Invalid API Key")
+
+
+@router.get("/dashboard/stats")
+async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, Any]:
+    """Slots and queue of every loaded model (one, or several in router mode), and the class's totals."""
+    keys: KeyRing = request.app.state.keys
+    require_admin(keys, {k.lower(): v for k, v in request.headers.items()})
+    stats: ClassStats = request.app.state.class_stats
+    models: list[dict[str, Any]] = []
+    slots: list[dict[str, Any]] = []
+    processing = deferred = 0
+    by_key: dict[str, int] = {}
+    for entry in registry.entries.values():
+        service = entry.service
+        if service is None or not service.ready:  # a router's model that is not loaded: no slots to show
+            continue
+        engine = service.engine
+        engine_stats = engine.stats()
+        models.append({"name": entry.name, "n_ctx": engine.slot_n_ctx, "n_slots": engine.n_slots})
+        slots += [{"model": entry.name, "id": slot.id, "state": "processing" if slot.is_processing else "idle",
+                   "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
+                   "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
+                  for slot in engine.slot_states()]
+        processing += engine_stats.requests_processing
+        deferred += engine_stats.requests_deferred
+        for name, count in engine_stats.deferred_by_client.items():
+            by_key[name] = by_key.get(name, 0) + count
+    return {
+        "models": models,
+        "slots": slots,
+        "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items()))},
+        **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),
+    }

@@ -1,0 +1,235 @@
+// The chat page: /props for the model, then /v1/chat/completions streamed and read by hand (fetch +
+// an SSE line reader, as labs/lab-04-02-client-openai/chat.mjs does), so the numbers a student
+// learns to read appear under each answer: prompt tokens, cache_n, TTFT and tokens/s.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const keyStore = kinetic.keyStore("kinetic.apiKey");
+const state = { model: "", messages: [], controller: null };
+
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+// GET with the key; asks for one on 401 and waits while the model loads (503).
+async function getJSON(path) {
+  for (;;) {
+    const res = await fetch(path, { headers: kinetic.headers(keyStore.get()) });
+    if (res.ok) return res.json();
+    if (res.status === 401) {
+      setStatus("this server needs an API key");
+      await kinetic.askKey($("key-form"), keyStore,
+        keyStore.get() ? "That key was refused: try again." : "This server needs an API key.");
+    } else if (res.status === 503) {
+      setStatus("loading the model…");
+      await kinetic.sleep(1000);
+    } else {
+      throw new Error(await kinetic.errorText(res));
+    }
+  }
+}
+
+async function loadProps() {
+  const config = await (await fetch("/ui/config.json")).json();
+  if (config.api_key_required && !keyStore.get()) {
+    setStatus("this server needs an API key");
+    await kinetic.askKey($("key-form"), keyStore, "This server needs an API key.");
+  }
+  const props = await getJSON("/props");
+  if (props.role === "router") {
+    // several models (router mode): the student picks one; it loads on its first request
+    const models = (await getJSON("/v1/models")).data.map((m) => m.id);
+    const select = $("model-select");
+    select.replaceChildren(...models.map((id) => new Option(id, id)));
+    select.onchange = () => { state.model = select.value; };
+    state.model = select.value;
+    select.hidden = false;
+    $("model").hidden = true;
+    $("ctx").textContent = "router";
+  } else {
+    state.model = props.model_alias || "";
+    $("model").textContent = state.model;
+    $("ctx").textContent = `n_ctx ${props.default_generation_settings?.n_ctx ?? "?"}`;
+  }
+  setStatus("ready");
+  $("send").disabled = false;
+}
+
+function addTurn(role, text) {
+  const turn = document.createElement("article");
+  turn.className = `turn ${role}`;
+  if (role === "user") {
+    turn.textContent = text;
+  } else {
+    turn.innerHTML = '<details class="reasoning" hidden><summary>thinking</summary><pre></pre></details>' +
+      '<div class="content"></div><div class="stats"></div>';
+  }
+  $("log").append(turn);
+  turn.scrollIntoView({ block: "end" });
+  return turn;
+}
+
+function requestBody() {
+  const extraText = $("extra").value.trim();
+  let extra = {};
+  if (extraText) {
+    extra = JSON.parse(extraText); // a syntax error is shown to the student as is
+    if (typeof extra !== "object" || Array.isArray(extra)) throw new Error("request options: expected a JSON object");
+  }
+  return {
+    model: state.model,
+    messages: state.messages,
+    stream: true,
+    stream_options: { include_usage: true },
+    max_tokens: Number($("max-tokens").value) || 256,
+    chat_template_kwargs: { enable_thinking: $("thinking").checked },
+    ...extra,
+  };
+}
+
+function showNumbers(stats, numbers) {
+  const parts = [];
+  const add = (name, label, value) => {
+    if (value === undefined || value === null) return;
+    const span = document.createElement("span");
+    span.dataset.name = name;
+    span.textContent = `${label} ${value}`;
+    parts.push(span);
+  };
+  add("prompt-tokens", "prompt tokens", numbers.promptTokens);
+  add("cache-n", "cache_n", numbers.cacheN);
+  add("ttft", "TTFT", numbers.ttftMs === undefined ? undefined : `${Math.round(numbers.ttftMs)} ms`);
+  add("tokens-per-second", "tokens/s", numbers.tokensPerSecond?.toFixed(1));
+  add("completion-tokens", "generated", numbers.completionTokens);
+  if (numbers.note) add("note", "", numbers.note);
+  stats.replaceChildren(...parts);
+}
+
+// Reads `data:` lines of an SSE body as they arrive; calls onChunk with each parsed JSON chunk.
+async function readEvents(res, onChunk) {
+  let buffer = "";
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    const lines = buffer.split("\n");
+    buffer = lines.pop(); // the last line may be incomplete: keep it for the next read
+    for (const line of lines) {
+      if (!line.startsWith("data: ")) continue;
+      const data = line.slice(6);
+      if (data === "[DONE]") return;
+      onChunk(JSON.parse(data));
+    }
+  }
+}
+
+async function send(text) {
+  let body;
+  try {
+    state.messages.push({ role: "user", content: text });
+    body = requestBody();
+  } catch (error) {
+    state.messages.pop();
+    setStatus(String(error.message ?? error));
+    return;
+  }
+  addTurn("user", text);
+  const turn = addTurn("assistant");
+  const content = turn.querySelector(".content");
+  const reasoningBox = turn.querySelector(".reasoning");
+  const reasoning = reasoningBox.querySelector("pre");
+  const stats = turn.querySelector(".stats");
+  const numbers = {};
+  let answer = "";
+
+  state.controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  setStatus("generating…");
+  turn.classList.add("streaming");
+  const started = performance.now();
+  try {
+    const res = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: kinetic.headers(keyStore.get(), { "Content-Type": "application/json" }),
+      body: JSON.stringify(body),
+      signal: state.controller.signal,
+    });
+    if (!res.ok) {
+      const message = await kinetic.errorText(res);
+      if (res.status === 401) keyStore.clear();
+      throw new Error(message);
+    }
+    await readEvents(res, (chunk) => {
+      if (chunk.error) throw new Error(chunk.error.message ?? JSON.stringify(chunk.error));
+      const delta = chunk.choices?.[0]?.delta ?? {};
+      if ((delta.content || delta.reasoning_content) && numbers.ttftMs === undefined) {
+        numbers.ttftMs = performance.now() - started;
+      }
+      if (delta.reasoning_content) {
+        reasoningBox.hidden = false;
+        reasoning.textContent += delta.reasoning_content;
+      }
+      if (delta.content) {
+        answer += delta.content;
+        content.textContent = answer;
+        turn.scrollIntoView({ block: "end" });
+      }
+      if (chunk.usage) {
+        numbers.promptTokens = chunk.usage.prompt_tokens;
+        numbers.completionTokens = chunk.usage.completion_tokens;
+      }
+      if (chunk.timings) {
+        numbers.cacheN = chunk.timings.cache_n;
+        numbers.tokensPerSecond = chunk.timings.predicted_per_second;
+        numbers.promptTokens ??= chunk.timings.prompt_n + chunk.timings.cache_n;
+      }
+    });
+    setStatus("ready");
+  } catch (error) {
+    if (error.name === "AbortError") {
+      numbers.note = "stopped";
+      setStatus("stopped: the server freed the slot");
+    } else {
+      turn.classList.add("failed");
+      content.textContent = answer + (answer ? "\n" : "") + String(error.message ?? error);
+      setStatus("error");
+      if (String(error.message).startsWith("HTTP 401")) loadProps().catch((e) => setStatus(String(e.message)));
+    }
+  } finally {
+    turn.classList.remove("streaming");
+    showNumbers(stats, numbers);
+    if (answer || numbers.note) state.messages.push({ role: "assistant", content: answer });
+    else state.messages.pop(); // nothing came back: the question is not part of the conversation
+    state.controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+$("chat-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("message").value.trim();
+  if (!text || state.controller) return;
+  $("message").value = "";
+  send(text);
+});
+
+$("message").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("chat-form").requestSubmit();
+  }
+});
+
+// Aborting the fetch closes the connection; the server sees the disconnect and frees the slot.
+$("stop").addEventListener("click", () => state.controller?.abort());
+
+$("new-chat").addEventListener("click", () => {
+  state.controller?.abort();
+  state.messages = [];
+  $("log").replaceChildren();
+});
+
+loadProps().catch((error) => setStatus(String(error.message ?? error)));

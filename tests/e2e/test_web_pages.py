@@ -1,0 +1,273 @@
+"""The chat page and the dashboard in a real browser: Debian's chromium driven by Playwright, against
+`kinetic serve` on the bundled model with a key file of two named students and an admin key.
+
+Never skipped: without /usr/bin/chromium the tests fail and say how to install it (tests/browser.py).
+Screenshots go to tests/artifacts/ (gitignored) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from tests.browser import ARTIFACTS, chromium_context
+from tests.server import KineticServer
+
+pytestmark = pytest.mark.e2e
+
+KEYS = {"alice": "sk-alice-5d1e", "bob": "sk-bob-a0c3"}
+ADMIN_KEY = "sk-teacher-77f0"
+ALIAS = "kinetic-web"
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def server(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
+    keys = tmp_path_factory.mktemp("web") / "keys.txt"
+    keys.write_text("".join(f"{key} {name}\n" for name, key in KEYS.items()))
+    with KineticServer("-c", "4096", "-np", "2", "-a", ALIAS, "--api-key-file", str(keys),
+                       "--admin-key", ADMIN_KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser_context() -> Iterator[Any]:
+    """Debian's chromium on a fresh profile (tests/browser.py: a missing browser fails, naming the fix)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with chromium_context() as context:
+        context.set_default_timeout(TIMEOUT_MS)  # type: ignore[attr-defined]
+        yield context
+
+
+@pytest.fixture()
+def page(browser_context: Any) -> Iterator[Any]:
+    page = browser_context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    page.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def slots(server: KineticServer) -> list[dict[str, Any]]:
+    return httpx.get(server.url + "/slots", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()
+
+
+def open_chat(page: Any, server: KineticServer, key: str) -> None:
+    page.goto(server.url + "/")
+    page.wait_for_selector("#key-form:not([hidden])")  # a keyed server: the page asks first
+    page.fill("#key-form input", key)
+    page.click("#key-form button")
+    page.wait_for_function("document.getElementById('model').textContent === %s" % json.dumps(ALIAS))
+
+
+def numbers(turn: Any) -> dict[str, str]:
+    return {span.get_attribute("data-name"): span.inner_text() for span in turn.query_selector_all(".stats span")}
+
+
+def test_chat_page_streams_answers_with_their_numbers(page: Any, server: KineticServer) -> None:
+    sent_bodies: list[dict[str, Any]] = []
+    page.on("request", lambda request: sent_bodies.append(json.loads(request.post_data))
+            if request.url.endswith("/v1/chat/completions") else None)
+    open_chat(page, server, KEYS["alice"])
+    assert page.inner_text("#ctx") == "n_ctx 2048"
+    # the key lives in this tab's sessionStorage only
+    assert page.evaluate("sessionStorage.getItem('kinetic.apiKey')") == KEYS["alice"]
+    assert page.evaluate("localStorage.length") == 0 and not page.context.cookies()
+
+    page.fill("#max-tokens", "24")
+    for turn_index, message in enumerate(("Write a short poem about the sea.", "And one about the mountains.")):
+        page.fill("#message", message)
+        page.click("#send")
+        turn = page.wait_for_selector(f".turn.assistant:nth-of-type({2 * turn_index + 2}):not(.streaming) "
+                                      ".stats [data-name=tokens-per-second]").evaluate_handle(
+            "node => node.closest('.turn')").as_element()
+        shown = numbers(turn)
+        assert turn.query_selector(".content").inner_text().strip(), "no answer text"
+        prompt_tokens = int(shown["prompt-tokens"].split()[-1])
+        cache_n = int(shown["cache-n"].split()[-1])
+        assert prompt_tokens > 5 and 0 <= cache_n < prompt_tokens
+        assert shown["ttft"].endswith(" ms") and int(shown["ttft"].split()[1]) >= 0
+        assert float(shown["tokens-per-second"].split()[-1]) > 0
+        assert 1 <= int(shown["completion-tokens"].split()[-1]) <= 24
+        if turn_index == 1:  # the second turn re-sends the first: its prefix comes from the slot's cache
+            assert cache_n > 0
+    page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
+
+    first, second = sent_bodies
+    assert first["stream"] is True and first["max_tokens"] == 24 and first["model"] == ALIAS
+    assert first["chat_template_kwargs"] == {"enable_thinking": False}
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]  # the conversation goes on
+
+
+def test_thinking_toggle_sets_enable_thinking(page: Any, server: KineticServer) -> None:
+    bodies: list[dict[str, Any]] = []
+    page.on("request", lambda request: bodies.append(json.loads(request.post_data))
+            if request.url.endswith("/v1/chat/completions") else None)
+    open_chat(page, server, KEYS["alice"])
+    page.check("#thinking")
+    page.fill("#max-tokens", "4")
+    page.fill("#message", "Hello")
+    page.click("#send")
+    page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=tokens-per-second]")
+    assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": True}
+    # The bundled base model does not think: the folded reasoning box stays hidden when empty.
+    assert page.is_hidden(".turn.assistant .reasoning")
+
+
+def test_stop_aborts_the_request_and_frees_the_slot(page: Any, browser_context: Any, server: KineticServer) -> None:
+    open_chat(page, server, KEYS["bob"])
+    page.fill("#max-tokens", "1800")
+    page.click(".options summary")
+    page.fill("#extra", '{"ignore_eos": true}')
+    page.fill("#message", "Count from one to one thousand.")
+    page.click("#send")
+    # text is rendered while the answer is still streaming
+    page.wait_for_function("(() => { const t = document.querySelector('.turn.assistant.streaming .content');"
+                           " return t && t.textContent.length > 20; })()")
+    busy = [slot for slot in slots(server) if slot["is_processing"]]
+    assert [slot.get("key") for slot in busy] == ["bob"]
+    page.screenshot(path=str(ARTIFACTS / "chat-streaming.png"))
+    # meanwhile, on the instructor's dashboard (another tab: its own session storage), bob's slot is busy
+    dashboard = browser_context.new_page()
+    dashboard.goto(server.url + "/dashboard")
+    dashboard.fill("#key-form input", ADMIN_KEY)
+    dashboard.click("#key-form button")
+    busy_row = dashboard.wait_for_selector("#slots tbody tr.processing")
+    assert busy_row.query_selector_all("td")[2].inner_text() == "bob"
+    dashboard.screenshot(path=str(ARTIFACTS / "dashboard-busy.png"), full_page=True)
+    dashboard.close()
+    page.click("#stop")
+    page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=note]")
+    deadline = time.monotonic() + 30
+    while any(slot["is_processing"] for slot in slots(server)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    states = slots(server)
+    assert not any(slot["is_processing"] for slot in states), states
+    decoded = max(slot["next_token"][0]["n_decoded"] for slot in states if "next_token" in slot)
+    assert decoded < 1800  # stopped long before max_tokens
+    assert page.inner_text("#status").startswith("stopped") and page.is_enabled("#send")
+
+
+def test_dashboard_counts_requests_by_key_name(page: Any, server: KineticServer) -> None:
+    from openai import AuthenticationError, OpenAI
+
+    alice = OpenAI(base_url=server.url + "/v1", api_key=KEYS["alice"], max_retries=0, timeout=120)
+    chunks = list(alice.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=8, stream=True))
+    assert chunks
+    bob = OpenAI(base_url=server.url + "/v1", api_key=KEYS["bob"], max_retries=0, timeout=120)
+    bob.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=server.url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+    page.goto(server.url + "/dashboard")
+    page.wait_for_selector("#key-form:not([hidden])")
+    page.fill("#key-form input", KEYS["alice"])  # a student's key is refused with a reason
+    page.click("#key-form button")
+    page.wait_for_function("document.querySelector('#key-form .key-message').textContent.includes('403')")
+    assert page.is_hidden("#board")
+    page.fill("#key-form input", ADMIN_KEY)
+    page.click("#key-form button")
+    page.wait_for_selector("#board:not([hidden]) #students tbody tr[data-name=alice]")
+    assert page.evaluate("sessionStorage.getItem('kinetic.adminKey')") == ADMIN_KEY
+
+    def row(name: str) -> dict[str, str]:
+        cells = page.query_selector_all(f"#students tbody tr[data-name='{name}'] td")
+        return {cell.get_attribute("class").split()[0]: cell.inner_text() for cell in cells}
+
+    alice_row, bob_row, unknown = row("alice"), row("bob"), row("unknown")
+    # alice only ever streams (the chat page does too); bob made a full chat
+    assert int(alice_row["requests"]) >= 1 and alice_row["streamed-chat"] == "✓" and alice_row["full-chat"] == "–"
+    assert int(alice_row["tokens-out"]) > 0 and alice_row["ttft"].endswith("ms")
+    assert int(bob_row["requests"]) >= 1 and bob_row["full-chat"] == "✓"
+    # only the wrong key above: opening the pages asks for the key before any API call
+    assert int(unknown["requests"]) == 1 and int(unknown["errors"]) == 1
+    assert alice_row["rejected"].startswith("✓")  # the 401 came from the address alice uses
+    assert len(page.query_selector_all("#slots tbody tr")) == 2
+    assert page.query_selector("#chart polyline").get_attribute("points")
+    html = page.content()
+    assert not any(key in html for key in (*KEYS.values(), ADMIN_KEY)), "a key is shown on the dashboard"
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    before = int(row("bob")["requests"])
+    bob.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "Again"}], max_tokens=4)
+    page.wait_for_function("Number(document.querySelector(\"#students tr[data-name='bob'] td.requests\")"
+                           f".textContent) === {before + 1}")  # refreshed live
+
+
+def test_root_answers_ollama_probes_and_dashboard_data_needs_the_admin(server: KineticServer) -> None:
+    probe = httpx.get(server.url + "/")
+    assert (probe.status_code, probe.text) == (200, "Ollama is running")
+    head = httpx.head(server.url + "/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"].startswith("text/plain")
+    assert httpx.get(server.url + "/", headers={"Accept": "text/html"}).text.startswith("<!doctype html>")
+    stats = server.url + "/dashboard/stats"
+    assert httpx.get(stats).status_code == 401
+    denied = httpx.get(stats, headers={"Authorization": f"Bearer {KEYS['bob']}"})
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
+    body = httpx.get(stats, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert [m["name"] for m in body["models"]] == [ALIAS] and body["models"][0]["n_ctx"] == 2048
+    assert [s["name"] for s in body["students"]][:2] == ["alice", "bob"]
+    assert body["queue"]["deferred"] == 0 and len(body["slots"]) == 2
+
+
+def test_reasoning_is_shown_folded(page: Any) -> None:
+    """The bundled base model never thinks, so a scripted engine (the real app on real uvicorn) plays a
+    thinking model's text; the server splits it into reasoning_content, the page folds it."""
+    from tests.scripted import ScriptedEngine, ScriptedServer, wait_until_ready
+
+    engine = ScriptedEngine(["<think>", "Two and two ", "make four.", "</think>", "The answer ", "is 4."])
+    with ScriptedServer(engine) as server:
+        engine.loaded.set()
+        wait_until_ready(server.url)
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        page.check("#thinking")
+        page.fill("#message", "What is 2 + 2?")
+        page.click("#send")
+        turn = page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=tokens-per-second]")
+        assert page.inner_text(".turn.assistant .content") == "The answer is 4."
+        reasoning = page.query_selector(".turn.assistant details.reasoning")
+        assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # folded
+        assert page.evaluate("document.querySelector('.turn.assistant .reasoning pre').textContent") == \
+            "Two and two make four."
+        page.click(".turn.assistant .reasoning summary")
+        assert page.is_visible(".turn.assistant .reasoning pre") and turn is not None
+        page.screenshot(path=str(ARTIFACTS / "chat-reasoning.png"))
+
+
+def test_router_mode_the_student_picks_the_model(page: Any, browser_context: Any, model_lock: None,
+                                                  server: KineticServer) -> None:
+    """Several models at one address: the page lists them (/v1/models), the request names the one
+    picked, and the dashboard (open: this server has no keys) shows that model's slots."""
+    from kinetic.models import bundled_model_path
+
+    gemma = str(bundled_model_path())
+    server.stop()  # one model process at a time on this machine: the keyed server is not needed any more
+    with KineticServer("-c", "2048", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b") as router:
+        bodies: list[dict[str, Any]] = []
+        page.on("request", lambda request: bodies.append(json.loads(request.post_data))
+                if request.url.endswith("/v1/chat/completions") else None)
+        page.goto(router.url + "/")
+        page.wait_for_selector("#model-select:not([hidden])")
+        assert [o.inner_text() for o in page.query_selector_all("#model-select option")] == ["chat-a", "chat-b"]
+        page.select_option("#model-select", "chat-b")
+        page.fill("#max-tokens", "8")
+        page.fill("#message", "Hello")
+        page.click("#send")
+        page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=tokens-per-second]")
+        assert bodies[0]["model"] == "chat-b"
+        page.screenshot(path=str(ARTIFACTS / "chat-router.png"))
+        dashboard = browser_context.new_page()
+        dashboard.goto(router.url + "/dashboard")
+        dashboard.wait_for_selector("#board:not([hidden]) #slots tbody tr")
+        assert dashboard.inner_text("#model") == "chat-b"  # only the model that was loaded by the request
+        assert dashboard.inner_text("#slots tbody tr td") == "0"
+        student = dashboard.query_selector("#students tbody tr")
+        assert student.get_attribute("data-name") == "addr:127.0.0.1"  # no keys: the address stands in
+        dashboard.close()

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
@@ -26,6 +26,7 @@ from kinetic.chat.types import ChatRequest, Message, PreparedChat, PromptInput, 
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
+from kinetic.models import cache_dir
 from kinetic.settings import ServerSettings
 
 
@@ -38,18 +39,44 @@ class ModelFile:
     modified: float  # seconds since the epoch
 
 
-def read_model_file(path: Path) -> ModelFile:
-    """Blocking: hashes the whole file (seconds for a few GB). A model that is not a file on disk
-    (a test engine) gets the hash of its path."""
+DIGEST_CACHE = "digests.json"  # in kinetic's cache dir: path -> size, mtime, sha256
+
+
+def read_model_file(path: Path, busy: Callable[[], bool] = lambda: False) -> ModelFile:
+    """Blocking: the GGUF's sha256, from kinetic's digest cache when the file is unchanged, else
+    hashed (seconds for a few GB) and remembered. Hashing pauses while `busy()` (the engine is
+    decoding): a core taken by hashing makes llama.cpp's spinning threads stall a stream for a
+    second. A model that is not a file on disk (a test engine) gets the hash of its path."""
     try:
         stat = path.stat()
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        return ModelFile(sha256=digest.hexdigest(), size=stat.st_size, modified=stat.st_mtime)
     except OSError:
         return ModelFile(sha256=hashlib.sha256(str(path).encode()).hexdigest(), size=0, modified=0.0)
+    cache_file = cache_dir() / DIGEST_CACHE
+    try:
+        known = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(str(path.resolve()))
+    if isinstance(entry, dict) and entry.get("size") == stat.st_size and entry.get("mtime") == stat.st_mtime:
+        return ModelFile(sha256=str(entry["sha256"]), size=stat.st_size, modified=stat.st_mtime)
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                while busy():
+                    time.sleep(0.05)
+                digest.update(chunk)
+    except OSError:
+        return ModelFile(sha256=hashlib.sha256(str(path).encode()).hexdigest(), size=0, modified=0.0)
+    known[str(path.resolve())] = {"size": stat.st_size, "mtime": stat.st_mtime, "sha256": digest.hexdigest()}
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cache_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(known, indent=1), encoding="utf-8")
+        temporary.replace(cache_file)
+    except OSError:
+        pass  # a read-only cache only costs hashing again next start
+    return ModelFile(sha256=digest.hexdigest(), size=stat.st_size, modified=stat.st_mtime)
 
 
 @dataclass
@@ -159,13 +186,16 @@ class Service:
             asyncio.get_running_loop()
         except RuntimeError:  # loaded outside an event loop: hashed on first use instead
             return
-        self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path))
+        self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
+
+    def _engine_busy(self) -> bool:
+        return self.engine.stats().requests_processing > 0
 
     async def model_file(self) -> ModelFile:
         """The GGUF's digest, size and mtime: read once in a worker thread, then cached. Concurrent
         first callers share the one read."""
         if self._model_file is None:
-            self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path))
+            self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
         return await asyncio.shield(self._model_file)
 
     def require_embeddings(self) -> None:

@@ -394,10 +394,27 @@ def test_dimensions_shorten_and_renormalise() -> None:
     assert len(body["embeddings"][0]) == 2 and body["prompt_eval_count"] == 3
 
 
-def test_model_file_digest_is_the_sha256_of_the_gguf(tmp_path: Path) -> None:
+def test_model_file_digest_is_the_sha256_of_the_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KINETIC_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(range(256)) * 5000)
     facts = read_model_file(gguf)
     assert facts.sha256 == hashlib.sha256(gguf.read_bytes()).hexdigest() and facts.size == gguf.stat().st_size
     missing = read_model_file(tmp_path / "nope.gguf")  # a test engine's model is no file
     assert len(missing.sha256) == 64 and missing.size == 0
+
+
+def test_model_file_digest_is_remembered_until_the_file_changes(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KINETIC_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"a" * 1000)
+    first = read_model_file(gguf)
+    assert (tmp_path / "cache" / "digests.json").exists()
+    calls: list[int] = []
+    assert read_model_file(gguf, busy=lambda: bool(calls.append(1))) == first
+    assert not calls  # served from the cache: nothing hashed
+    gguf.write_bytes(b"GGUF" + b"b" * 2000)
+    changed = read_model_file(gguf, busy=lambda: bool(calls.append(1)))
+    assert changed.sha256 == hashlib.sha256(gguf.read_bytes()).hexdigest() != first.sha256
+    assert calls  # hashed again, asking between chunks whether the engine is busy

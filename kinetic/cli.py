@@ -273,7 +273,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
     keyed = bool(settings.api_keys())
     engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
                          n_threads=settings.threads, n_batch=settings.batch_size,
-                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
+                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                          cache_ram_mib=settings.cache_ram,

@@ -19,10 +19,11 @@ from typing import Any, Callable
 import anyio
 
 from kinetic import __version__
+from kinetic.chat.infill import check_fim
 from kinetic.classroom.identity import CLIENT
 from kinetic.chat.prepare import ChatLayer, RenderedChat, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, choose_template
-from kinetic.chat.types import ChatRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
@@ -165,6 +166,9 @@ class Service:
         generation = await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
         return replace(generation, client=CLIENT.get())
 
+    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+        return await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
+
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None,
                      add_generation_prompt: bool = True) -> RenderedChat:
@@ -198,6 +202,10 @@ class Service:
             self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
         return await asyncio.shield(self._model_file)
 
+    def require_infill(self) -> None:
+        """llama-server's 501 when the model has no fill-in-the-middle tokens (checked before the body)."""
+        check_fim(self.info.fim_tokens)
+
     def require_embeddings(self) -> None:
         if self.engine.embedding_n_ctx == 0:
             raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
@@ -205,6 +213,10 @@ class Service:
     async def embedding_inputs(self, inputs: list[PromptInput], params: list[str], *,
                                truncate: bool = False) -> list[list[int]]:
         return await anyio.to_thread.run_sync(partial(self._chat().embedding_inputs, inputs, params, truncate=truncate))
+
+    async def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        """Raw vectors per input: one pooled, or one per token with --pooling none (native /embedding)."""
+        return await anyio.to_thread.run_sync(self.engine.embed_all, inputs)
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         # embed() blocks while it waits for the decode lock and runs llama_decode

@@ -129,6 +129,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
     Flag("cache_ram", ("-cram", "--cache-ram"), "MiB of host memory for prompt prefixes a slot moved on from, "
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
+    Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
+         metavar="TYPE"),
+    Flag("props", ("--props",), "allow POST /props"),
+    Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
@@ -216,6 +220,9 @@ class ServerSettings(BaseSettings):
     slots: bool = True
     metrics: bool = False
     embeddings: bool = False
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the model's own, else mean
+    props: bool = False
+    slot_save_path: str | None = None
     verbose: bool = False
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.

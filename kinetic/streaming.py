@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from kinetic.engine.base import Generation
-from kinetic.engine.types import Finished, TextDelta
+from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def ndjson_line(data: Any) -> bytes:
 
 
 class Encoder(Protocol):
-    def encode(self, event: TextDelta | Finished) -> list[bytes]: ...
+    def encode(self, event: Event) -> list[bytes]: ...
 
     def error(self, err: KineticError) -> list[bytes]:
         """The frames for a failure mid-stream, ending the stream as the protocol ends it."""
@@ -136,3 +136,51 @@ async def respond(request: Request, generation: Generation, *, stream: bool, enc
         return event_stream(encode_events(generation, encoder), media_type)
     deltas, finished = await until_disconnect(request, generation.result())
     return JSONResponse(to_body(deltas, finished))
+
+
+async def merge_frames(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """Frames of several streams in the order they come (llama-server streams a list of prompts
+    this way, each event carrying its `index`). Closing the merge closes every stream."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for frame in stream:
+                await queue.put(frame)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            frame = await queue.get()
+            if frame is None:
+                remaining -= 1
+            else:
+                yield frame
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+
+
+async def respond_many(request: Request, generations: list[Generation], *, stream: bool, encoders: list[Encoder],
+                       to_body: Callable[[int, list[TextDelta], Finished], Any]) -> Response:
+    """Several generations answered as one: their events merged into one stream, or a JSON array
+    of their bodies in order (all cancelled if the client leaves)."""
+    if stream:
+        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders)]))
+
+    async def all_results() -> list[tuple[list[TextDelta], Finished]]:
+        try:
+            return list(await asyncio.gather(*(g.result() for g in generations)))
+        finally:
+            for generation in generations:
+                generation.cancel()
+
+    results = await until_disconnect(request, all_results())
+    return JSONResponse([to_body(i, deltas, finished) for i, (deltas, finished) in enumerate(results)])

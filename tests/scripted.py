@@ -23,6 +23,7 @@ from kinetic.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    SlotFileResult,
     SlotState,
     TextDelta,
     Timings,
@@ -106,8 +107,21 @@ class ScriptedEngine:
     def embedding_n_ctx(self) -> int:
         return 0
 
+    embedding_pooling = ""
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         raise AssertionError("the scripted engine has no embeddings")
+
+    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        raise AssertionError("the scripted engine has no embeddings")
+
+    def slot_save(self, id_slot: int, path: Path) -> SlotFileResult:
+        raise AssertionError("the scripted engine keeps no KV cache")
+
+    slot_restore = slot_save
+
+    def slot_erase(self, id_slot: int) -> SlotFileResult:
+        raise AssertionError("the scripted engine keeps no KV cache")
 
     def slot_states(self) -> list[SlotState]:
         return [SlotState(id=0, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,

@@ -8,14 +8,16 @@ runs them in a worker thread, never on the event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kinetic.chat.constraints import chat_constraints, output_grammar
+from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.reasoning import OPEN_TAG
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import (
     ChatRequest,
     GenerationOptions,
+    InfillRequest,
     MediaPart,
     Message,
     PreparedChat,
@@ -26,6 +28,13 @@ from kinetic.chat.types import (
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, SamplingParams
 from kinetic.errors import InvalidRequestError, field_error
+
+
+# SamplingOptions fields that pass to SamplingParams under the same name when the client set them
+EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                        "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                        "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target",
+                        "adaptive_decay", "min_keep", "samplers")
 
 
 @dataclass(frozen=True)
@@ -102,9 +111,22 @@ class ChatLayer:
     def prompt_tokens(self, prompt: PromptInput, param: str = "prompt") -> list[int]:
         if isinstance(prompt, str):
             return self.tokenize_prompt(prompt)
-        if any(not self.engine.valid_token(t) for t in prompt):
+        tokens = self.mixed_tokens(prompt, lead=self.tokenize_prompt)
+        if any(not self.engine.valid_token(t) for t in tokens):
             raise InvalidRequestError("Prompt contains invalid tokens", param=param)
-        return list(prompt)
+        return tokens
+
+    def mixed_tokens(self, prompt: list[int | str], *, lead: Callable[[str], list[int]]) -> list[int]:
+        """Token ids as they are, text tokenized in place; `lead` tokenizes text that comes first
+        (with BOS), later text gets none: llama-server's tokenize_mixed."""
+        tokens: list[int] = []
+        for index, item in enumerate(prompt):
+            if isinstance(item, str):
+                tokens += lead(item) if index == 0 else self.engine.tokenize(item, add_special=False,
+                                                                            parse_special=True)
+            else:
+                tokens.append(item)
+        return tokens
 
     # ------------------------------------------------------------------ requests
 
@@ -125,11 +147,25 @@ class ChatLayer:
         tokens = self.prompt_tokens(req.prompt, req.param)
         return self.generation(tokens, req.options, output_grammar(req.output))
 
+    def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+        info = self.engine.require_ready()
+        check_fim(info.fim_tokens)
+        max_tokens = req.options.max_tokens if req.options.max_tokens is not None else self.defaults.n_predict
+        tokens = infill_tokens(
+            lambda text: self.engine.tokenize(text, add_special=False, parse_special=False), info.fim_tokens,
+            prefix=req.prefix, suffix=req.suffix, extra=req.extra,
+            prompt=self.engine.tokenize(req.prompt, add_special=False, parse_special=True) if req.prompt else [],
+            n_batch=getattr(self.engine, "n_batch", 2048), n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
+            bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None)
+        return self.generation(tokens, req.options, output_grammar(req.output))
+
     def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
         max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
         return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
                                  max_tokens=max_tokens, stop=options.stop, n_probs=options.n_probs,
-                                 cache_prompt=options.cache_prompt, id_slot=options.id_slot)
+                                 cache_prompt=options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
+                                 post_sampling_probs=options.post_sampling_probs,
+                                 return_progress=options.return_progress)
 
     def sampling(self, options: SamplingOptions, grammar: str | None) -> SamplingParams:
         base = SamplingParams(temperature=self.defaults.temperature, seed=self.defaults.seed)
@@ -137,7 +173,8 @@ class ChatLayer:
             ("temperature", options.temperature), ("top_k", options.top_k), ("top_p", options.top_p),
             ("min_p", options.min_p), ("typical_p", options.typical_p), ("repeat_penalty", options.repeat_penalty),
             ("repeat_last_n", options.repeat_last_n), ("presence_penalty", options.presence_penalty),
-            ("frequency_penalty", options.frequency_penalty), ("seed", options.seed)) if value is not None}
+            ("frequency_penalty", options.frequency_penalty), ("seed", options.seed),
+            *((name, getattr(options, name)) for name in EXTRA_SAMPLER_FIELDS)) if value is not None}
         return SamplingParams(**{**base.__dict__, **chosen, "grammar": grammar, "ignore_eos": options.ignore_eos,
                                  "logit_bias": self.logit_bias(options.logit_bias)})
 
@@ -162,7 +199,8 @@ class ChatLayer:
             if isinstance(item, str):
                 tokens = self.engine.tokenize(item, add_special=True, parse_special=True)
             else:
-                tokens = list(item)
+                tokens = self.mixed_tokens(item, lead=lambda text: self.engine.tokenize(text, add_special=True,
+                                                                                         parse_special=True))
                 if any(not self.engine.valid_token(t) for t in tokens):
                     raise InvalidRequestError("Input contains invalid tokens", param=param)
             if not tokens:

@@ -101,6 +101,24 @@ class SamplingOptions:
     seed: int | None = None
     ignore_eos: bool = False
     logit_bias: dict[int | str, float] = field(default_factory=dict)
+    # llama.cpp's further samplers (llama-server's field names and meanings)
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: tuple[str, ...] | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    adaptive_target: float | None = None
+    adaptive_decay: float | None = None
+    min_keep: int | None = None
+    samplers: tuple[str, ...] | None = None  # canonical names, in chain order
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,9 @@ class GenerationOptions:
     n_probs: int = 0
     cache_prompt: bool = True
     id_slot: int = -1
+    n_keep: int = 0  # echoed: kinetic never shifts the context (llama-server's default too)
+    post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities
+    return_progress: bool = False  # prompt-progress events while the prompt is evaluated
 
 
 @dataclass(frozen=True)
@@ -128,7 +149,8 @@ class ChatRequest:
     output: OutputConstraint = field(default_factory=OutputConstraint)
 
 
-PromptInput = Union[str, list[int]]
+# Text, token ids, or both mixed ([12, "text", 34]: the text is tokenized in place, BOS only when it leads)
+PromptInput = Union[str, list[int], list[Union[int, str]]]
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,19 @@ class PromptRequest:
     options: GenerationOptions = field(default_factory=GenerationOptions)
     output: OutputConstraint = field(default_factory=OutputConstraint)
     param: str = "prompt"  # the field the prompt came from, for error messages
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    """Fill in the middle (llama-server's /infill): code before and after the gap, other files as
+    context (`extra`: (filename, text) pairs), and an optional start of the answer (`prompt`)."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    output: OutputConstraint = field(default_factory=OutputConstraint)
 
 
 ToolMode = Literal["forced", "auto", "none"]

@@ -7,6 +7,7 @@ the bottom of the engine package: it imports only the neutral types, and every b
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import AsyncIterator, Callable, Protocol, runtime_checkable
 
 from kinetic.engine.types import (
@@ -15,6 +16,7 @@ from kinetic.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    SlotFileResult,
     SlotState,
     TextDelta,
 )
@@ -59,7 +61,7 @@ class Generation:
         async for event in self.events():
             if isinstance(event, TextDelta):
                 deltas.append(event)
-            else:
+            elif isinstance(event, Finished):
                 return deltas, event
         raise ServerError("generation ended without a result")
 
@@ -107,8 +109,22 @@ class Engine(Tokenizer, Protocol):
     def embedding_n_ctx(self) -> int:
         """Longest input `embed` accepts (0: this engine has no embeddings)."""
 
+    @property
+    def embedding_pooling(self) -> str:
+        """How `embed_all` pools: "mean", "cls", "last", "rank", or "none" (a vector per token)."""
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """Blocking: one pooled, L2-normalised vector per token list."""
+
+    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        """Blocking: raw vectors per token list, one pooled or (pooling none) one per token."""
+
+    # slot files (llama-server's POST /slots/{id}); blocking, refused while the slot is busy
+    def slot_save(self, id_slot: int, path: Path) -> SlotFileResult: ...
+
+    def slot_restore(self, id_slot: int, path: Path) -> SlotFileResult: ...
+
+    def slot_erase(self, id_slot: int) -> SlotFileResult: ...
 
     # state, for /slots and /metrics
     def slot_states(self) -> list[SlotState]: ...

@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Literal, Union
 
 FinishReason = Literal["stop", "length"]
+
+# llama-server's default chain order (common_params_sampling.samplers), canonical names.
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 StopType = Literal["eos", "word", "limit", "none"]
 
 
@@ -27,6 +31,23 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: str | None = None  # GBNF text; constrains every sampled token
     ignore_eos: bool = False
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_n_sigma: float = -1.0  # < 0: off
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0  # 0: DRY off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    mirostat: int = 0  # 0 off; 1 Mirostat, 2 Mirostat 2.0: temperature and Mirostat replace the whole chain
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0  # < 0: off
+    adaptive_decay: float = 0.9
+    min_keep: int = 0
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,9 @@ class GenerationRequest:
     cache_prompt: bool = True
     id_slot: int = -1
     client: str = ""  # who asked (a key's name): waiting requests are served round-robin by client
+    n_keep: int = 0
+    post_sampling_probs: bool = False  # n_probs from the sampler chain's candidates, as probabilities
+    return_progress: bool = False  # emit PromptProgress while the prompt is evaluated
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,17 @@ class TextDelta:
     text: str
     token_id: int
     logprob: TokenLogprob | None = None
+    timings: Timings | None = None  # the request's timings so far (llama-server's timings_per_token)
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """After each prompt batch, for requests that ask (llama-server's `prompt_progress`)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
 
 
 @dataclass(frozen=True)
@@ -118,7 +153,7 @@ class Finished:
     truncated: bool
 
 
-Event = Union[TextDelta, Finished]
+Event = Union[TextDelta, PromptProgress, Finished]
 
 
 @dataclass(frozen=True)
@@ -140,6 +175,8 @@ class ModelInfo:
     add_bos: bool
     chat_template: str | None
     metadata: dict[str, str]
+    # fill-in-the-middle tokens by llama.cpp's names (pre, suf, mid, rep, sep, pad); -1 or absent: none
+    fim_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def ftype(self) -> str:
@@ -160,6 +197,18 @@ class SlotState:
     n_prompt_tokens_cache: int
     n_decoded: int
     client: str = ""
+    id_task: int = -1
+    request: GenerationRequest | None = None  # the slot's last task (GET /slots shows its params)
+
+
+@dataclass(frozen=True)
+class SlotFileResult:
+    """What a slot save, restore or erase did: tokens and bytes moved, and how long it took."""
+
+    id_slot: int
+    n_tokens: int
+    n_bytes: int
+    ms: float
 
 
 @dataclass(frozen=True)
@@ -170,3 +219,4 @@ class EngineStats:
     requests_processing: int
     requests_deferred: int
     deferred_by_client: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)  # rates since the previous scrape, means

@@ -35,6 +35,7 @@ def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeL
         path = resolve_hf(spec.hf_repo, settings.hf_file, settings.offline, settings.hf_token).path
     return LlamaEngine(path, n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
                        n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
+                       pooling=settings.pooling,
                        fair_share=settings.fair_share, max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                        cache_ram_mib=settings.cache_ram,
                        verbose=settings.verbose, decode_lock=decode_lock)

@@ -35,8 +35,8 @@ from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PreparedC
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Generation
 from kinetic.engine.fairqueue import FairQueue
-from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotState, TextDelta,
-                                  Timings, Usage)
+from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotFileResult,
+                                  SlotState, TextDelta, Timings, Usage)
 from kinetic.errors import (InvalidRequestError, KineticError, NotFoundError, NotSupportedError, RateLimitError,
                             ServerError, UnauthorizedError, UnavailableError)
 from kinetic.router.sources import ModelSpec, UpstreamSpec
@@ -214,8 +214,26 @@ class UpstreamEngine:
     def embedding_n_ctx(self) -> int:
         return 1 << 30  # the upstream checks its own limit
 
+    embedding_pooling = ""  # the upstream's own
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         raise NotSupportedError("embeddings through an upstream go by UpstreamService.embed_texts")
+
+    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        raise NotSupportedError("embeddings through an upstream go by UpstreamService.embed_all")
+
+    def _no_slot_files(self) -> NotSupportedError:
+        return NotSupportedError(f"model '{self.pool.name}' is served by an upstream server: its slots are not "
+                                 "kinetic's to save")
+
+    def slot_save(self, id_slot: int, path: Path) -> SlotFileResult:
+        raise self._no_slot_files()
+
+    def slot_restore(self, id_slot: int, path: Path) -> SlotFileResult:
+        raise self._no_slot_files()
+
+    def slot_erase(self, id_slot: int) -> SlotFileResult:
+        raise self._no_slot_files()
 
     def slot_states(self) -> list[SlotState]:
         return []
@@ -552,6 +570,9 @@ class UpstreamService(Service):
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         return self._answers.pop(id(inputs))
+
+    async def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        return [[vector] for vector in await self.embed(inputs)]  # the upstream pools
 
 
 def upstream_service(spec: ModelSpec, settings: ServerSettings, *, keyed: bool) -> UpstreamService:

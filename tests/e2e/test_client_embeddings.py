@@ -1,4 +1,4 @@
-"""Client row "Embeddings (OpenAI, LlamaIndex, LangChain)": /v1/embeddings and /embeddings with a
+"""Client row "Embeddings (OpenAI, LlamaIndex, LangChain)": /v1/embeddings with a
 string, a list, token ids, lists of token ids, float and base64, through langchain-openai's
 OpenAIEmbeddings, LlamaIndex's OpenAILikeEmbedding and plain HTTP, on the bundled decoder model
 (mean pooling, normalised vectors)."""
@@ -49,7 +49,7 @@ def test_llamaindex_openai_like_embedding(live_server: KineticServer) -> None:
     assert model.get_query_embedding("one") == pytest.approx(vectors[0], abs=1e-5)
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings"])
+@pytest.mark.parametrize("path", ["/v1/embeddings"])  # /embeddings is llama-server's native route
 def test_input_forms(base_url: str, path: str) -> None:
     tokens = httpx.post(base_url + "/tokenize", json={"content": "hello world", "add_special": True}).json()["tokens"]
     forms = {"string": "hello world", "strings": ["hello world", "goodbye"], "ids": tokens,

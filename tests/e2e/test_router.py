@@ -115,7 +115,7 @@ def test_each_protocol_reaches_the_model_it_names(router: KineticServer) -> None
     bert_ids = httpx.post(router.url + "/tokenize", json={"model": "minilm", "content": "hello world"},
                           timeout=30).json()["tokens"]
     assert bert_ids == [7592, 2088] and gemma_ids != bert_ids  # bert-base-uncased's ids for the two words
-    embedding = httpx.post(router.url + "/embeddings", json={"model": "minilm", "input": "hello"}, timeout=60)
+    embedding = httpx.post(router.url + "/v1/embeddings", json={"model": "minilm", "input": "hello"}, timeout=60)
     assert embedding.status_code == 200 and len(embedding.json()["data"][0]["embedding"]) == N_EMBD_MINILM
     slots = httpx.get(router.url + "/slots", params={"model": "chat-b"}, timeout=30).json()
     assert len(slots) == 2

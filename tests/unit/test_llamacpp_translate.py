@@ -31,14 +31,51 @@ def finished() -> Finished:
 
 
 def test_to_prompt_request_fields() -> None:
-    req = translate.to_prompt_request(CompletionRequest(prompt="hi", n_predict=-1, n_probs=2, top_k=1,
-                                                        json_schema={"type": "object"}, id_slot=1))
+    [req] = translate.to_prompt_requests(CompletionRequest(prompt="hi", n_predict=-1, n_probs=2, top_k=1,
+                                                           json_schema={"type": "object"}, id_slot=1))
     assert req.prompt == "hi" and req.options.max_tokens == -1 and req.options.n_probs == 2
     assert req.options.sampling.top_k == 1 and req.options.id_slot == 1
     assert req.output.schema == {"type": "object"} and req.output.param == "json_schema"
     with pytest.raises(InvalidRequestError) as err:
-        translate.to_prompt_request(CompletionRequest(prompt="hi", n_predict=-2))
+        translate.to_prompt_requests(CompletionRequest(prompt="hi", n_predict=-2))
     assert err.value.param == "n_predict"
+
+
+def test_logprobs_is_n_probs() -> None:
+    [req] = translate.to_prompt_requests(CompletionRequest(prompt="hi", logprobs=3))
+    assert req.options.n_probs == 3
+
+
+def test_grammar_wins_over_json_schema_on_completion() -> None:
+    [req] = translate.to_prompt_requests(CompletionRequest(prompt="hi", grammar='root ::= "a"',
+                                                           json_schema={"type": "object"}))
+    assert req.output.grammar == 'root ::= "a"' and req.output.schema is None
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("text", ["text"]),
+    ([12, 34], [[12, 34]]),
+    ([12, "text", 34], [[12, "text", 34]]),  # mixed: one prompt
+    (["a", "b"], ["a", "b"]),  # no number at the top level: several prompts
+    (["a", [1, 2], [3, "x"]], ["a", [1, 2], [3, "x"]]),
+    ({"prompt_string": "text"}, ["text"]),  # llama-server's multimodal object, text only
+])
+def test_prompt_shapes(prompt: object, expected: list) -> None:
+    assert translate.prompt_inputs(prompt) == expected
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ([], '"prompt" must not be empty'),
+    ({"x": 1}, translate.PROMPT_ELEMENTS),
+    (["a", []], translate.PROMPT_ELEMENTS),
+    (["a", [1.5]], translate.PROMPT_ELEMENTS),
+    ({"prompt_string": "x", "multimodal_data": ["aGk="]},
+     "Multimodal data provided, but model does not support multimodal requests."),
+])
+def test_bad_prompt_shapes(prompt: object, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.prompt_inputs(prompt)
+    assert err.value.message == message and err.value.param == "prompt"
 
 
 def test_final_result_and_stream_events() -> None:
@@ -51,7 +88,8 @@ def test_final_result_and_stream_events() -> None:
     assert body["generation_settings"]["seed"] == 4294967295 and body["generation_settings"]["n_predict"] == 8
     encoder = translate.NativeEncoder(ctx)
     first = json.loads(encoder.encode(TextDelta(text="a", token_id=97))[0].decode().removeprefix("data: "))
-    assert first == {"index": 0, "content": "a", "tokens": [97], "stop": False, "id_slot": -1, "tokens_predicted": 1}
+    assert first == {"index": 0, "content": "a", "tokens": [97], "stop": False, "id_slot": -1, "tokens_predicted": 1,
+                     "tokens_evaluated": 2}
     last = json.loads(encoder.encode(finished())[0].decode().removeprefix("data: "))
     assert last["stop"] is True and last["content"] == ""
 

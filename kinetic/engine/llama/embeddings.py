@@ -1,6 +1,9 @@
-"""Embeddings from the served model, in a llama.cpp context of their own (pooled, one input at a time)."""
+"""Embeddings from the served model, in a llama.cpp context of their own (one input at a time):
+pooled as the model declares (or mean), or as `--pooling` says; `none` gives one vector per token."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import llama_cpp
@@ -8,16 +11,20 @@ from llama_cpp import _internals
 
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
-from kinetic.errors import ServerError
+from kinetic.errors import InvalidRequestError, ServerError
 
 MAX_EMBEDDING_CTX = 2048
+POOLING_TYPES = {"none": llama_cpp.LLAMA_POOLING_TYPE_NONE, "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                 "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS, "last": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+                 "rank": llama_cpp.LLAMA_POOLING_TYPE_RANK}
 
 
 class EmbeddingContext:
     """A second context with pooling on. `decode_lock` is the generation context's: the two never
     decode at the same time (llama.cpp's threads spin; two decodes at once crawl)."""
 
-    def __init__(self, model: LoadedModel, *, n_ctx: int, n_threads: int, decode_lock: DecodeLock):
+    def __init__(self, model: LoadedModel, *, n_ctx: int, n_threads: int, decode_lock: DecodeLock,
+                 pooling: str | None = None):
         self.model = model
         self.decode_lock = decode_lock
         params = llama_cpp.llama_context_default_params()
@@ -28,17 +35,37 @@ class EmbeddingContext:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.embeddings = True
-        pooling = model.pooling_type()
-        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN if pooling <= 0 else pooling
+        declared = model.pooling_type()
+        if pooling is not None:
+            params.pooling_type = POOLING_TYPES[pooling]
+        else:
+            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN if declared <= 0 else declared
+        self.pooling = next(name for name, value in POOLING_TYPES.items() if value == params.pooling_type)
         self.ctx = model.new_context(params)
         self.batch = _internals.LlamaBatch(n_tokens=params.n_ctx, embd=0, n_seq_max=1, verbose=model.verbose)
         self.n_ctx = params.n_ctx
+        # counted into /metrics as llama-server counts embeddings: prompt tokens and decodes, nothing predicted
+        # (llama-server runs an embedding in a slot: one busy slot for that decode)
+        self.counters = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "n_decode_total": 0.0,
+                         "n_busy_slots_total": 0.0}
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One pooled, L2-normalised vector per input (mean pooling unless the model names its own).
         Blocking; call it from a worker thread."""
+        if self.pooling == "none":
+            raise InvalidRequestError("--pooling none gives one vector per token: only the native /embedding "
+                                      "answers it", param="input")
+        vectors = []
+        for [vector] in self.embed_all(inputs):
+            array = np.asarray(vector)
+            norm = float(np.linalg.norm(array))
+            vectors.append((array / norm if norm > 0 else array).tolist())
+        return vectors
+
+    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        """Raw (unnormalised) vectors per input: one pooled vector, or one per token with pooling none."""
         n_embd = self.model.info.n_embd
-        vectors: list[list[float]] = []
+        vectors: list[list[list[float]]] = []
         with self.decode_lock:
             for tokens in inputs:
                 if self.ctx.memory is not None:  # encoder-only models keep no cache
@@ -52,10 +79,17 @@ class EmbeddingContext:
                     batch.seq_id[pos][0] = 0
                     batch.logits[pos] = True
                 batch.n_tokens = len(tokens)
+                start = time.perf_counter()
                 if llama_cpp.llama_decode(self.ctx.ctx, batch) != 0:
                     raise ServerError("llama_decode failed while computing an embedding")
-                pointer = llama_cpp.llama_get_embeddings_seq(self.ctx.ctx, 0)
-                vector = np.ctypeslib.as_array(pointer, shape=(n_embd,)).astype(np.float64)
-                norm = float(np.linalg.norm(vector))
-                vectors.append((vector / norm if norm > 0 else vector).tolist())
+                self.counters["prompt_tokens_total"] += len(tokens)
+                self.counters["prompt_seconds_total"] += time.perf_counter() - start
+                self.counters["n_decode_total"] += 1
+                self.counters["n_busy_slots_total"] += 1
+                if self.pooling == "none":
+                    rows = [llama_cpp.llama_get_embeddings_ith(self.ctx.ctx, i) for i in range(len(tokens))]
+                else:
+                    rows = [llama_cpp.llama_get_embeddings_seq(self.ctx.ctx, 0)]
+                vectors.append([np.ctypeslib.as_array(row, shape=(n_embd,)).astype(np.float64).tolist()
+                                for row in rows])
         return vectors

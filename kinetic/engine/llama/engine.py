@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import anyio
 
 from kinetic.engine.base import Generation
+from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
-from kinetic.engine.llama.scheduler import Job, Scheduler
+from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotState
+from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
 from kinetic.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -27,6 +30,7 @@ from kinetic.errors import (
 AUTO_SLOTS = 4  # llama-server's -np -1: four slots over one unified KV cache
 DEFAULT_BATCH = 2048  # llama-server's -b
 DEFAULT_UBATCH = 512  # llama-server's -ub
+SLOT_POLL_S = 0.05  # how often a slot action looks again at a busy slot
 
 
 def default_threads() -> int:
@@ -64,6 +68,7 @@ class LlamaEngine:
         fair_share: bool = True,
         max_in_flight_per_client: int = 0,
         cache_ram_mib: int = 0,
+        pooling: str | None = None,
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
     ):
@@ -78,6 +83,9 @@ class LlamaEngine:
         self.fair_share = fair_share
         self.max_in_flight_per_client = max_in_flight_per_client
         self.cache_ram_mib = cache_ram_mib
+        self.pooling = pooling  # None: the model's own (mean when it declares none)
+        self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
+                        "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
         self.verbose = verbose
         self.slot_n_ctx = 0
         self._model: LoadedModel | None = None
@@ -110,7 +118,7 @@ class LlamaEngine:
                                  f"for {self.model_path}") from exc
         if self.embeddings_enabled:
             self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
-                                                decode_lock=self._decode_lock)
+                                                decode_lock=self._decode_lock, pooling=self.pooling)
         _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
         self.slot_n_ctx = scheduler.slot_n_ctx
@@ -178,8 +186,8 @@ class LlamaEngine:
             raise InvalidRequestError("Prompt contains invalid tokens", param="prompt")
         if request.id_slot >= 0:
             request = replace(request, id_slot=request.id_slot % self.n_slots)
-        # Parsing a grammar can take a while: keep it off the event loop.
-        sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling)
+        # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
+        sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling, request.prompt_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         job = Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
         try:
@@ -195,10 +203,43 @@ class LlamaEngine:
     def embedding_n_ctx(self) -> int:
         return self._embeddings.n_ctx if self._embeddings is not None else 0
 
+    @property
+    def embedding_pooling(self) -> str:
+        return self._embeddings.pooling if self._embeddings is not None else ""
+
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        return self._require_embeddings().embed(inputs)
+
+    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
+        return self._require_embeddings().embed_all(inputs)
+
+    def _require_embeddings(self) -> EmbeddingContext:
         if self._embeddings is None:
             raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
-        return self._embeddings.embed(inputs)
+        return self._embeddings
+
+    # ---------------------------------------------------------------- slot files
+
+    def slot_save(self, id_slot: int, path: Path) -> SlotFileResult:
+        return self._on_idle_slot(id_slot, lambda scheduler, slot: slot_files.save(scheduler, slot, path))
+
+    def slot_restore(self, id_slot: int, path: Path) -> SlotFileResult:
+        return self._on_idle_slot(id_slot, lambda scheduler, slot: slot_files.restore(scheduler, slot, path))
+
+    def slot_erase(self, id_slot: int) -> SlotFileResult:
+        return self._on_idle_slot(id_slot, slot_files.erase)
+
+    def _on_idle_slot(self, id_slot: int, action: Callable[[Scheduler, Slot], SlotFileResult]) -> SlotFileResult:
+        """Blocking: runs `action` once the slot is idle (llama-server defers the task while it is busy)."""
+        self._require_model()
+        scheduler = self._scheduler
+        assert scheduler is not None
+        while True:
+            try:
+                return scheduler.with_idle_slot(id_slot % self.n_slots, lambda slot: action(scheduler, slot))
+            except SlotBusyError:
+                time.sleep(SLOT_POLL_S)
+
 
     # ---------------------------------------------------------------- state
 
@@ -209,7 +250,20 @@ class LlamaEngine:
         scheduler = self._scheduler
         if scheduler is None:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
-        return EngineStats(counters=dict(scheduler.metrics),
-                           requests_processing=sum(1 for s in scheduler.slots if s.is_processing),
-                           requests_deferred=scheduler.n_deferred,
+        counters = dict(scheduler.metrics)
+        if self._embeddings is not None:
+            for name, value in self._embeddings.counters.items():
+                counters[name] = counters.get(name, 0) + value
+        # llama-server's rate gauges cover the time since the previous scrape
+        delta = {name: counters.get(name, 0.0) - before for name, before in self._scrape.items()}
+        self._scrape = {name: counters.get(name, 0.0) for name in self._scrape}
+        gauges = {
+            "prompt_tokens_seconds": delta["prompt_tokens_total"] / delta["prompt_seconds_total"]
+            if delta["prompt_seconds_total"] > 0 else 0.0,
+            "predicted_tokens_seconds": delta["tokens_predicted_total"] / delta["tokens_predicted_seconds_total"]
+            if delta["tokens_predicted_seconds_total"] > 0 else 0.0,
+            "n_busy_slots_per_decode": counters.get("n_busy_slots_total", 0) / max(counters.get("n_decode_total", 0), 1),
+        }
+        return EngineStats(counters=counters, requests_processing=sum(1 for s in scheduler.slots if s.is_processing),
+                           requests_deferred=scheduler.n_deferred, gauges=gauges,
                            deferred_by_client=scheduler.deferred_by_client())

@@ -53,6 +53,8 @@ class LoadedModel:
             add_bos=self.model.add_bos_token(),
             chat_template=metadata.get("tokenizer.chat_template"),
             metadata=metadata,
+            fim_tokens={name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.vocab))
+                        for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
         )
 
     def new_context(self, params: Any) -> _internals.LlamaContext:

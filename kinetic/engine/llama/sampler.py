@@ -1,6 +1,15 @@
-"""The sampler chain a request's SamplingParams turn into, and the log-probabilities it reports."""
+"""The sampler chain a request's SamplingParams turn into, and the log-probabilities it reports.
+
+The chain is built the way llama.cpp's common_sampler_init builds llama-server's: grammar first
+(so every candidate obeys it), the logit bias, then either the `samplers` list in its order
+followed by the random pick (`dist`), or, with `mirostat` 1 or 2, temperature and Mirostat alone.
+"""
 
 from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any, Callable
 
 import numpy as np
 import llama_cpp
@@ -10,52 +19,143 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.types import SamplingParams, TokenLogprob, TokenProb
 from kinetic.errors import InvalidRequestError
 
+# llama_token_data as numpy sees it (id int32, logit float, p float), for the post-sampling path.
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+MIROSTAT_M = 100  # llama-server's fixed m for Mirostat 1
+
 
 class Sampler:
     """One request's llama.cpp sampler chain; `sample` picks the next token from a row of logits."""
 
-    def __init__(self, model: LoadedModel, params: SamplingParams):
+    def __init__(self, model: LoadedModel, params: SamplingParams, prompt_tokens: list[int] | None = None):
+        self.model = model
         self.chain = _internals.LlamaSampler()
+        self._keep: list[Any] = []  # ctypes arrays the samplers point into
+        self._history: list[int] = []  # chain indexes of samplers that remember tokens (penalties, DRY)
+        self._history_n = 0  # how many past tokens they look at (-1: all)
         try:
             self._build(model, params)
+            if prompt_tokens:
+                self.feed_prompt(prompt_tokens)
         except BaseException:
             self.chain.close()
             raise
 
+    def _add(self, sampler: Any) -> int:
+        llama_cpp.llama_sampler_chain_add(self.chain.sampler, sampler)
+        return llama_cpp.llama_sampler_chain_n(self.chain.sampler) - 1
+
     def _build(self, model: LoadedModel, params: SamplingParams) -> None:
-        chain = self.chain
         n_vocab = model.n_vocab
         if params.grammar:
             grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"), b"root")
             if not grammar:
                 raise InvalidRequestError("Failed to initialize samplers: failed to parse grammar", param="grammar")
-            llama_cpp.llama_sampler_chain_add(chain.sampler, grammar)
+            self._add(grammar)
         bias = dict(params.logit_bias)
         if params.ignore_eos:
             bias.update({token: float("-inf") for token in model.eog_tokens})
         if bias:
-            chain.add_logit_bias(n_vocab, bias)
-        chain.add_penalties(n_vocab, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
-                            params.presence_penalty)
-        if params.temperature <= 0:
-            chain.add_greedy()
+            self.chain.add_logit_bias(n_vocab, bias)
+        seed = params.seed if params.seed >= 0 else llama_cpp.LLAMA_DEFAULT_SEED
+        if params.mirostat == 1:
+            self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            self._add(llama_cpp.llama_sampler_init_mirostat(n_vocab, seed, params.mirostat_tau, params.mirostat_eta,
+                                                            MIROSTAT_M))
             return
-        if params.top_k > 0:
-            chain.add_top_k(params.top_k)
-        if params.typical_p < 1.0:
-            chain.add_typical(params.typical_p, 1)
-        if params.top_p < 1.0:
-            chain.add_top_p(params.top_p, 1)
-        if params.min_p > 0.0:
-            chain.add_min_p(params.min_p, 1)
-        chain.add_temp(params.temperature)
-        chain.add_dist(params.seed if params.seed >= 0 else llama_cpp.LLAMA_DEFAULT_SEED)
+        if params.mirostat == 2:
+            self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            self._add(llama_cpp.llama_sampler_init_mirostat_v2(seed, params.mirostat_tau, params.mirostat_eta))
+            return
+        builders = self._builders(model, params, seed)
+        for name in params.samplers:
+            if name in builders:
+                builders[name]()
+        if "adaptive_p" in params.samplers and params.adaptive_target >= 0:
+            self._add(llama_cpp.llama_sampler_init_adaptive_p(params.adaptive_target, params.adaptive_decay, seed))
+        else:
+            self._add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _builders(self, model: LoadedModel, p: SamplingParams, seed: int) -> dict[str, Callable[[], None]]:
+        def penalties() -> None:
+            self._history.append(self._add(llama_cpp.llama_sampler_init_penalties(
+                model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)))
+            self._remember(p.repeat_last_n)
+
+        def dry() -> None:
+            if p.dry_multiplier == 0.0:  # llama.cpp's DRY is a no-op then; skip its bookkeeping
+                return
+            breakers = (ctypes.c_char_p * len(p.dry_sequence_breakers))(
+                *[b.encode("utf-8") for b in p.dry_sequence_breakers])
+            self._keep.append(breakers)
+            self._history.append(self._add(llama_cpp.llama_sampler_init_dry(
+                model.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n, breakers,
+                len(p.dry_sequence_breakers))))
+            self._remember(p.dry_penalty_last_n)
+
+        return {
+            "penalties": penalties,
+            "dry": dry,
+            "top_n_sigma": lambda: self._add(llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma)),
+            "top_k": lambda: self._add(llama_cpp.llama_sampler_init_top_k(p.top_k)),
+            "typ_p": lambda: self._add(llama_cpp.llama_sampler_init_typical(p.typical_p, p.min_keep)),
+            "top_p": lambda: self._add(llama_cpp.llama_sampler_init_top_p(p.top_p, p.min_keep)),
+            "min_p": lambda: self._add(llama_cpp.llama_sampler_init_min_p(p.min_p, p.min_keep)),
+            "xtc": lambda: self._add(llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold,
+                                                                     p.min_keep, seed)),
+            "temperature": lambda: self._add(llama_cpp.llama_sampler_init_temp_ext(
+                p.temperature, p.dynatemp_range, p.dynatemp_exponent)),
+            "infill": lambda: self._add(llama_cpp.llama_sampler_init_infill(model.vocab)),
+        }
+
+    def _remember(self, last_n: int) -> None:
+        self._history_n = -1 if last_n < 0 or self._history_n < 0 else max(self._history_n, last_n)
+
+    def feed_prompt(self, tokens: list[int]) -> None:
+        """The prompt's tokens count as history for the penalties and DRY, as in llama-server
+        (which accepts every prompt token into its sampler, never into the grammar). Both keep a
+        window of their last_n tokens, so feeding that window gives the same state as feeding all."""
+        if not self._history:
+            return
+        window = tokens if self._history_n < 0 else tokens[-self._history_n:] if self._history_n else []
+        samplers = [llama_cpp.llama_sampler_chain_get(self.chain.sampler, i) for i in self._history]
+        for token in window:
+            for sampler in samplers:
+                llama_cpp.llama_sampler_accept(sampler, token)
 
     def sample(self, ctx: _internals.LlamaContext, row: int) -> int:
         return int(llama_cpp.llama_sampler_sample(self.chain.sampler, ctx.ctx, row))
 
+    def sample_with_candidates(self, ctx: _internals.LlamaContext, row: int, n_probs: int) -> tuple[int, TokenLogprob]:
+        """The token, and the chain's surviving candidates with their probabilities (llama-server's
+        `post_sampling_probs`): what llama_sampler_sample does, with the candidate array kept."""
+        n_vocab = self.model.n_vocab
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, row), shape=(n_vocab,))
+        data = np.empty(n_vocab, dtype=TOKEN_DATA)
+        data["id"] = np.arange(n_vocab, dtype=np.int32)
+        data["logit"] = logits
+        data["p"] = 0.0
+        array = llama_cpp.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=n_vocab, selected=-1,
+            sorted=False)
+        llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
+        candidates = data[: array.size]
+        token = int(candidates[array.selected]["id"])
+        llama_cpp.llama_sampler_accept(self.chain.sampler, token)
+        probs = candidates["p"].astype(np.float64)
+        order = np.argsort(-probs, kind="stable")
+        chosen_p = float(probs[array.selected])
+        top = [(int(candidates[i]["id"]), float(probs[i])) for i in order[:n_probs] if probs[i] > 0]
+        chosen = _token_prob(self.model, token, _log(chosen_p))
+        return token, TokenLogprob(id=chosen.id, token=chosen.token, bytes=chosen.bytes, logprob=chosen.logprob,
+                                   top_logprobs=[_token_prob(self.model, t, _log(p)) for t, p in top])
+
     def close(self) -> None:
         self.chain.close()
+
+
+def _log(p: float) -> float:
+    return math.log(p) if p > 0 else -3.4028234663852886e38  # llama-server's lowest float, never -inf
 
 
 def token_logprob(model: LoadedModel, ctx: _internals.LlamaContext, row: int, token: int,

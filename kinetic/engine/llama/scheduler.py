@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import llama_cpp
 from llama_cpp import _internals
@@ -37,6 +38,7 @@ from kinetic.engine.types import (
     Finished,
     FinishReason,
     GenerationRequest,
+    PromptProgress,
     SlotState,
     StopType,
     TextDelta,
@@ -47,9 +49,14 @@ from kinetic.engine.types import (
 from kinetic.errors import RateLimitError, ServerError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Copying another slot's cells pays off only for a real shared prefix, not a BOS and a few tokens.
 MIN_SHARED_PREFIX = 16
+
+
+class SlotBusyError(Exception):
+    """The slot a slot action named is serving a request."""
 
 
 @dataclass
@@ -84,6 +91,8 @@ class Slot:
     prompt_ms: float = 0.0
     n_prompt_tokens_processed: int = 0  # shown by GET /slots
     client: str = ""
+    request: GenerationRequest | None = None  # the last task's, shown by GET /slots
+    id_task: int = -1
 
     @property
     def is_processing(self) -> bool:
@@ -93,7 +102,8 @@ class Slot:
         return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),
                          n_prompt_tokens=len(self.prompt), n_prompt_tokens_processed=self.n_prompt_tokens_processed,
                          n_prompt_tokens_cache=self.n_cached,
-                         n_decoded=len(self.generated) if self.is_processing else 0, client=self.client)
+                         n_decoded=len(self.generated) if self.is_processing else 0, client=self.client,
+                         id_task=self.id_task, request=self.request)
 
 
 class Scheduler:
@@ -125,7 +135,7 @@ class Scheduler:
         self.metrics: dict[str, float] = {
             "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0, "prompt_seconds_total": 0.0,
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
-            "n_tokens_max": 0}
+            "n_tokens_max": 0, "n_busy_slots_total": 0}
         self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024)
         self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
         self.share_prefixes = share_prefixes
@@ -136,6 +146,7 @@ class Scheduler:
         self._prompt_turn = 0
         self._stopping = False
         self._use_counter = itertools.count(1)
+        self._task_ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
         self._thread.start()
 
@@ -168,6 +179,16 @@ class Scheduler:
             self._in_flight[client] -= 1
             if not self._in_flight[client]:
                 del self._in_flight[client]
+
+    def with_idle_slot(self, slot_id: int, action: Callable[[Slot], T]) -> T:
+        """Runs `action` on slot `slot_id` while no step decodes and no waiting job can take the slot
+        (POST /slots save/restore/erase). A busy slot raises SlotBusyError: the caller waits and retries.
+        The decode thread's lock order: decode_lock, then the condition."""
+        with self.decode_lock, self._cv:
+            slot = self.slots[slot_id]
+            if slot.job is not None:
+                raise SlotBusyError(slot_id)
+            return action(slot)
 
     @property
     def n_deferred(self) -> int:
@@ -303,6 +324,8 @@ class Scheduler:
         slot.t_generation_start = 0.0
         slot.prompt_ms = 0.0
         slot.n_prompt_tokens_processed = len(slot.to_evaluate)
+        slot.request = job.request
+        slot.id_task = next(self._task_ids)
 
     def _step(self) -> None:
         for slot in self.slots:
@@ -311,6 +334,7 @@ class Scheduler:
         batch = self.batch.batch
         batch.n_tokens = 0
         sample_rows: list[tuple[Slot, int]] = []
+        evaluated: list[Slot] = []  # slots with prompt tokens in this batch
         for slot in self.slots:
             if slot.job is not None and slot.next_token is not None:
                 sample_rows.append((slot, batch.n_tokens))
@@ -320,7 +344,9 @@ class Scheduler:
         for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens):
             if not slot.t_prompt_start:
                 slot.t_prompt_start = time.perf_counter()
+                self._progress(slot, start=True)
             chunk, slot.to_evaluate = slot.to_evaluate[:take], slot.to_evaluate[take:]
+            evaluated.append(slot)
             for i, token in enumerate(chunk):
                 last = not slot.to_evaluate and i == len(chunk) - 1
                 if last:
@@ -331,6 +357,7 @@ class Scheduler:
             return
         status = llama_cpp.llama_decode(self.ctx.ctx, batch)
         self.metrics["n_decode_total"] += 1
+        self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)
         if status != 0:
             for slot, _ in sample_rows:
                 if slot.job is not None:
@@ -338,9 +365,21 @@ class Scheduler:
                     self._forget_cache(slot)
                     self._release(slot)
             return
+        for slot in evaluated:
+            self._progress(slot)
         for slot, row in sample_rows:
             if slot.job is not None:
                 self._sample(slot, row)
+
+    def _progress(self, slot: Slot, *, start: bool = False) -> None:
+        """llama-server's prompt_progress, for a request that asked: once at the start, then per batch."""
+        job = slot.job
+        if job is None or not job.request.return_progress:
+            return
+        total = len(slot.prompt)
+        elapsed_ms = 0.0 if start else (time.perf_counter() - slot.t_prompt_start) * 1000.0
+        self._emit(job, PromptProgress(total=total, cache=slot.n_cached, processed=total - len(slot.to_evaluate),
+                                       time_ms=elapsed_ms))
 
     def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
         """The step's prompt budget split evenly across the slots still reading a prompt (what one
@@ -387,9 +426,13 @@ class Scheduler:
         if job.request.max_tokens == 0:
             self._finish(slot, "length", "limit", truncated=False)
             return
-        token = job.sampler.sample(self.ctx, row)
         n_probs = job.request.n_probs
-        logprob = token_logprob(self.model, self.ctx, row, token, n_probs) if n_probs > 0 else None
+        logprob: TokenLogprob | None = None
+        if n_probs > 0 and job.request.post_sampling_probs:
+            token, logprob = job.sampler.sample_with_candidates(self.ctx, row, n_probs)
+        else:
+            token = job.sampler.sample(self.ctx, row)
+            logprob = token_logprob(self.model, self.ctx, row, token, n_probs) if n_probs > 0 else None
         slot.generated.append(token)
         if self.model.is_eog(token) and not job.request.sampling.ignore_eos:
             self._finish(slot, "stop", "eos")
@@ -414,7 +457,10 @@ class Scheduler:
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None
         slot.text_parts.append(text)
-        self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob))
+        so_far = Timings(cache_n=slot.n_cached, prompt_n=len(slot.prompt) - slot.n_cached, prompt_ms=slot.prompt_ms,
+                         predicted_n=len(slot.generated),
+                         predicted_ms=max((time.perf_counter() - slot.t_generation_start) * 1000.0, 0.001))
+        self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob, timings=so_far))
 
     def _finish(self, slot: Slot, reason: FinishReason, stop_type: StopType, *, truncated: bool = False) -> None:
         job = slot.job

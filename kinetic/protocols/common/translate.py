@@ -85,6 +85,42 @@ def logit_bias_from(raw: dict[str, Any] | list[Any] | None) -> dict[int | str, f
     return bias
 
 
+INT_MAX = 2147483647
+SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+                 "infill", "adaptive_p")
+# llama.cpp's alternative spellings (common_sampler_types_from_names) and one-letter codes
+SAMPLER_ALIASES = {
+    **{spelling: name for name in SAMPLER_NAMES
+       for spelling in (name, name.replace("_", "-"), name.replace("_", ""))},
+    "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical": "typ_p", "typical_p": "typ_p",
+    "typical-p": "typ_p", "typicalp": "typ_p",
+}
+SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                 "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
+
+
+def sampler_order(raw: list[str] | str | None) -> tuple[str, ...] | None:
+    """`samplers` as canonical names in chain order: a list of names (any llama.cpp spelling, any case),
+    or a string of one-letter codes ("kt"). Unknown names are skipped, as llama-server does."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return tuple(SAMPLER_CODES[c] for c in raw if c in SAMPLER_CODES)
+    return tuple(SAMPLER_ALIASES[n.lower()] for n in raw if isinstance(n, str) and n.lower() in SAMPLER_ALIASES)
+
+
+def clamp(value: float | int | None, low: float, high: float) -> Any:
+    return None if value is None else min(max(value, low), high)
+
+
+def dry_breakers(raw: Any) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or not all(isinstance(b, str) for b in raw):
+        raise field_error("dry_sequence_breakers", "Error: dry_sequence_breakers must be a non-empty array of strings")
+    return tuple(raw)
+
+
 def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOptions:
     """SamplingOptions out of a request model with llama.cpp/OpenAI sampler field names (any of
     them may be missing on a given protocol's model)."""
@@ -105,6 +141,10 @@ def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOpti
     repeat_last_n = get("repeat_last_n")
     if repeat_last_n is not None and repeat_last_n < 0:
         raise range_error("repeat_last_n", 0, 2147483647, repeat_last_n)
+    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep"):
+        check_range(name, get(name), 0, INT_MAX)
+    check_range("adaptive_decay", get("adaptive_decay"), 0.0, 0.99)
+    dry_base = get("dry_base")
     top_k = get("top_k")
     return SamplingOptions(
         temperature=get("temperature"),
@@ -119,6 +159,23 @@ def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOpti
         seed=get("seed"),
         ignore_eos=bool(get("ignore_eos")),
         logit_bias=logit_bias_from(get("logit_bias")),
+        dynatemp_range=get("dynatemp_range"),
+        dynatemp_exponent=get("dynatemp_exponent"),
+        top_n_sigma=get("top_n_sigma"),
+        xtc_probability=clamp(get("xtc_probability"), 0.0, 1.0),
+        xtc_threshold=clamp(get("xtc_threshold"), 0.0, 1.0),
+        dry_multiplier=get("dry_multiplier"),
+        dry_base=dry_base if dry_base is not None and dry_base >= 1.0 else None,  # below 1: the default
+        dry_allowed_length=get("dry_allowed_length"),
+        dry_penalty_last_n=get("dry_penalty_last_n"),
+        dry_sequence_breakers=dry_breakers(get("dry_sequence_breakers")),
+        mirostat=clamp(get("mirostat"), 0, 2),
+        mirostat_tau=get("mirostat_tau"),
+        mirostat_eta=get("mirostat_eta"),
+        adaptive_target=clamp(get("adaptive_target"), float("-inf"), 1.0),
+        adaptive_decay=get("adaptive_decay"),
+        min_keep=get("min_keep"),
+        samplers=sampler_order(get("samplers")),
     )
 
 
@@ -130,7 +187,14 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         n_probs=n_probs,
         cache_prompt=body.cache_prompt is not False,
         id_slot=body.id_slot if body.id_slot is not None else -1,
+        n_keep=n_keep(getattr(body, "n_keep", None)),
+        post_sampling_probs=bool(getattr(body, "post_sampling_probs", False)),
     )
+
+
+def n_keep(value: int | None) -> int:
+    check_range("n_keep", value, -1, INT_MAX)
+    return value if value is not None else 0
 
 
 # ------------------------------------------------------------------------- messages and tools

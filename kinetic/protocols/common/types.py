@@ -93,3 +93,23 @@ class SamplingFields(WireModel):
     ignore_eos: bool | None = False
     n_probs: int | None = None
     user: str | None = None
+    # llama.cpp's further samplers (validated in common.translate.sampling_options)
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: Any = None  # checked by hand for llama-server's message
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    adaptive_target: float | None = None
+    adaptive_decay: float | None = None
+    min_keep: int | None = None
+    samplers: Union[list[str], str, None] = None
+    n_keep: int | None = None
+    post_sampling_probs: bool | None = None

@@ -1,9 +1,10 @@
-"""llama-server native routes: /health, /props, /slots, /metrics, /completion, /tokenize,
-/detokenize, /apply-template."""
+"""llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
+/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template."""
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,18 +13,23 @@ from fastapi.responses import PlainTextResponse, Response
 
 from kinetic import __version__
 from kinetic.deps import RegistryDep, ServiceDep, model_service
+from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
+from kinetic.protocols.common import translate as common
 from kinetic.protocols.llamacpp import translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
+    InfillRequest,
     ModelActionRequest,
+    SlotActionRequest,
     TokenizeRequest,
 )
 from kinetic.router.registry import ModelState
-from kinetic.protocols.common import translate as common
-from kinetic.streaming import respond
+from kinetic.service import Service
+from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
 BUILD_INFO = f"b{__version__}-kinetic"
@@ -68,6 +74,13 @@ async def unload_model(body: ModelActionRequest, registry: RegistryDep) -> dict[
     return {"success": True}
 
 
+@router.post("/props")
+async def set_props(service: ServiceDep) -> dict[str, Any]:
+    if not service.settings.props:
+        raise NotSupportedError("This server does not support changing global properties. Start it with `--props`")
+    return {"success": True}  # as in llama-server, no property is changeable yet
+
+
 @router.get("/slots")
 async def get_slots(service: ServiceDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
     if not service.settings.slots:
@@ -78,21 +91,87 @@ async def get_slots(service: ServiceDep, fail_on_no_slot: str | None = None) -> 
     return translate.slots(states, service.engine.slot_n_ctx)
 
 
+@router.post("/slots/{id_slot}")
+async def slot_action(id_slot: str, request: Request, service: ServiceDep, action: str = "") -> dict[str, Any]:
+    if not service.settings.slot_save_path:
+        raise NotSupportedError("This server does not support slots action. Start it with `--slot-save-path`")
+    try:
+        slot = int(id_slot)
+    except ValueError:
+        raise InvalidRequestError("Invalid slot ID", param="id_slot") from None
+    engine = service.engine
+    if action == "erase":
+        return translate.slot_file(action, await anyio.to_thread.run_sync(engine.slot_erase, slot), None)
+    if action not in ("save", "restore"):
+        raise InvalidRequestError("Invalid action", param="action")
+    try:
+        body = SlotActionRequest.model_validate_json(await request.body() or b"{}")
+    except ValueError:  # not JSON, or a filename that is not a string
+        raise InvalidRequestError("Invalid filename", param="filename") from None
+    filename = translate.slot_filename(body.filename)
+    path = Path(service.settings.slot_save_path) / filename
+    run = engine.slot_save if action == "save" else engine.slot_restore
+    return translate.slot_file(action, await anyio.to_thread.run_sync(run, slot, path), filename)
+
+
 @router.get("/metrics")
 async def get_metrics(service: ServiceDep) -> Response:
     if not service.settings.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    return PlainTextResponse(translate.metrics_text(service.engine.stats()), media_type="text/plain; version=0.0.4")
+    response = PlainTextResponse(translate.metrics_text(service.engine.stats()),
+                                 media_type="text/plain; version=0.0.4")
+    # spelled as llama-server spells it: its own test suite reads the header with this exact case
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(service.started).encode()))
+    return response
 
 
-@router.post("/completion")  # /completions (no /v1) is the OpenAI route here, as issue 2 asks
+@router.post("/completion")
+@router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
 async def completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request = await service.prepare_prompt(translate.to_prompt_request(body))
-    prompt_text = service.engine.detokenize(generation_request.prompt_tokens, special=True)
-    ctx = translate.native_context(body, generation_request, model=service.model_name, prompt_text=prompt_text)
-    generation = await service.engine.submit(generation_request)
-    return await respond(request, generation, stream=bool(body.stream), encoder=translate.NativeEncoder(ctx),
-                         to_body=partial(translate.to_completion, ctx=ctx))
+    generation_requests = [await service.prepare_prompt(r) for r in translate.to_prompt_requests(body)]
+    # one result is an object, several an array (llama-server's rule)
+    return await _generate(body, generation_requests, request, service, several=len(generation_requests) > 1)
+
+
+@router.post("/infill")
+async def infill(body: InfillRequest, request: Request, service: ServiceDep) -> Response:
+    service.require_infill()
+    generation_request = await service.prepare_infill(translate.to_infill_request(body))
+    return await _generate(body, [generation_request], request, service, several=False)
+
+
+async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[GenerationRequest],
+                    request: Request, service: Service, *, several: bool) -> Response:
+    contexts = [translate.native_context(body, g, model=service.model_name, index=i,
+                                         prompt_text=service.engine.detokenize(g.prompt_tokens, special=True))
+                for i, g in enumerate(generation_requests)]
+    generations = []
+    try:
+        for generation_request in generation_requests:
+            generations.append(await service.engine.submit(generation_request))
+    except BaseException:
+        for generation in generations:
+            generation.cancel()
+        raise
+    if not several:
+        ctx = contexts[0]
+        return await respond(request, generations[0], stream=bool(body.stream), encoder=translate.NativeEncoder(ctx),
+                             to_body=partial(translate.to_completion, ctx=ctx))
+    return await respond_many(request, generations, stream=bool(body.stream),
+                              encoders=[translate.NativeEncoder(ctx) for ctx in contexts],
+                              to_body=lambda i, deltas, finished: translate.to_completion(deltas, finished,
+                                                                                          contexts[i]))
+
+
+@router.post("/embedding")
+@router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
+async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[str, Any]]:
+    service.require_embeddings()
+    items, params = translate.embedding_inputs(body)
+    inputs = await service.embedding_inputs(items, params)
+    vectors = await service.embed_all(inputs)
+    return translate.to_native_embeddings(vectors, pooling=service.engine.embedding_pooling,
+                                          embd_normalize=body.embd_normalize)
 
 
 @router.post("/tokenize")

@@ -3,22 +3,49 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kinetic.chat.types import OutputConstraint, PromptRequest
+from kinetic.chat.types import GenerationOptions, OutputConstraint, PromptInput, PromptRequest
+from kinetic.chat.types import InfillRequest as NeutralInfill
 from kinetic.engine.base import Tokenizer
-from kinetic.engine.types import EngineStats, Finished, GenerationRequest, SlotState, TextDelta
-from kinetic.errors import KineticError
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    Finished,
+    GenerationRequest,
+    PromptProgress,
+    SlotFileResult,
+    SlotState,
+    TextDelta,
+    Timings,
+    TokenLogprob,
+)
+from kinetic.errors import InvalidRequestError, KineticError
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.translate import logprob_entry
-from kinetic.protocols.llamacpp.types import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from kinetic.protocols.common.types import SamplingFields
+from kinetic.protocols.llamacpp.types import (
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    InfillRequest,
+    TokenizeRequest,
+)
 from kinetic.service import Service
 from kinetic.streaming import sse_data
 
 
 def error_body(err: KineticError) -> dict[str, Any]:
     return {"error": {"code": err.status, "message": err.message, "type": err.kind, **err.extra}}
+
+
+PROMPT_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
+                   'string, or a list of mixed strings & tokens.')
+# generation_settings keys the short form (/props, /slots) leaves out
+LONG_ONLY = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
+             "preserved_tokens")
 
 
 @dataclass
@@ -28,41 +55,144 @@ class NativeContext:
     return_tokens: bool
     prompt_text: str
     generation_settings: dict[str, Any]
+    index: int = 0
+    n_prompt_tokens: int = 0
+    post_sampling_probs: bool = False
+    timings_per_token: bool = False
 
 
-def generation_settings(request: GenerationRequest) -> dict[str, Any]:
+def generation_settings(request: GenerationRequest, *, stream: bool = False, timings_per_token: bool = False,
+                        short: bool = False) -> dict[str, Any]:
+    """llama-server's task_params::to_json: the long form in /completion results, the short one
+    (`short`) in /props and /slots."""
     s = request.sampling
-    return {"seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temperature, "top_k": s.top_k,
-            "top_p": s.top_p, "min_p": s.min_p, "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
-            "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty, "max_tokens": request.max_tokens,
-            "n_predict": request.max_tokens, "n_probs": request.n_probs, "ignore_eos": s.ignore_eos,
-            "stop": list(request.stop), "grammar": s.grammar or "",
-            "logit_bias": [{"bias": b, "token": t} for t, b in s.logit_bias.items()]}
+    settings: dict[str, Any] = {
+        "seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temperature,
+        "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent, "top_k": s.top_k,
+        "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold, "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base,
+        "dry_allowed_length": s.dry_allowed_length, "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "adaptive_target": s.adaptive_target,
+        "adaptive_decay": s.adaptive_decay, "stop": list(request.stop), "max_tokens": request.max_tokens,
+        "n_predict": request.max_tokens, "n_keep": request.n_keep, "n_discard": 0, "ignore_eos": s.ignore_eos,
+        "stream": stream, "logit_bias": [{"bias": b, "token": t} for t, b in s.logit_bias.items()],
+        "n_probs": request.n_probs, "min_keep": s.min_keep, "grammar": s.grammar or "", "grammar_lazy": False,
+        "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
+        "reasoning_in_content": False, "generation_prompt": "", "samplers": list(s.samplers),
+        "speculative.types": "none", "timings_per_token": timings_per_token,
+        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": False, "lora": [],
+    }
+    if short:
+        for key in LONG_ONLY:
+            settings.pop(key)
+    return settings
 
 
-def to_prompt_request(req: CompletionRequest) -> PromptRequest:
-    if req.n_probs is not None and req.n_probs < 0:
-        common.check_range("n_probs", req.n_probs, 0, 2147483647)
+def prompt_inputs(prompt: Any) -> list[PromptInput]:
+    """llama-server's prompt shapes: text, token ids, mixed ([12, "text", 34]) or {"prompt_string": text}
+    are one prompt; a list holding no number at its top level is several prompts, each of those shapes."""
+    def is_piece(item: Any) -> bool:
+        return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
+
+    def one(item: Any) -> PromptInput:
+        if isinstance(item, str):
+            return item
+        if isinstance(item, dict) and isinstance(item.get("prompt_string"), str):
+            # llama-server's multimodal prompt object; text alone is a plain prompt
+            if item.get("multimodal_data"):
+                raise InvalidRequestError("Multimodal data provided, but model does not support multimodal requests.",
+                                          param="prompt")
+            return item["prompt_string"]
+        if isinstance(item, list) and item and all(is_piece(x) for x in item):
+            return list(item)
+        raise InvalidRequestError(PROMPT_ELEMENTS, param="prompt")
+
+    if isinstance(prompt, list):
+        if not prompt:
+            raise InvalidRequestError('"prompt" must not be empty', param="prompt")
+        if any(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            return [one(prompt)]
+        return [one(item) for item in prompt]
+    return [one(prompt)]
+
+
+def _output(req: SamplingFields) -> OutputConstraint:
+    # /completion takes the grammar when both are sent (chat routes refuse the pair)
+    schema = req.json_schema if req.grammar is None else None
+    return OutputConstraint(grammar=req.grammar, schema=schema,
+                            param="json_schema" if schema is not None else "grammar")
+
+
+def _options(req: CompletionRequest | InfillRequest, n_probs: int | None) -> GenerationOptions:
+    if n_probs is not None and n_probs < 0:
+        common.check_range("n_probs", n_probs, 0, 2147483647)
     max_tokens = common.max_tokens_from([("n_predict", req.n_predict),
                                          ("max_completion_tokens", req.max_completion_tokens),
                                          ("max_tokens", req.max_tokens)], minimum=-1)
-    output = OutputConstraint(grammar=req.grammar, schema=req.json_schema,
-                              param="json_schema" if req.json_schema is not None else "grammar")
-    return PromptRequest(prompt=common.prompt_input(req.prompt),
-                         options=common.generation_options(req, max_tokens=max_tokens, n_probs=req.n_probs or 0),
-                         output=output)
+    options = common.generation_options(req, max_tokens=max_tokens, n_probs=n_probs or 0)
+    return replace(options, return_progress=bool(req.stream and req.return_progress))
 
 
-def native_context(req: CompletionRequest, generation: GenerationRequest, *, model: str,
-                   prompt_text: str) -> NativeContext:
+def to_prompt_requests(req: CompletionRequest) -> list[PromptRequest]:
+    n_probs = req.n_probs
+    if n_probs is None and isinstance(req.logprobs, int) and not isinstance(req.logprobs, bool):
+        n_probs = req.logprobs  # the alias
+    options = _options(req, n_probs)
+    output = _output(req)
+    prompts = prompt_inputs(req.prompt)
+    return [PromptRequest(prompt=p, options=options, output=output,
+                          param="prompt" if len(prompts) == 1 else f"prompt[{i}]") for i, p in enumerate(prompts)]
+
+
+def to_infill_request(req: InfillRequest) -> NeutralInfill:
+    """llama-server's /infill checks, in its order and words."""
+    if req.prompt is not None and not isinstance(req.prompt, str):
+        raise InvalidRequestError('"prompt" must be a string', param="prompt")
+    for name in ("input_prefix", "input_suffix"):
+        if not isinstance(getattr(req, name), str):
+            raise InvalidRequestError(f'"{name}" is required', param=name)
+    extra = req.input_extra if req.input_extra is not None else []
+    if not isinstance(extra, list):
+        raise InvalidRequestError('"input_extra" must be an array of {"filename": string, "text": string}',
+                                  param="input_extra")
+    chunks = []
+    for chunk in extra:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise InvalidRequestError('extra_context chunk must contain a "text" field with a string value',
+                                      param="input_extra")
+        if "filename" in chunk and not isinstance(chunk["filename"], str):
+            raise InvalidRequestError('extra_context chunk\'s "filename" field must be a string', param="input_extra")
+        chunks.append((chunk.get("filename", "tmp"), chunk["text"]))
+    return NeutralInfill(prefix=req.input_prefix, suffix=req.input_suffix, extra=tuple(chunks),
+                         prompt=req.prompt or "", options=_options(req, req.n_probs), output=_output(req))
+
+
+def native_context(req: CompletionRequest | InfillRequest, generation: GenerationRequest, *, model: str,
+                   prompt_text: str, index: int = 0) -> NativeContext:
+    timings_per_token = bool(req.timings_per_token)
     return NativeContext(model=model, n_probs=generation.n_probs, return_tokens=bool(req.return_tokens),
-                         prompt_text=prompt_text, generation_settings=generation_settings(generation))
+                         prompt_text=prompt_text, index=index, n_prompt_tokens=len(generation.prompt_tokens),
+                         post_sampling_probs=generation.post_sampling_probs, timings_per_token=timings_per_token,
+                         generation_settings=generation_settings(generation, stream=bool(req.stream),
+                                                                 timings_per_token=timings_per_token))
+
+
+def probs_entry(logprob: TokenLogprob, ctx: NativeContext) -> dict[str, Any]:
+    """One token's probabilities: log-probabilities before sampling, or with `post_sampling_probs`
+    the sampler chain's probabilities (`prob`, `top_probs`)."""
+    if not ctx.post_sampling_probs:
+        return logprob_entry(logprob, ctx.n_probs)
+    return {"id": logprob.id, "token": logprob.token, "bytes": logprob.bytes, "prob": math.exp(logprob.logprob),
+            "top_probs": [{"id": alt.id, "token": alt.token, "bytes": alt.bytes, "prob": math.exp(alt.logprob)}
+                          for alt in logprob.top_logprobs[:ctx.n_probs]]}
 
 
 def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list[int]) -> dict[str, Any]:
     return {
-        "index": 0, "content": content, "tokens": tokens, "id_slot": finished.id_slot, "stop": True,
+        "index": ctx.index, "content": content, "tokens": tokens, "id_slot": finished.id_slot, "stop": True,
         "model": ctx.model, "tokens_predicted": finished.usage.completion_tokens,
         "tokens_evaluated": finished.usage.prompt_tokens, "generation_settings": ctx.generation_settings,
         "prompt": ctx.prompt_text, "has_new_line": "\n" in finished.text, "truncated": finished.truncated,
@@ -74,7 +204,7 @@ def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list
 def to_completion(deltas: list[TextDelta], finished: Finished, ctx: NativeContext) -> dict[str, Any]:
     body = _final(finished, ctx, content=finished.text, tokens=finished.tokens if ctx.return_tokens else [])
     if ctx.n_probs:
-        body["completion_probabilities"] = [logprob_entry(d.logprob, ctx.n_probs) for d in deltas if d.logprob]
+        body["completion_probabilities"] = [probs_entry(d.logprob, ctx) for d in deltas if d.logprob]
     return body
 
 
@@ -85,14 +215,27 @@ class NativeEncoder:
         self.ctx = ctx
         self.n_predicted = 0
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def _partial(self, content: str, tokens: list[int]) -> dict[str, Any]:
+        return {"index": self.ctx.index, "content": content, "tokens": tokens, "stop": False, "id_slot": -1,
+                "tokens_predicted": self.n_predicted, "tokens_evaluated": self.ctx.n_prompt_tokens}
+
+    def encode(self, event: Event) -> list[bytes]:
         if isinstance(event, Finished):
             return [sse_data(_final(event, self.ctx, content="", tokens=[]))]
+        if isinstance(event, PromptProgress):
+            chunk = self._partial("", [])
+            chunk["prompt_progress"] = {"total": event.total, "cache": event.cache, "processed": event.processed,
+                                        "time_ms": event.time_ms}
+            if self.ctx.timings_per_token:  # the prompt's timings so far; nothing predicted yet
+                chunk["timings"] = Timings(cache_n=event.cache, prompt_n=event.processed - event.cache,
+                                           prompt_ms=event.time_ms, predicted_n=0, predicted_ms=0.0).to_dict()
+            return [sse_data(chunk)]
         self.n_predicted += 1
-        chunk: dict[str, Any] = {"index": 0, "content": event.text, "tokens": [event.token_id], "stop": False,
-                                 "id_slot": -1, "tokens_predicted": self.n_predicted}
+        chunk = self._partial(event.text, [event.token_id])
+        if self.ctx.timings_per_token and event.timings is not None:
+            chunk["timings"] = event.timings.to_dict()
         if event.logprob is not None and self.ctx.n_probs:
-            chunk["completion_probabilities"] = [logprob_entry(event.logprob, self.ctx.n_probs)]
+            chunk["completion_probabilities"] = [probs_entry(event.logprob, self.ctx)]
         return [sse_data(chunk)]
 
     def error(self, err: KineticError) -> list[bytes]:
@@ -108,13 +251,55 @@ def router_props(*, max_instances: int, autoload: bool, build_info: str) -> dict
             "cors_proxy_enabled": False}
 
 
+# ------------------------------------------------------------------------------- embeddings
+
+
+def embedding_inputs(req: EmbeddingRequest) -> tuple[list[PromptInput], list[str]]:
+    """/embedding's inputs: `input`, else `content`; one prompt or several, as /completion reads them."""
+    field_name = "input" if req.input is not None else "content"
+    raw = req.input if req.input is not None else req.content
+    if raw is None:
+        raise InvalidRequestError('"input" or "content" must be provided', param="input")
+    if isinstance(raw, list) and not raw:
+        raise InvalidRequestError(f'"{field_name}" must not be empty', param=field_name)
+    try:
+        items = prompt_inputs(raw)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(exc.message.replace('"prompt"', f'"{field_name}"'), param=field_name) from exc
+    return items, [field_name] if len(items) == 1 else [f"{field_name}[{i}]" for i in range(len(items))]
+
+
+def normalize(vector: list[float], mode: int) -> list[float]:
+    """llama.cpp's common_embd_normalize: -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 L2, >2 p-norm."""
+    if mode < 0:
+        return vector
+    if mode == 0:
+        total = max((abs(v) for v in vector), default=0.0) / 32760.0
+    elif mode == 1:
+        total = sum(abs(v) for v in vector)
+    elif mode == 2:
+        total = math.sqrt(sum(v * v for v in vector))
+    else:
+        total = sum(abs(v) ** mode for v in vector) ** (1.0 / mode)
+    scale = 1.0 / total if total > 0 else 0.0
+    return [v * scale for v in vector]
+
+
+def to_native_embeddings(vectors: list[list[list[float]]], *, pooling: str, embd_normalize: int) -> list[dict[str, Any]]:
+    """`[{index, embedding: [[...]]}]`: one pooled vector normalised per `embd_normalize`, or with
+    pooling none one raw vector per token."""
+    return [{"index": index, "embedding": rows if pooling == "none" else [normalize(rows[0], embd_normalize)]}
+            for index, rows in enumerate(vectors)]
+
+
+# ------------------------------------------------------------------------------- server state
+
+
 def props(service: Service) -> dict[str, Any]:
     engine = service.engine
     info = service.info
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=service.default_sampling(),
-                                                     max_tokens=service.settings.n_predict))
-    for key in ("stop", "logit_bias", "grammar"):
-        defaults.pop(key)
+                                                     max_tokens=service.settings.n_predict), short=True)
     template = service.template
     return {
         "default_generation_settings": {"n_ctx": engine.slot_n_ctx, "params": defaults},
@@ -124,7 +309,7 @@ def props(service: Service) -> dict[str, Any]:
         "model_path": str(info.path),
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": service.settings.slots,
-        "endpoint_props": False,
+        "endpoint_props": service.settings.props,
         "endpoint_metrics": service.settings.metrics,
         "chat_template": template.source if template else "",
         "chat_template_origin": template.origin if template else "",
@@ -137,6 +322,7 @@ def props(service: Service) -> dict[str, Any]:
 
 
 def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:
+    """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts)."""
     result = []
     for slot in states:
         entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
@@ -144,35 +330,68 @@ def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:
         if slot.is_processing:
             entry["key"] = slot.client  # whose request it is: a key's name, never the key
         if slot.used:
-            entry.update(n_prompt_tokens=slot.n_prompt_tokens, n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
-                         n_prompt_tokens_cache=slot.n_prompt_tokens_cache,
-                         next_token=[{"has_next_token": slot.is_processing, "has_new_line": False,
-                                      "n_remain": -1, "n_decoded": slot.n_decoded}])
+            entry.update(id_task=slot.id_task, n_prompt_tokens=slot.n_prompt_tokens,
+                         n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
+                         n_prompt_tokens_cache=slot.n_prompt_tokens_cache)
+            if slot.request is not None:
+                entry["params"] = generation_settings(slot.request, short=True)
+            entry["next_token"] = [{"has_next_token": slot.is_processing, "has_new_line": False, "n_remain": -1,
+                                    "n_decoded": slot.n_decoded}]
         result.append(entry)
     return result
 
 
-METRIC_HELP = {
-    "prompt_tokens_total": ("counter", "Number of prompt tokens processed."),
-    "prompt_tokens_cached_total": ("counter", "Number of prompt tokens reused from the cache."),
-    "prompt_seconds_total": ("counter", "Prompt process time"),
-    "tokens_predicted_total": ("counter", "Number of generation tokens processed."),
-    "tokens_predicted_seconds_total": ("counter", "Predict process time"),
-    "n_decode_total": ("counter", "Total number of llama_decode() calls"),
-    "n_tokens_max": ("counter", "Largest observed n_tokens."),
-    "requests_processing": ("gauge", "Number of requests processing."),
-    "requests_deferred": ("gauge", "Number of requests deferred."),
-}
+def slot_file(action: str, result: SlotFileResult, filename: str | None) -> dict[str, Any]:
+    """POST /slots/{id}?action=...: llama-server's answer for each action."""
+    if action == "save":
+        return {"id_slot": result.id_slot, "filename": filename, "n_saved": result.n_tokens,
+                "n_written": result.n_bytes, "timings": {"save_ms": result.ms}}
+    if action == "restore":
+        return {"id_slot": result.id_slot, "filename": filename, "n_restored": result.n_tokens,
+                "n_read": result.n_bytes, "timings": {"restore_ms": result.ms}}
+    return {"id_slot": result.id_slot, "n_erased": result.n_tokens}
+
+
+def slot_filename(raw: str | None) -> str:
+    """A bare file name inside --slot-save-path (llama.cpp's fs_validate_filename, in short)."""
+    bad = (not raw or len(raw.encode("utf-8")) > 255 or raw in (".", "..") or raw.startswith(".")
+           or any(c in raw for c in '/\\:*?"<>|') or any(ord(c) < 32 for c in raw))
+    if bad:
+        raise InvalidRequestError("Invalid filename", param="filename")
+    return raw  # type: ignore[return-value]
+
+
+# llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)
+COUNTERS = (
+    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
+    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
+    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+)
+GAUGES = (
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
+    ("requests_processing", "Number of requests processing"),
+    ("requests_deferred", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
+)
 
 
 def metrics_text(stats: EngineStats) -> str:
-    values: dict[str, float] = dict(stats.counters)
-    values["requests_processing"] = stats.requests_processing
-    values["requests_deferred"] = stats.requests_deferred
+    values: dict[str, float] = {**stats.counters, **stats.gauges, "requests_processing": stats.requests_processing,
+                                "requests_deferred": stats.requests_deferred}
     lines = []
-    for name, (kind, help_text) in METRIC_HELP.items():
-        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                  f"llamacpp:{name} {values.get(name, 0)}"]
+    for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
+        for name, help_text in items:
+            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {values.get(name, 0)}"]
+    # kinetic's own: who is waiting (by key name), for the instructor's dashboard
     lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
               "# TYPE llamacpp:requests_deferred_by_key gauge"]
     for client, count in sorted(stats.deferred_by_client.items()):

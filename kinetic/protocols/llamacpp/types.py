@@ -8,10 +8,38 @@ from kinetic.protocols.common.types import ChatMessage, SamplingFields, Tool, Wi
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[Union[int, str]], list[list[int]]]
+    prompt: Any  # text, token ids, mixed, or a list of those: checked by translate.prompt_inputs
     max_completion_tokens: int | None = None
     return_tokens: bool | None = False
     n_probs: int | None = None
+    logprobs: Any = None  # llama-server's alias of n_probs (a number)
+    timings_per_token: bool | None = False
+    return_progress: bool | None = False
+
+
+class InfillRequest(SamplingFields):
+    """/infill: llama-server's own checks and messages, so the shapes are checked by hand."""
+
+    input_prefix: Any = None
+    input_suffix: Any = None
+    input_extra: Any = None
+    prompt: Any = None
+    max_completion_tokens: int | None = None
+    return_tokens: bool | None = False
+    timings_per_token: bool | None = False
+    return_progress: bool | None = False
+
+
+class EmbeddingRequest(WireModel):
+    """/embedding: `content` (or `input`) is text, token ids, mixed, or a list of those."""
+
+    content: Any = None
+    input: Any = None
+    embd_normalize: int = 2
+
+
+class SlotActionRequest(WireModel):
+    filename: str | None = None
 
 
 class TokenizeRequest(WireModel):

@@ -1,4 +1,5 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (each also without /v1)."""
+"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (chat and models also
+without /v1; /completions and /embeddings without it are llama-server's native routes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.deps import RegistryDep, ServiceDep
+from kinetic.errors import InvalidRequestError
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kinetic.router import listing
@@ -27,8 +29,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
                          to_body=partial(translate.to_chat_completion, ctx=ctx))
 
 
-@router.post("/v1/completions")
-@router.post("/completions")
+@router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there
 async def create_completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     generation_request = await service.prepare_prompt(translate.to_prompt_request(body))
     ctx = translate.completion_context(body, model=service.model_name, fingerprint=service.system_fingerprint)
@@ -38,10 +39,12 @@ async def create_completion(body: CompletionRequest, request: Request, service: 
                          to_body=partial(translate.to_completion, ctx=ctx))
 
 
-@router.post("/v1/embeddings")
-@router.post("/embeddings")
+@router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
 async def create_embeddings(body: EmbeddingRequest, service: ServiceDep) -> dict[str, Any]:
     service.require_embeddings()
+    if service.engine.embedding_pooling == "none":
+        raise InvalidRequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type",
+                                  param="input")
     items, params = translate.embedding_inputs(body)
     translate.check_dimensions(body, service.info.n_embd)
     inputs = await service.embedding_inputs(items, params)

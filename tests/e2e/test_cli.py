@@ -163,13 +163,13 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
     # model path: a line that starts llama-server starts kinetic.
     args = ("-c", "1024", "-kvu", "-np", "1", "-ngl", "99", "--mlock", "-fa", "on", "-sps", "0.5", "-r", "User:",
             "--keep", "4", "-ot", "exps=CPU", "--override-kv", "tokenizer.ggml.add_bos_token=bool:true",
-            "--dry-multiplier", "0.8", "--xtc-probability", "0.1", "--no-webui")
+            "--dry-multiplier", "0.8", "--xtc-probability", "0.1", "--no-warmup")
     with KineticServer(*args, env={"LLAMA_ARG_N_GPU_LAYERS": "99"}) as server:
         assert httpx.get(server.url + "/health").status_code == 200
         assert httpx.get(server.url + "/props").json()["total_slots"] == 1
         log = server.log()
     for flag in ("-kvu", "-ngl", "--mlock", "-fa", "-sps", "-r", "--keep", "-ot", "--override-kv", "--dry-multiplier",
-                 "--xtc-probability", "--no-webui"):
+                 "--xtc-probability", "--no-warmup"):
         assert log.count(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored\n") == 1
     assert log.count("warning: LLAMA_ARG_N_GPU_LAYERS is a llama-server variable kinetic does not implement") == 1
     assert "listening on http://127.0.0.1:" in log

@@ -7,6 +7,7 @@ import difflib
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from kinetic import __version__
-from kinetic.classroom.keys import KeyFileError
+from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
 from kinetic.llama_flags import by_spelling, llama_server_flags
 from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
@@ -194,6 +195,25 @@ def missing_server_dependency() -> str | None:
     return None
 
 
+def reload_keys_on_sighup(keys: KeyRing) -> None:
+    """`kill -HUP PID` rereads --api-key-file (a student added, a key revoked) without a restart;
+    requests in flight keep going. A file that no longer reads keeps the keys in force. POSIX only:
+    Windows has no SIGHUP, and there a restart rereads the file."""
+    if not hasattr(signal, "SIGHUP"):
+        return
+
+    def reload(signum: int, frame: object) -> None:
+        try:
+            keys.reload()
+        except (OSError, KeyFileError) as exc:
+            print(f"warning: the key file was not reloaded ({exc}); the keys in force stay", file=sys.stderr,
+                  flush=True)
+            return
+        print(f"reloaded the keys: {len(keys.keys)} key(s)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGHUP, reload)
+
+
 def serve(settings: ServerSettings) -> int:
     import uvicorn
 
@@ -252,6 +272,7 @@ def serve(settings: ServerSettings) -> int:
                              timeout_keep_alive=30, server_header=False)
     server = uvicorn.Server(config)
     config_holder["server"] = server
+    reload_keys_on_sighup(app.state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if app.state.load_error is not None:

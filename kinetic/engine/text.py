@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 import codecs
+from typing import Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def held_suffix(text: str, stops: tuple[str, ...]) -> int:

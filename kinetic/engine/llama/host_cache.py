@@ -15,17 +15,12 @@ from collections import OrderedDict
 import llama_cpp
 from llama_cpp import _internals
 
+from kinetic.engine.text import common_prefix
+
 # Saving pays off only for a real shared prefix, not a BOS and a few tokens.
 MIN_SAVED_TOKENS = 16
 
 
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class HostPrefixCache:
@@ -65,7 +60,7 @@ class HostPrefixCache:
         best: tuple[int, ...] | None = None
         n_best = 0
         for key in self.entries:
-            n = min(_common_prefix(key, prompt), limit)
+            n = min(common_prefix(key, prompt), limit)
             if n > n_best:
                 best, n_best = key, n
         return best, n_best

@@ -32,7 +32,7 @@ from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import Sampler, token_logprob
-from kinetic.engine.text import TextAssembler
+from kinetic.engine.text import TextAssembler, common_prefix
 from kinetic.engine.types import (
     Event,
     Finished,
@@ -253,7 +253,7 @@ class Scheduler:
                     idle = [s for s in idle if s.id == job.request.id_slot]
                 if idle:
                     prompt = job.request.prompt_tokens
-                    slot = max(idle, key=lambda s: (_common_prefix(s.tokens, prompt), -s.last_used))
+                    slot = max(idle, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
                     self._pending.served(client, job)
                     self._start(slot, job)
                     break
@@ -266,12 +266,12 @@ class Scheduler:
         host-memory cache. The slot's old cells are saved there first when a real prefix is dropped."""
         # The last prompt token is always evaluated again: its logits give the first sample.
         limit = len(prompt) - 1
-        n_own = min(_common_prefix(slot.tokens, prompt), limit)
+        n_own = min(common_prefix(slot.tokens, prompt), limit)
         memory = self.ctx.memory
         source, n_source = None, n_own
         if self.share_prefixes:
             for other in self.slots:
-                n = min(_common_prefix(other.tokens, prompt), limit) if other is not slot else 0
+                n = min(common_prefix(other.tokens, prompt), limit) if other is not slot else 0
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
         saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
@@ -513,13 +513,3 @@ class Scheduler:
 def _deliver(items: list[tuple[Job, Event | BaseException]]) -> None:
     for job, event in items:
         job.queue.put_nowait(event)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-

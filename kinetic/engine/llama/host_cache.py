@@ -21,8 +21,6 @@ from kinetic.engine.text import common_prefix
 MIN_SAVED_TOKENS = 16
 
 
-
-
 class HostPrefixCache:
     """Sequence states by the tokens they hold; `budget_bytes` 0 turns it off."""
 

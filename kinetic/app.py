@@ -116,7 +116,8 @@ class RequestGate:
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + cors + [(b"server", b"kinetic")]
+                message["headers"] = [(_wire_name(k), v) for k, v in [*message.get("headers", []), *cors]] + [
+                    (b"server", b"kinetic")]
             await send(message)
 
         path = scope["path"]
@@ -171,6 +172,14 @@ class RequestGate:
                 await response(scope, receive, send)
 
         await self.app(scope, receive_with_deadline, send_unless_timed_out)
+
+
+def _wire_name(name: bytes) -> bytes:
+    """CORS headers spelled as llama-server sends them (Access-Control-Allow-Origin): header names
+    are case-insensitive, but scripts that read them into a plain dict look them up that way."""
+    if name.lower().startswith(b"access-control-"):
+        return b"-".join(part.capitalize() for part in name.lower().split(b"-"))
+    return name
 
 
 def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:

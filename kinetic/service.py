@@ -141,7 +141,7 @@ class Service:
         return f"b{__version__}-kinetic"
 
     def default_sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.settings.temp, seed=self.settings.seed)
+        return self.defaults().sampling()
 
     def _chat(self) -> ChatLayer:
         self.engine.require_ready()

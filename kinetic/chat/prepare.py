@@ -47,6 +47,10 @@ class ServerDefaults:
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def sampling(self) -> SamplingParams:
+        """The sampler a request gets when it sets no sampler field (shown by /props too)."""
+        return SamplingParams(temperature=self.temperature, seed=self.seed)
+
 
 @dataclass(frozen=True)
 class RenderedChat:
@@ -168,7 +172,7 @@ class ChatLayer:
                                  return_progress=options.return_progress)
 
     def sampling(self, options: SamplingOptions, grammar: str | None) -> SamplingParams:
-        base = SamplingParams(temperature=self.defaults.temperature, seed=self.defaults.seed)
+        base = self.defaults.sampling()
         chosen = {name: value for name, value in (
             ("temperature", options.temperature), ("top_k", options.top_k), ("top_p", options.top_p),
             ("min_p", options.min_p), ("typical_p", options.typical_p), ("repeat_penalty", options.repeat_penalty),

@@ -4,13 +4,14 @@ Three modes, each measured in one run with the servers taking turns (never decod
 
   streams     1, 2, 4 and 8 concurrent streams (fixed prompt, fixed max_tokens, ignore_eos):
               aggregate tokens/s, per-stream decode tokens/s, TTFT p50/p95, and the ratios
-              kinetic/llama-server (and kinetic/in-process for one stream)
+              kinetic/llama-server (and kinetic/in-process for one stream); --constrained holds
+              the output to a JSON schema (grammar sampling)
   classroom   N students send the lab's request (a shared system prompt, their own question) a
               fraction of a second apart: TTFT p50/p95/max, cache_n, wall time
   class-size  students who think 2-5 s between the lab's request, plus one who loops without
               pause, growing until the p95 TTFT passes 2 s: the largest class each server keeps
 
-    python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3]
+    python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3] [--constrained]
     python bench/bench_streams.py classroom [--students 16] [--spacing 0.25]
     python bench/bench_streams.py class-size [--sizes 8,12,16,20,24,28,32] [--duration 40]
 
@@ -58,9 +59,16 @@ def model_path(given: str | None) -> str:
     return str(bundled_model_path())
 
 
-def concurrent(url: str, n: int, tokens: int) -> list[Timed]:
+# --constrained: output held to a JSON schema (a list of records long enough for any max_tokens)
+RECORDS_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "name": {"type": "string"}, "year": {"type": "integer"}}, "required": ["name", "year"]}}
+
+
+def concurrent(url: str, n: int, tokens: int, constrained: bool = False) -> list[Timed]:
     results: list[Timed] = [Timed(ok=False)] * n
-    body = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+    body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+    if constrained:
+        body["json_schema"] = RECORDS_SCHEMA
 
     def one(i: int) -> None:
         results[i] = stream_request(url, "/v1/completions", body)
@@ -93,7 +101,8 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
     for _ in range(args.rounds):
         for n in counts:
             for server in servers:  # take turns: never two servers decoding at once
-                figures.setdefault((server.name, n), []).append(concurrent(server.url, n, args.tokens))
+                figures.setdefault((server.name, n), []).append(
+                    concurrent(server.url, n, args.tokens, args.constrained))
     rows = []
     summary: dict[tuple[str, int], tuple[float, float, float]] = {}
     for (name, n), rounds in figures.items():
@@ -194,6 +203,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--in-process", action="store_true", help="also time in-process llama-cpp-python")
+    parser.add_argument("--constrained", action="store_true", help="streams: output held to a JSON schema")
     parser.add_argument("--students", type=int, default=16)
     parser.add_argument("--spacing", type=float, default=0.25)
     parser.add_argument("--sizes", default="8,12,16,20,24,28,32")

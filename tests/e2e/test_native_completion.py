@@ -42,6 +42,26 @@ def test_json_schema_constrains_the_completion(base_url: str) -> None:
     assert isinstance(value["count"], int) and body["stop_type"] == "eos"
 
 
+def test_grammar_holds_when_sampling_at_random(base_url: str) -> None:
+    # The grammar checks the chain's pick and filters the vocabulary only when it refuses it (as
+    # llama-server): at a high temperature most picks are refused, so both paths run here.
+    grammar = 'root ::= ("yes" | "no" | "maybe") ("." | "!")'
+    for seed in range(8):
+        body = post(base_url, "/completion", {"prompt": "Answer:", "n_predict": 8, "temperature": 1.8,
+                                              "top_k": 0, "top_p": 1.0, "seed": seed, "grammar": grammar}).json()
+        assert body["content"] in {f"{w}{p}" for w in ("yes", "no", "maybe") for p in ".!"}, body["content"]
+        assert body["stop_type"] == "eos"
+
+
+def test_post_sampling_probs_obey_the_grammar(base_url: str) -> None:
+    body = post(base_url, "/completion", {"prompt": "Answer:", "n_predict": 1, "temperature": 1.0, "seed": 3,
+                                          "grammar": 'root ::= "yes" | "no"', "n_probs": 5,
+                                          "post_sampling_probs": True}).json()
+    candidates = body["completion_probabilities"][0]["top_probs"]
+    assert candidates and all(("yes".startswith(c["token"]) or "no".startswith(c["token"])) and c["token"]
+                              for c in candidates), candidates
+
+
 def test_mixed_prompt_is_one_prompt(base_url: str) -> None:
     text = httpx.post(base_url + "/tokenize", json={"content": " and then"}).json()["tokens"]
     body = post(base_url, "/completion", {"prompt": [2, 9259, " and then", 236761], "n_predict": 2}).json()

@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import llama_cpp
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
@@ -88,6 +89,11 @@ class LoadedModel:
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    @functools.cached_property
+    def token_ids(self) -> np.ndarray:
+        """0 .. n_vocab-1, the ids column of a candidate array (filled once, copied per step)."""
+        return np.arange(self.n_vocab, dtype=np.int32)
 
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:

@@ -1,8 +1,14 @@
 """The sampler chain a request's SamplingParams turn into, and the log-probabilities it reports.
 
-The chain is built the way llama.cpp's common_sampler_init builds llama-server's: grammar first
-(so every candidate obeys it), the logit bias, then either the `samplers` list in its order
-followed by the random pick (`dist`), or, with `mirostat` 1 or 2, temperature and Mirostat alone.
+The chain is built the way llama.cpp's common_sampler_init builds llama-server's: the logit bias,
+then either the `samplers` list in its order followed by the random pick (`dist`), or, with
+`mirostat` 1 or 2, temperature and Mirostat alone.
+
+A grammar stays outside the chain and is applied the way llama-server's common_sampler_sample
+applies it: the chain picks a token from the raw logits, the grammar checks that one token, and
+only when it is refused is the whole vocabulary filtered by the grammar and the chain run again.
+Filtering 262k candidates through a grammar costs more than the decode step itself on a small
+model, and most steps of constrained output need no filtering at all.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ class Sampler:
         self._keep: list[Any] = []  # ctypes arrays the samplers point into
         self._history: list[int] = []  # chain indexes of samplers that remember tokens (penalties, DRY)
         self._history_n = 0  # how many past tokens they look at (-1: all)
+        self.grammar: Any = None  # llama_sampler pointer, outside the chain (see the module's docstring)
+        self._candidates: np.ndarray | None = None  # reused llama_token_data buffer (grammar requests)
         try:
             self._build(model, params)
             if prompt_tokens:
                 self.feed_prompt(prompt_tokens)
         except BaseException:
-            self.chain.close()
+            self.close()
             raise
 
     def _add(self, sampler: Any) -> int:
@@ -51,7 +59,7 @@ class Sampler:
             grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"), b"root")
             if not grammar:
                 raise InvalidRequestError("Failed to initialize samplers: failed to parse grammar", param="grammar")
-            self._add(grammar)
+            self.grammar = grammar
         bias = dict(params.logit_bias)
         if params.ignore_eos:
             bias.update({token: float("-inf") for token in model.eog_tokens})
@@ -124,7 +132,38 @@ class Sampler:
                 llama_cpp.llama_sampler_accept(sampler, token)
 
     def sample(self, ctx: _internals.LlamaContext, row: int) -> int:
-        return int(llama_cpp.llama_sampler_sample(self.chain.sampler, ctx.ctx, row))
+        if self.grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self.chain.sampler, ctx.ctx, row))
+        array = self._fill(ctx, row)
+        llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
+        token = array.data[array.selected].id
+        if not self._grammar_allows(token):
+            array = self._fill(ctx, row)
+            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
+            llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
+            token = array.data[array.selected].id
+        llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain.sampler, token)
+        return int(token)
+
+    def _fill(self, ctx: _internals.LlamaContext, row: int) -> llama_cpp.llama_token_data_array:
+        """Every token of the vocabulary with its logit, as llama_sampler_sample starts from."""
+        n_vocab = self.model.n_vocab
+        if self._candidates is None:
+            self._candidates = np.empty(n_vocab, dtype=TOKEN_DATA)
+        data = self._candidates
+        data["id"] = self.model.token_ids
+        data["logit"] = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, row), shape=(n_vocab,))
+        data["p"] = 0.0
+        return llama_cpp.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=n_vocab, selected=-1,
+            sorted=False)
+
+    def _grammar_allows(self, token: int) -> bool:
+        single = llama_cpp.llama_token_data(id=token, logit=1.0, p=0.0)
+        array = llama_cpp.llama_token_data_array(data=ctypes.pointer(single), size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
+        return not math.isinf(single.logit)
 
     def sample_with_candidates(self, ctx: _internals.LlamaContext, row: int, n_probs: int) -> tuple[int, TokenLogprob]:
         """The token, and the chain's surviving candidates with their probabilities (llama-server's
@@ -132,15 +171,19 @@ class Sampler:
         n_vocab = self.model.n_vocab
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, row), shape=(n_vocab,))
         data = np.empty(n_vocab, dtype=TOKEN_DATA)
-        data["id"] = np.arange(n_vocab, dtype=np.int32)
+        data["id"] = self.model.token_ids
         data["logit"] = logits
         data["p"] = 0.0
         array = llama_cpp.llama_token_data_array(
             data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=n_vocab, selected=-1,
             sorted=False)
+        if self.grammar is not None:  # the candidates shown must all obey it: filter first here
+            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
         candidates = data[: array.size]
         token = int(candidates[array.selected]["id"])
+        if self.grammar is not None:
+            llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.chain.sampler, token)
         probs = candidates["p"].astype(np.float64)
         order = np.argsort(-probs, kind="stable")
@@ -151,6 +194,9 @@ class Sampler:
                                    top_logprobs=[_token_prob(self.model, t, _log(p)) for t, p in top])
 
     def close(self) -> None:
+        if self.grammar is not None:
+            llama_cpp.llama_sampler_free(self.grammar)
+            self.grammar = None
         self.chain.close()
 
 

@@ -75,6 +75,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def slots(self) -> int | str:
+        """How many requests the server runs at once (/props total_slots)."""
+        try:
+            return int(httpx.get(self.url + "/props", timeout=10).json()["total_slots"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return "?"
+
     def rss_mib(self) -> float:
         """Resident memory of the server process (Linux /proc; 0 elsewhere)."""
         try:

@@ -35,6 +35,7 @@ from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PreparedC
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Generation
 from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotFileResult,
                                   SlotState, TextDelta, Timings, Usage)
 from kinetic.errors import (InvalidRequestError, KineticError, NotFoundError, NotSupportedError, RateLimitError,
@@ -156,11 +157,12 @@ class UpstreamEngine:
     """The Engine interface over an UpstreamPool: generation by forwarding, no tokenizer of its own."""
 
     def __init__(self, name: str, specs: tuple[UpstreamSpec, ...], *, connections_per_member: int,
-                 fair_share: bool, max_in_flight_per_client: int):
+                 fair_share: bool, max_in_flight_per_client: int, in_flight: InFlight | None = None):
         self.pool = UpstreamPool(name, specs)
         self.n_slots = connections_per_member * len(specs)
         self.slot_n_ctx = 0
         self.max_in_flight = max_in_flight_per_client
+        self.shared_in_flight = in_flight  # the process-wide count per key (inflight.py)
         self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair_share)
         self._running = 0
         self._in_flight: dict[str, int] = {}
@@ -248,12 +250,16 @@ class UpstreamEngine:
         if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
             raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
                                  "retry when one has finished", retry_after=1)
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.enter(client)
         self._in_flight[client] = self._in_flight.get(client, 0) + 1
 
     def _uncount(self, client: str) -> None:
         self._in_flight[client] -= 1
         if not self._in_flight[client]:
             del self._in_flight[client]
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.leave(client)
 
     async def _take_turn(self, client: str) -> None:
         if self._running < self.n_slots and not self._waiting:
@@ -575,11 +581,12 @@ class UpstreamService(Service):
         return [[vector] for vector in await self.embed(inputs)]  # the upstream pools
 
 
-def upstream_service(spec: ModelSpec, settings: ServerSettings, *, keyed: bool) -> UpstreamService:
+def upstream_service(spec: ModelSpec, settings: ServerSettings, *, max_in_flight: int,
+                     in_flight: InFlight | None = None) -> UpstreamService:
     connections = DEFAULT_CONNECTIONS if settings.parallel < 0 else settings.parallel
     engine = UpstreamEngine(spec.name, spec.upstreams, connections_per_member=connections,
                             fair_share=settings.fair_share,
-                            max_in_flight_per_client=settings.max_in_flight if keyed else 0)
+                            max_in_flight_per_client=max_in_flight, in_flight=in_flight)
     service = UpstreamService(settings=settings, engine=engine, model_name=spec.name,
                               aliases=spec.aliases or (spec.name,))
     service.upstream_model = spec.upstreams[0].model or spec.name

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -158,6 +159,66 @@ def test_two_models_streaming_at_once_both_finish(router: KineticServer) -> None
     assert {name: r["usage"]["completion_tokens"] for name, r in results.items()} == {"chat-a": 24, "chat-b": 24}
     # same model file, same greedy prompt: the two engines agree token for token
     assert results["chat-a"]["choices"][0]["message"] == results["chat-b"]["choices"][0]["message"]
+
+
+def deferred(server: KineticServer, model: str, key: str) -> float:
+    text = httpx.get(server.url + "/metrics", params={"model": model}, headers={"Authorization": f"Bearer {key}"},
+                     timeout=30).text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("llamacpp:requests_deferred "))
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_fair_share_and_the_key_limit_hold_across_models(model_lock: None, minilm_path: str) -> None:
+    """Key A floods chat-a (one slot: one running, two waiting); key B's request on chat-b is answered
+    before A's waiting ones, and A's next request, on the other model, is over A's limit of 3."""
+    gemma = str(bundled_model_path())
+    with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
+                       "--api-key", "ka,kb", "--max-in-flight", "3", "--metrics") as server:
+        for model in ("chat-a", "chat-b"):  # load both first: the order below is about decoding only
+            assert httpx.post(server.url + "/models/load", json={"model": model}, timeout=120,
+                              headers={"Authorization": "Bearer ka"}).status_code == 200
+        finished: list[str] = []
+        lock = threading.Lock()
+
+        def ask(name: str, key: str, model: str, max_tokens: int) -> None:
+            reply = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               timeout=300, json={"model": model, "messages": CHAT, "max_tokens": max_tokens,
+                                                  "ignore_eos": True})
+            assert reply.status_code == 200, reply.text
+            with lock:
+                finished.append(name)
+
+        threads = [threading.Thread(target=ask, args=(f"a{i}", "ka", "chat-a", 48)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: deferred(server, "chat-a", "kb") == 2, "two of A's requests to wait on chat-a")
+        over = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
+                          json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
+        assert over.status_code == 429 and over.headers["retry-after"] == "1"
+        assert "across all models" in over.json()["error"]["message"]
+        anthropic = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "ka"}, timeout=60,
+                               json={"model": "chat-b", "max_tokens": 2, "messages": CHAT})
+        assert anthropic.status_code == 429 and anthropic.json()["error"]["type"] == "rate_limit_error"
+        threads.append(threading.Thread(target=ask, args=("b", "kb", "chat-b", 24)))
+        threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert sorted(finished) == ["a0", "a1", "a2", "b"]
+        # B waited for neither of A's queued requests on the other model
+        assert finished.index("b") < finished.index("a1") < finished.index("a2"), finished
+        # the limit counts requests in flight, not requests made: A is free again on either model
+        again = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
+                           json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
+        assert again.status_code == 200
 
 
 def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, minilm_path: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+from kinetic.chat.constraints import template_tools, tool_plan
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
 from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT
@@ -405,7 +406,9 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterator[Event]:
     """An OpenAI SSE stream as kinetic's engine events. Reasoning the upstream sends apart
     (`reasoning_content`) is wrapped in <think> tags, which the chat layer's answer parser splits off
-    again by the request's reasoning format."""
+    again by the request's reasoning format; tool calls are gathered and written at the end as Hermes
+    `<tool_call>` text, which the parser (in "auto" tool mode, see UpstreamService.prepare_chat) turns
+    back into calls, so every protocol's encoder gives them in its own shape."""
     started = time.perf_counter()
     first_at: float | None = None
     pieces: list[str] = []
@@ -413,6 +416,7 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     finish = "stop"
     usage: dict[str, Any] = {}
     timings: dict[str, Any] | None = None
+    calls: dict[int, dict[str, str]] = {}
     async for chunk in sse_data(response):
         usage = chunk.get("usage") or usage
         timings = chunk.get("timings") or timings
@@ -420,9 +424,8 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
             if is_chat:
                 delta = choice.get("delta") or {}
                 reasoning, content = delta.get("reasoning_content") or "", delta.get("content") or ""
-                if delta.get("tool_calls"):
-                    raise NotSupportedError("the upstream answered with a tool call, which kinetic does not "
-                                            "forward yet")
+                for call in delta.get("tool_calls") or []:
+                    gather_call(calls, call)
             else:
                 reasoning, content = "", choice.get("text") or ""
             text = ""
@@ -440,6 +443,11 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     if thinking:
         pieces.append(CLOSE_TAG)
         yield TextDelta(text=CLOSE_TAG, token_id=-1)
+    if calls:
+        text = "".join(tagged_call(calls[index]) for index in sorted(calls))
+        first_at = first_at or time.perf_counter()
+        pieces.append(text)
+        yield TextDelta(text=text, token_id=-1)
     ended = time.perf_counter()
     prompt_n = int(usage.get("prompt_tokens") or 0)
     predicted_n = int(usage.get("completion_tokens") or len(pieces))
@@ -457,6 +465,26 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     yield Finished(finish_reason=reason, stop_type="limit" if reason == "length" else "eos", stopping_word="",
                    text="".join(pieces), tokens=[], usage=Usage(prompt_n, predicted_n, cached), timings=measured,
                    id_slot=-1, tokens_cached=cached, truncated=False)
+
+
+def gather_call(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
+    """Adds one streamed OpenAI tool-call delta (the first of a call carries its id and name, later
+    ones pieces of its arguments) to the calls gathered so far, by index."""
+    call = calls.setdefault(int(delta.get("index") or 0), {"id": "", "name": "", "arguments": ""})
+    function = delta.get("function") or {}
+    call["id"] = call["id"] or delta.get("id") or ""
+    call["name"] += function.get("name") or ""
+    call["arguments"] += function.get("arguments") or ""
+
+
+def tagged_call(call: dict[str, str]) -> str:
+    """One gathered call as the Hermes text kinetic's tool-call parser reads, the upstream's id kept."""
+    try:
+        arguments: Any = json.loads(call["arguments"] or "{}")
+    except json.JSONDecodeError:
+        arguments = call["arguments"]  # not JSON: passed on as the upstream wrote it
+    data = {"name": call["name"], "arguments": arguments, **({"id": call["id"]} if call["id"] else {})}
+    return f"<tool_call>{json.dumps(data, ensure_ascii=False)}</tool_call>"
 
 
 # ---------------------------------------------------------------- neutral request -> OpenAI body
@@ -502,11 +530,25 @@ def option_fields(req: ChatRequest | PromptRequest, defaults: ServerSettings) ->
     return body
 
 
+def tool_fields(req: ChatRequest) -> dict[str, Any]:
+    """`tools`, `tool_choice` and `parallel_tool_calls` as OpenAI writes them (validated here first,
+    so a bad choice is kinetic's 400 naming the field, whatever the upstream would say)."""
+    mode, only = tool_plan(req)
+    if not req.tools:
+        return {}
+    choice: Any = {"auto": "auto", "none": "none", "forced": "required"}[mode]
+    if only is not None:
+        choice = {"type": "function", "function": {"name": only}}
+    body: dict[str, Any] = {"tools": template_tools(req), "tool_choice": choice}
+    if req.parallel_tool_calls:
+        body["parallel_tool_calls"] = True
+    return body
+
+
 def chat_body(req: ChatRequest, model: str, defaults: ServerSettings) -> dict[str, Any]:
-    if req.tools:
-        raise NotSupportedError("tools are not forwarded to upstream models yet", param="tools")
     body = {"model": model, "messages": [openai_message(m) for m in req.messages], "stream": True,
-            "stream_options": {"include_usage": True}, **option_fields(req, defaults), **output_fields(req.output)}
+            "stream_options": {"include_usage": True}, **option_fields(req, defaults), **output_fields(req.output),
+            **tool_fields(req)}
     if req.template_kwargs:
         body["chat_template_kwargs"] = req.template_kwargs
     return body
@@ -542,9 +584,12 @@ class UpstreamService(Service):
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         body = chat_body(req, self.upstream_model, self.settings)
+        # The upstream's calls come back as <tool_call> text (read_events): "auto" parses them.
+        calls = "tools" in body and body["tool_choice"] != "none"
         prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
                                 reasoning_format=req.reasoning_format or self.settings.reasoning_format,
-                                tool_mode="none", tool_names=())
+                                tool_mode="auto" if calls else "none",
+                                tool_names=tuple(tool.name for tool in req.tools) if calls else ())
         return ForwardRequest(prompt_tokens=[], payload=body, client=CLIENT.get()), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:

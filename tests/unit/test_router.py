@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolSpec
+from kinetic.chat.toolcalls import ParsedCall, parse_tool_calls
+from kinetic.chat.types import (ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice,
+                                ToolSpec)
 from kinetic.cli import parse_serve_args
 from kinetic.engine.turns import DecodeTurns
 from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
@@ -216,8 +218,14 @@ def test_chat_request_becomes_an_openai_body() -> None:
     assert body == {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                     "stream_options": {"include_usage": True}, "max_tokens": 7, "stop": ["\n"],
                     "temperature": 0.2, "top_k": 5}
-    with pytest.raises(NotSupportedError, match="tools"):
-        chat_body(ChatRequest(messages=req.messages, tools=(ToolSpec(name="f"),)), "m", ServerSettings())
+    tools = (ToolSpec(name="f", parameters={"type": "object"}),)
+    named = chat_body(ChatRequest(messages=req.messages, tools=tools, tool_choice=ToolChoice("required", "f"),
+                                  parallel_tool_calls=True), "m", ServerSettings())
+    assert named["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "f"}} and named["parallel_tool_calls"]
+    assert chat_body(ChatRequest(messages=req.messages, tools=tools), "m", ServerSettings())["tool_choice"] == "auto"
+    with pytest.raises(InvalidRequestError, match="tool_choice"):  # kinetic's 400, before forwarding
+        chat_body(ChatRequest(messages=req.messages, tool_choice=ToolChoice("required")), "m", ServerSettings())
 
 
 def sse(*chunks: dict) -> httpx.Response:
@@ -239,8 +247,14 @@ def test_upstream_stream_becomes_engine_events() -> None:
     assert [d.text for d in deltas] == ["<think>think", "</think>Hi"]  # split again by the answer parser
     assert finished.finish_reason == "length" and finished.usage == Usage(5, 2, 3)
     assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
-    with pytest.raises(NotSupportedError, match="tool call"):
-        asyncio.run(events(sse({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})))
+    # streamed call deltas are gathered and written as <tool_call> text, the upstream's id kept
+    *calls, _ = asyncio.run(events(sse(
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc", "function": {"name": "f", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})))
+    assert [c.text for c in calls] == ['<tool_call>{"name": "f", "arguments": {"x": 1}, "id": "abc"}</tool_call>']
+    assert parse_tool_calls(calls[0].text).calls[0] == ParsedCall(name="f", arguments='{"x": 1}', id="abc")
     with pytest.raises(ServerError, match="upstream: boom"):
         asyncio.run(events(sse({"error": {"message": "boom"}})))
 

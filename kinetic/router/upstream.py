@@ -373,6 +373,35 @@ class UpstreamEngine:
             self._uncount(client)
 
 
+    async def forward_native(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A token-level route (/tokenize...) answered by a pool member's own native route: at the
+        server's root, not under /v1. Cheap: no turn is taken and nothing is counted against the key.
+        An OpenAI-only upstream (vLLM) has no such route: a 501 says what is missing."""
+        tried: list[str] = []
+        for member in await self.pool.candidates():
+            url = member.spec.url.removesuffix("/v1") + route
+            try:
+                response = await self.pool.client.post(url, json=payload, headers=member.headers)
+            except httpx.HTTPError as exc:
+                self.pool.mark_down(member, str(exc) or type(exc).__name__)
+                tried.append(member.spec.url)
+                continue
+            if response.status_code >= 500 and response.status_code != 501:
+                self.pool.mark_down(member, f"HTTP {response.status_code}")
+                tried.append(member.spec.url)
+                continue
+            if response.status_code in (404, 405, 501):
+                raise NotSupportedError(
+                    f"model '{self.pool.name}' is served by an upstream server ({member.spec.url}) that has no "
+                    f"{route} route (a kinetic or llama-server upstream has it; an OpenAI-only server does not), "
+                    "and kinetic has no tokenizer or chat template of its own for the model")
+            if response.status_code >= 400:
+                raise upstream_error(response.status_code, response.content)
+            return response.json()
+        detail = f" (tried {', '.join(tried)})" if tried else ""
+        raise UnavailableError(f"no upstream server for model '{self.pool.name}' is reachable{detail}")
+
+
 def upstream_error(status: int, body: bytes) -> KineticError:
     """The upstream's 4xx as kinetic's own error kind, with its message."""
     try:
@@ -595,6 +624,10 @@ class UpstreamService(Service):
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         return ForwardRequest(prompt_tokens=[], route="/completions", client=CLIENT.get(),
                               payload=prompt_body(req, self.upstream_model, self.settings))
+
+    async def forward_native(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert isinstance(self.engine, UpstreamEngine)
+        return await self.engine.forward_native(route, {**body, "model": self.upstream_model})
 
     async def count_chat_tokens(self, req: ChatRequest) -> int:
         raise NotSupportedError(f"model '{self.model_name}' is served by an upstream server: kinetic cannot "

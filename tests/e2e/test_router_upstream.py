@@ -197,6 +197,32 @@ def test_tool_calls_come_back_from_the_upstream_in_anthropic_responses_and_ollam
     assert_weather_call(streamed_calls[0].function.name, dict(streamed_calls[0].function.arguments))
 
 
+def test_token_routes_are_answered_by_the_upstream(router: KineticServer, upstream: KineticServer) -> None:
+    """kinetic has no tokenizer for a remote model: the upstream's native routes answer, and they
+    agree with the same GGUF loaded locally under the name `local`."""
+    def post(server: KineticServer, route: str, body: dict) -> dict:
+        reply = httpx.post(server.url + route, json=body, headers=AUTH, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    text = {"content": "Hello world", "with_pieces": True}
+    remote = post(router, "/tokenize", {"model": "remote", **text})
+    assert remote == post(upstream, "/tokenize", text) == post(router, "/tokenize", {"model": "local", **text})
+    assert [piece["piece"] for piece in remote["tokens"]] == ["Hello", " world"]
+    ids = [piece["id"] for piece in remote["tokens"]]
+    assert post(router, "/detokenize", {"model": "remote", "tokens": ids}) == {"content": "Hello world"}
+    template = {"messages": CHAT}
+    rendered = post(router, "/apply-template", {"model": "remote", **template})["prompt"]
+    assert rendered == post(router, "/apply-template", {"model": "local", **template})["prompt"]
+    assert "Say hello." in rendered and rendered != "Say hello."
+    from anthropic import Anthropic
+
+    anthropic = Anthropic(base_url=router.url, api_key=KEY, max_retries=0)
+    counted = anthropic.messages.count_tokens(model="remote", messages=CHAT)  # type: ignore[arg-type]
+    local = anthropic.messages.count_tokens(model="local", messages=CHAT)  # type: ignore[arg-type]
+    assert counted.input_tokens == local.input_tokens > 3
+
+
 def test_the_classroom_layer_stays_in_front(router: KineticServer) -> None:
     body = {"model": "remote", "messages": CHAT, "max_tokens": 2}
     assert httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30).status_code == 401

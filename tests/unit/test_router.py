@@ -21,7 +21,7 @@ from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, N
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
 from kinetic.engine.types import Timings, Usage
-from kinetic.router.upstream import chat_body, read_events, upstream_error
+from kinetic.router.upstream import UpstreamEngine, chat_body, read_events, upstream_error
 from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
@@ -263,3 +263,33 @@ def test_upstream_4xx_keeps_its_kind_and_message() -> None:
     err = upstream_error(400, b'{"error": {"message": "bad temperature"}}')
     assert isinstance(err, InvalidRequestError) and err.message == "upstream: bad temperature"
     assert isinstance(upstream_error(404, b"no such model"), NotFoundError)
+
+
+def test_token_routes_go_to_the_upstreams_root_or_are_a_501_naming_the_route() -> None:
+    seen: list[tuple[str, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        if request.url.host == "vllm":  # an OpenAI-only server: no native routes
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.url.path == "/detokenize":
+            return httpx.Response(400, json={"error": {"message": "tokens must be a list"}})
+        return httpx.Response(200, json={"tokens": [1, 2]})
+
+    async def scenario() -> None:
+        for host in ("llama", "vllm"):
+            engine = UpstreamEngine(host, (UpstreamSpec(url=f"http://{host}:8000/v1"),), connections_per_member=1,
+                                    fair_share=True, max_in_flight_per_client=0)
+            engine.pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+            if host == "llama":
+                assert await engine.forward_native("/tokenize", {"content": "hi", "model": "m"}) == {"tokens": [1, 2]}
+                with pytest.raises(InvalidRequestError, match="upstream: tokens must be a list"):
+                    await engine.forward_native("/detokenize", {"tokens": "x"})
+            else:
+                with pytest.raises(NotSupportedError, match=r"http://vllm:8000/v1\) that has no /tokenize route"):
+                    await engine.forward_native("/tokenize", {"content": "hi"})
+            engine.pool.stop_watching()
+            await engine.pool.close()
+
+    asyncio.run(scenario())
+    assert seen[0] == ("/tokenize", {"content": "hi", "model": "m"})  # the root, not /v1

@@ -176,16 +176,22 @@ async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[st
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, service: ServiceDep) -> dict[str, Any]:
+    if (answer := await service.forward_native("/tokenize", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     return await anyio.to_thread.run_sync(translate.tokenize, body, service.engine)
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, service: ServiceDep) -> dict[str, str]:
+    if (answer := await service.forward_native("/detokenize", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     return await anyio.to_thread.run_sync(translate.detokenize, body, service.engine)
 
 
 @router.post("/apply-template")
 async def apply_template(body: ApplyTemplateRequest, service: ServiceDep) -> dict[str, str]:
+    if (answer := await service.forward_native("/apply-template", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     rendered = await service.render(common.to_messages(body.messages), tools=tools,
                                     template_kwargs=body.chat_template_kwargs,

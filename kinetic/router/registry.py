@@ -20,6 +20,7 @@ import anyio
 
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, NotFoundError, ServerError, UnavailableError
+from kinetic.router.events import ModelEvents
 from kinetic.router.sources import ModelSpec
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
@@ -97,6 +98,7 @@ class ModelRegistry:
             for name in spec.names:
                 self._by_name[name] = entry
         self.decode_lock = DecodeTurns()
+        self.events = ModelEvents()  # GET /models/sse
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
 
     @classmethod
@@ -183,6 +185,8 @@ class ModelRegistry:
             entry.state = ModelState.LOADING
             entry.failure = None
             log.info("loading model %s", entry.name)
+            self.events.publish(entry.name, "model_status", {"status": "loading"})  # as llama-server's spawn
+            self.events.status(entry.name, "loading")
             try:
                 service = await anyio.to_thread.run_sync(self.factory, entry.spec, self.decode_lock)
                 await anyio.to_thread.run_sync(service.engine.load)
@@ -191,11 +195,13 @@ class ModelRegistry:
                 entry.state = ModelState.UNLOADED
                 entry.failure = str(exc)
                 log.warning("model %s failed to load: %s", entry.name, exc)
+                self.events.status(entry.name, "unloaded", exit_code=1)
                 raise ServerError(f"model '{entry.name}' failed to load: {exc}") from exc
             entry.service = service
             entry.state = ModelState.LOADED
             entry.touch()
             log.info("model %s loaded", entry.name)
+            self.events.status(entry.name, "loaded")
             return service
 
     def _resident(self, exclude: ModelEntry) -> list[ModelEntry]:
@@ -223,6 +229,7 @@ class ModelRegistry:
         if service is not None:
             log.info("unloading model %s", entry.name)
             await anyio.to_thread.run_sync(service.engine.close)
+            self.events.status(entry.name, "unloaded", exit_code=0)
 
     async def load_on_startup(self) -> None:
         """Loads the preset's `load-on-startup` models (a failure is logged; the router stays up)."""

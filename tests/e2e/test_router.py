@@ -8,6 +8,7 @@ with --models-max 1; /models/load and /models/unload; --no-models-autoload.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -249,6 +250,35 @@ def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, mini
         assert set(states(server).values()) == {"unloaded"}
 
 
+def test_models_sse_streams_loading_loaded_and_unloaded(model_lock: None, minilm_path: str) -> None:
+    """GET /models/sse, read with httpx while another thread loads chat-a, then chat-b (which unloads
+    chat-a: --models-max 1), then unloads chat-b."""
+    with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
+        def act() -> None:
+            for route, model in (("load", "chat-a"), ("load", "chat-b"), ("unload", "chat-b")):
+                reply = httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
+                assert reply.status_code == 200, reply.text
+
+        events: list[dict] = []
+        with httpx.stream("GET", server.url + "/models/sse", timeout=httpx.Timeout(120, read=120)) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            actor = threading.Thread(target=act)
+            actor.start()  # the stream listens from the moment its headers came back
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                if events and events[-1] == {"model": "chat-b", "event": "status_change",
+                                             "data": {"status": "unloaded", "exit_code": 0}}:
+                    break
+        actor.join(timeout=120)
+        changes = [(e["model"], e["data"]["status"]) for e in events if e["event"] == "status_change"]
+        assert changes == [("chat-a", "loading"), ("chat-a", "loaded"), ("chat-a", "unloaded"),
+                           ("chat-b", "loading"), ("chat-b", "loaded"), ("chat-b", "unloaded")]
+        starts = [e["model"] for e in events if e["event"] == "model_status"]
+        assert starts == ["chat-a", "chat-b"]  # llama-server's event when an instance starts loading
+
+
 def test_no_models_autoload(model_lock: None, minilm_path: str) -> None:
     with KineticServer(*router_args(minilm_path, "--no-models-autoload")) as server:
         body = {"model": "chat-a", "messages": CHAT, "max_tokens": 2}
@@ -300,3 +330,4 @@ def test_single_model_server_ignores_model_and_has_no_load_routes(live_server: K
     body = {"model": "anything-at-all", "messages": CHAT, "max_tokens": 2}
     assert httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
     assert httpx.post(live_server.url + "/models/load", json={"model": "x"}, timeout=30).status_code == 404
+    assert httpx.get(live_server.url + "/models/sse", timeout=30).status_code == 404

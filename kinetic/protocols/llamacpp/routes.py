@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__
 from kinetic.deps import RegistryDep, ServiceDep, model_service
@@ -59,6 +59,15 @@ async def load_model(body: ModelActionRequest, registry: RegistryDep) -> dict[st
         raise InvalidRequestError("model is already running", param="model")
     await registry.load(entry)
     return {"success": True}
+
+
+@router.get("/models/sse")
+async def models_sse(registry: RegistryDep) -> StreamingResponse:
+    """Model state changes as they happen (router/events.py), as llama-server's router streams them."""
+    if not registry.router:
+        raise NotFoundError("File Not Found")
+    return StreamingResponse(registry.events.stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.post("/models/unload")

@@ -36,8 +36,9 @@ def router(model_lock: None, minilm_path: str) -> Iterator[KineticServer]:
         yield server
 
 
-def states(server: KineticServer) -> dict[str, str]:
-    body = httpx.get(server.url + "/v1/models", timeout=30).json()
+def states(server: KineticServer, key: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = httpx.get(server.url + "/v1/models", headers=headers, timeout=30).json()
     return {row["id"]: row["status"]["value"] for row in body["data"]}
 
 
@@ -220,6 +221,44 @@ def test_fair_share_and_the_key_limit_hold_across_models(model_lock: None, minil
         again = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
                            json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
         assert again.status_code == 200
+
+
+def test_with_room_for_one_model_a_flood_on_one_cannot_hold_off_another(model_lock: None) -> None:
+    """--models-max 1: key A's request a0 runs on chat-a; key B asks for chat-b, which needs chat-a's
+    room; A's next request a1 on chat-a, sent after B's, waits for the switch instead of keeping
+    chat-a busy: B is answered before a1."""
+    gemma = str(bundled_model_path())
+    with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
+                       "--models-max", "1", "--api-key", "ka,kb", "--metrics") as server:
+        finished: list[str] = []
+        lock = threading.Lock()
+
+        def ask(name: str, key: str, model: str, max_tokens: int) -> None:
+            reply = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               timeout=300, json={"model": model, "messages": CHAT, "max_tokens": max_tokens,
+                                                  "ignore_eos": True})
+            assert reply.status_code == 200, reply.text
+            with lock:
+                finished.append(name)
+
+        def processing() -> float:
+            text = httpx.get(server.url + "/metrics", params={"model": "chat-a"}, timeout=30,
+                             headers={"Authorization": "Bearer kb"}).text
+            return next(float(line.split()[1]) for line in text.splitlines()
+                        if line.startswith("llamacpp:requests_processing "))
+
+        threads = [threading.Thread(target=ask, args=("a0", "ka", "chat-a", 96))]
+        threads[0].start()
+        wait_until(lambda: processing() == 1, "a0 to run on chat-a")
+        threads.append(threading.Thread(target=ask, args=("b", "kb", "chat-b", 8)))
+        threads[-1].start()
+        wait_until(lambda: "model chat-b waits for model chat-a" in server.log(), "chat-b to wait for room")
+        threads.append(threading.Thread(target=ask, args=("a1", "ka", "chat-a", 8)))
+        threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert finished == ["a0", "b", "a1"]
+        assert states(server, "ka") == {"chat-a": "loaded", "chat-b": "unloaded"}
 
 
 def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, minilm_path: str) -> None:

@@ -192,6 +192,31 @@ def test_a_model_in_use_is_not_unloaded_until_released() -> None:
     asyncio.run(scenario())
 
 
+def test_a_load_waiting_for_room_drains_the_busy_model_it_replaces() -> None:
+    """--models-max 1: while b waits for a's room, new requests for a wait outside a (they would keep
+    it busy for ever); once a is unloaded and b has run, they load a again."""
+    async def scenario() -> list[str]:
+        reg, built = registry(["a", "b"], models_max=1)
+        held, _ = await reg.acquire("a")  # a0: running on a
+        for_b = asyncio.create_task(reg.acquire("b"))
+        await asyncio.sleep(0.2)
+        assert reg.entries["a"].draining and not for_b.done()
+        for_a = asyncio.create_task(reg.acquire("a"))  # a1: comes after b's request
+        await asyncio.sleep(0.2)
+        assert not for_a.done() and reg.entries["a"].leases == 1  # waits outside a: only a0 holds it
+        reg.release(held)  # a0 done: a is unloaded, b loads and b's request runs
+        b_entry, _ = await asyncio.wait_for(for_b, 5)
+        assert reg.entries["a"].state is ModelState.UNLOADED and not reg.entries["a"].draining
+        await asyncio.sleep(0.2)
+        assert not for_a.done() and reg.entries["b"].draining  # now a1's load waits for b's room
+        reg.release(b_entry)
+        a_entry, _ = await asyncio.wait_for(for_a, 5)
+        reg.release(a_entry)
+        return built
+
+    assert asyncio.run(scenario()) == ["a", "b", "a"]
+
+
 def test_no_autoload_and_load_failures() -> None:
     async def scenario() -> None:
         reg, _ = registry(["a"], autoload=False)

@@ -178,6 +178,12 @@ class Service:
 
         return await anyio.to_thread.run_sync(render)
 
+    async def forward_native(self, route: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """For a model another server serves (router.upstream), that server's answer to one of the
+        token-level routes (/tokenize, /detokenize, /apply-template, /v1/messages/count_tokens), which
+        need the model's own tokenizer and template. None: this process has them and answers itself."""
+        return None
+
     async def count_chat_tokens(self, req: ChatRequest) -> int:
         """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
         _, prepared = await self.prepare_chat(req)

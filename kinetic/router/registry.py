@@ -20,6 +20,7 @@ import anyio
 
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, NotFoundError, ServerError, UnavailableError
+from kinetic.router.events import ModelEvents
 from kinetic.router.sources import ModelSpec
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
@@ -64,6 +65,12 @@ class ModelEntry:
         self.last_used = 0.0
         self.leases = 0  # requests that resolved this model and have not finished
         self.failure: str | None = None  # why the last load failed
+        # --models-max: a load waiting for this model's room "drains" it: new requests for it wait at
+        # `open` (outside the engine) until it has been unloaded, so its key's flood cannot hold the
+        # room forever; they then load it again in their turn.
+        self.draining = False
+        self.open = asyncio.Event()
+        self.open.set()
 
     @property
     def name(self) -> str:
@@ -97,6 +104,7 @@ class ModelRegistry:
             for name in spec.names:
                 self._by_name[name] = entry
         self.decode_lock = DecodeTurns()
+        self.events = ModelEvents()  # GET /models/sse
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
 
     @classmethod
@@ -140,6 +148,8 @@ class ModelRegistry:
         """The Service of the model a request names, loaded first if need be, with a lease taken on it
         (release() it when the request is done) so that it is not unloaded under the request."""
         entry = self.resolve(name)
+        while entry.draining:  # another model waits for its room: wait for the switch, then load it again
+            await entry.open.wait()
         entry.leases += 1
         try:
             service = await self._loaded_service(entry, autoload)
@@ -183,6 +193,8 @@ class ModelRegistry:
             entry.state = ModelState.LOADING
             entry.failure = None
             log.info("loading model %s", entry.name)
+            self.events.publish(entry.name, "model_status", {"status": "loading"})  # as llama-server's spawn
+            self.events.status(entry.name, "loading")
             try:
                 service = await anyio.to_thread.run_sync(self.factory, entry.spec, self.decode_lock)
                 await anyio.to_thread.run_sync(service.engine.load)
@@ -191,11 +203,13 @@ class ModelRegistry:
                 entry.state = ModelState.UNLOADED
                 entry.failure = str(exc)
                 log.warning("model %s failed to load: %s", entry.name, exc)
+                self.events.status(entry.name, "unloaded", exit_code=1)
                 raise ServerError(f"model '{entry.name}' failed to load: {exc}") from exc
             entry.service = service
             entry.state = ModelState.LOADED
             entry.touch()
             log.info("model %s loaded", entry.name)
+            self.events.status(entry.name, "loaded")
             return service
 
     def _resident(self, exclude: ModelEntry) -> list[ModelEntry]:
@@ -203,19 +217,36 @@ class ModelRegistry:
                 and e.state is not ModelState.UNLOADED]
 
     async def _make_room(self, entry: ModelEntry) -> None:
-        """Unloads least recently used idle local models until `entry` fits under --models-max."""
+        """Unloads least recently used idle local models until `entry` fits under --models-max. When
+        every loaded one is busy, the least recently used is drained (see ModelEntry.draining): it
+        finishes the requests it already has, takes no new ones, and is unloaded."""
         limit = self.settings.models_max
         if limit <= 0:
             return
         deadline = time.monotonic() + ROOM_TIMEOUT_S
-        while len(resident := self._resident(entry)) >= limit:
-            idle = [e for e in resident if e.state is ModelState.LOADED and not e.busy]
-            if idle:
-                await self.unload(min(idle, key=lambda e: e.last_used))
-                continue
-            if time.monotonic() > deadline:
-                raise UnavailableError(f"cannot load model '{entry.name}': the {limit} loaded model(s) stayed busy")
-            await asyncio.sleep(IDLE_POLL_S)
+        drained: list[ModelEntry] = []
+        try:
+            while len(resident := self._resident(entry)) >= limit:
+                idle = [e for e in resident if e.state is ModelState.LOADED and not e.busy]
+                if idle:
+                    await self.unload(min(idle, key=lambda e: e.last_used))
+                    continue
+                loaded = [e for e in resident if e.state is ModelState.LOADED]
+                if loaded and not any(e.draining for e in loaded):
+                    victim = min(loaded, key=lambda e: e.last_used)
+                    victim.draining = True
+                    victim.open.clear()
+                    drained.append(victim)
+                    log.info("model %s waits for model %s to finish its requests, to take its place",
+                             entry.name, victim.name)
+                if time.monotonic() > deadline:
+                    raise UnavailableError(f"cannot load model '{entry.name}': the {limit} loaded model(s) "
+                                           "stayed busy")
+                await asyncio.sleep(IDLE_POLL_S)
+        finally:
+            for victim in drained:
+                victim.draining = False
+                victim.open.set()
 
     async def unload(self, entry: ModelEntry) -> None:
         service, entry.service = entry.service, None
@@ -223,6 +254,7 @@ class ModelRegistry:
         if service is not None:
             log.info("unloading model %s", entry.name)
             await anyio.to_thread.run_sync(service.engine.close)
+            self.events.status(entry.name, "unloaded", exit_code=0)
 
     async def load_on_startup(self) -> None:
         """Loads the preset's `load-on-startup` models (a failure is logged; the router stays up)."""

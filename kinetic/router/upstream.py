@@ -30,11 +30,13 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+from kinetic.chat.constraints import template_tools, tool_plan
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
 from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Generation
 from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotFileResult,
                                   SlotState, TextDelta, Timings, Usage)
 from kinetic.errors import (InvalidRequestError, KineticError, NotFoundError, NotSupportedError, RateLimitError,
@@ -156,11 +158,12 @@ class UpstreamEngine:
     """The Engine interface over an UpstreamPool: generation by forwarding, no tokenizer of its own."""
 
     def __init__(self, name: str, specs: tuple[UpstreamSpec, ...], *, connections_per_member: int,
-                 fair_share: bool, max_in_flight_per_client: int):
+                 fair_share: bool, max_in_flight_per_client: int, in_flight: InFlight | None = None):
         self.pool = UpstreamPool(name, specs)
         self.n_slots = connections_per_member * len(specs)
         self.slot_n_ctx = 0
         self.max_in_flight = max_in_flight_per_client
+        self.shared_in_flight = in_flight  # the process-wide count per key (inflight.py)
         self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair_share)
         self._running = 0
         self._in_flight: dict[str, int] = {}
@@ -248,12 +251,16 @@ class UpstreamEngine:
         if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
             raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
                                  "retry when one has finished", retry_after=1)
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.enter(client)
         self._in_flight[client] = self._in_flight.get(client, 0) + 1
 
     def _uncount(self, client: str) -> None:
         self._in_flight[client] -= 1
         if not self._in_flight[client]:
             del self._in_flight[client]
+        if self.shared_in_flight is not None:
+            self.shared_in_flight.leave(client)
 
     async def _take_turn(self, client: str) -> None:
         if self._running < self.n_slots and not self._waiting:
@@ -366,6 +373,35 @@ class UpstreamEngine:
             self._uncount(client)
 
 
+    async def forward_native(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A token-level route (/tokenize...) answered by a pool member's own native route: at the
+        server's root, not under /v1. Cheap: no turn is taken and nothing is counted against the key.
+        An OpenAI-only upstream (vLLM) has no such route: a 501 says what is missing."""
+        tried: list[str] = []
+        for member in await self.pool.candidates():
+            url = member.spec.url.removesuffix("/v1") + route
+            try:
+                response = await self.pool.client.post(url, json=payload, headers=member.headers)
+            except httpx.HTTPError as exc:
+                self.pool.mark_down(member, str(exc) or type(exc).__name__)
+                tried.append(member.spec.url)
+                continue
+            if response.status_code >= 500 and response.status_code != 501:
+                self.pool.mark_down(member, f"HTTP {response.status_code}")
+                tried.append(member.spec.url)
+                continue
+            if response.status_code in (404, 405, 501):
+                raise NotSupportedError(
+                    f"model '{self.pool.name}' is served by an upstream server ({member.spec.url}) that has no "
+                    f"{route} route (a kinetic or llama-server upstream has it; an OpenAI-only server does not), "
+                    "and kinetic has no tokenizer or chat template of its own for the model")
+            if response.status_code >= 400:
+                raise upstream_error(response.status_code, response.content)
+            return response.json()
+        detail = f" (tried {', '.join(tried)})" if tried else ""
+        raise UnavailableError(f"no upstream server for model '{self.pool.name}' is reachable{detail}")
+
+
 def upstream_error(status: int, body: bytes) -> KineticError:
     """The upstream's 4xx as kinetic's own error kind, with its message."""
     try:
@@ -399,7 +435,9 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterator[Event]:
     """An OpenAI SSE stream as kinetic's engine events. Reasoning the upstream sends apart
     (`reasoning_content`) is wrapped in <think> tags, which the chat layer's answer parser splits off
-    again by the request's reasoning format."""
+    again by the request's reasoning format; tool calls are gathered and written at the end as Hermes
+    `<tool_call>` text, which the parser (in "auto" tool mode, see UpstreamService.prepare_chat) turns
+    back into calls, so every protocol's encoder gives them in its own shape."""
     started = time.perf_counter()
     first_at: float | None = None
     pieces: list[str] = []
@@ -407,6 +445,7 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     finish = "stop"
     usage: dict[str, Any] = {}
     timings: dict[str, Any] | None = None
+    calls: dict[int, dict[str, str]] = {}
     async for chunk in sse_data(response):
         usage = chunk.get("usage") or usage
         timings = chunk.get("timings") or timings
@@ -414,9 +453,8 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
             if is_chat:
                 delta = choice.get("delta") or {}
                 reasoning, content = delta.get("reasoning_content") or "", delta.get("content") or ""
-                if delta.get("tool_calls"):
-                    raise NotSupportedError("the upstream answered with a tool call, which kinetic does not "
-                                            "forward yet")
+                for call in delta.get("tool_calls") or []:
+                    gather_call(calls, call)
             else:
                 reasoning, content = "", choice.get("text") or ""
             text = ""
@@ -434,6 +472,11 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     if thinking:
         pieces.append(CLOSE_TAG)
         yield TextDelta(text=CLOSE_TAG, token_id=-1)
+    if calls:
+        text = "".join(tagged_call(calls[index]) for index in sorted(calls))
+        first_at = first_at or time.perf_counter()
+        pieces.append(text)
+        yield TextDelta(text=text, token_id=-1)
     ended = time.perf_counter()
     prompt_n = int(usage.get("prompt_tokens") or 0)
     predicted_n = int(usage.get("completion_tokens") or len(pieces))
@@ -451,6 +494,26 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
     yield Finished(finish_reason=reason, stop_type="limit" if reason == "length" else "eos", stopping_word="",
                    text="".join(pieces), tokens=[], usage=Usage(prompt_n, predicted_n, cached), timings=measured,
                    id_slot=-1, tokens_cached=cached, truncated=False)
+
+
+def gather_call(calls: dict[int, dict[str, str]], delta: dict[str, Any]) -> None:
+    """Adds one streamed OpenAI tool-call delta (the first of a call carries its id and name, later
+    ones pieces of its arguments) to the calls gathered so far, by index."""
+    call = calls.setdefault(int(delta.get("index") or 0), {"id": "", "name": "", "arguments": ""})
+    function = delta.get("function") or {}
+    call["id"] = call["id"] or delta.get("id") or ""
+    call["name"] += function.get("name") or ""
+    call["arguments"] += function.get("arguments") or ""
+
+
+def tagged_call(call: dict[str, str]) -> str:
+    """One gathered call as the Hermes text kinetic's tool-call parser reads, the upstream's id kept."""
+    try:
+        arguments: Any = json.loads(call["arguments"] or "{}")
+    except json.JSONDecodeError:
+        arguments = call["arguments"]  # not JSON: passed on as the upstream wrote it
+    data = {"name": call["name"], "arguments": arguments, **({"id": call["id"]} if call["id"] else {})}
+    return f"<tool_call>{json.dumps(data, ensure_ascii=False)}</tool_call>"
 
 
 # ---------------------------------------------------------------- neutral request -> OpenAI body
@@ -496,11 +559,25 @@ def option_fields(req: ChatRequest | PromptRequest, defaults: ServerSettings) ->
     return body
 
 
+def tool_fields(req: ChatRequest) -> dict[str, Any]:
+    """`tools`, `tool_choice` and `parallel_tool_calls` as OpenAI writes them (validated here first,
+    so a bad choice is kinetic's 400 naming the field, whatever the upstream would say)."""
+    mode, only = tool_plan(req)
+    if not req.tools:
+        return {}
+    choice: Any = {"auto": "auto", "none": "none", "forced": "required"}[mode]
+    if only is not None:
+        choice = {"type": "function", "function": {"name": only}}
+    body: dict[str, Any] = {"tools": template_tools(req), "tool_choice": choice}
+    if req.parallel_tool_calls:
+        body["parallel_tool_calls"] = True
+    return body
+
+
 def chat_body(req: ChatRequest, model: str, defaults: ServerSettings) -> dict[str, Any]:
-    if req.tools:
-        raise NotSupportedError("tools are not forwarded to upstream models yet", param="tools")
     body = {"model": model, "messages": [openai_message(m) for m in req.messages], "stream": True,
-            "stream_options": {"include_usage": True}, **option_fields(req, defaults), **output_fields(req.output)}
+            "stream_options": {"include_usage": True}, **option_fields(req, defaults), **output_fields(req.output),
+            **tool_fields(req)}
     if req.template_kwargs:
         body["chat_template_kwargs"] = req.template_kwargs
     return body
@@ -536,14 +613,21 @@ class UpstreamService(Service):
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         body = chat_body(req, self.upstream_model, self.settings)
+        # The upstream's calls come back as <tool_call> text (read_events): "auto" parses them.
+        calls = "tools" in body and body["tool_choice"] != "none"
         prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
                                 reasoning_format=req.reasoning_format or self.settings.reasoning_format,
-                                tool_mode="none", tool_names=())
+                                tool_mode="auto" if calls else "none",
+                                tool_names=tuple(tool.name for tool in req.tools) if calls else ())
         return ForwardRequest(prompt_tokens=[], payload=body, client=CLIENT.get()), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         return ForwardRequest(prompt_tokens=[], route="/completions", client=CLIENT.get(),
                               payload=prompt_body(req, self.upstream_model, self.settings))
+
+    async def forward_native(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert isinstance(self.engine, UpstreamEngine)
+        return await self.engine.forward_native(route, {**body, "model": self.upstream_model})
 
     async def count_chat_tokens(self, req: ChatRequest) -> int:
         raise NotSupportedError(f"model '{self.model_name}' is served by an upstream server: kinetic cannot "
@@ -575,11 +659,12 @@ class UpstreamService(Service):
         return [[vector] for vector in await self.embed(inputs)]  # the upstream pools
 
 
-def upstream_service(spec: ModelSpec, settings: ServerSettings, *, keyed: bool) -> UpstreamService:
+def upstream_service(spec: ModelSpec, settings: ServerSettings, *, max_in_flight: int,
+                     in_flight: InFlight | None = None) -> UpstreamService:
     connections = DEFAULT_CONNECTIONS if settings.parallel < 0 else settings.parallel
     engine = UpstreamEngine(spec.name, spec.upstreams, connections_per_member=connections,
                             fair_share=settings.fair_share,
-                            max_in_flight_per_client=settings.max_in_flight if keyed else 0)
+                            max_in_flight_per_client=max_in_flight, in_flight=in_flight)
     service = UpstreamService(settings=settings, engine=engine, model_name=spec.name,
                               aliases=spec.aliases or (spec.name,))
     service.upstream_model = spec.upstreams[0].model or spec.name

@@ -8,9 +8,11 @@ with --models-max 1; /models/load and /models/unload; --no-models-autoload.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -34,8 +36,9 @@ def router(model_lock: None, minilm_path: str) -> Iterator[KineticServer]:
         yield server
 
 
-def states(server: KineticServer) -> dict[str, str]:
-    body = httpx.get(server.url + "/v1/models", timeout=30).json()
+def states(server: KineticServer, key: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = httpx.get(server.url + "/v1/models", headers=headers, timeout=30).json()
     return {row["id"]: row["status"]["value"] for row in body["data"]}
 
 
@@ -160,6 +163,104 @@ def test_two_models_streaming_at_once_both_finish(router: KineticServer) -> None
     assert results["chat-a"]["choices"][0]["message"] == results["chat-b"]["choices"][0]["message"]
 
 
+def deferred(server: KineticServer, model: str, key: str) -> float:
+    text = httpx.get(server.url + "/metrics", params={"model": model}, headers={"Authorization": f"Bearer {key}"},
+                     timeout=30).text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("llamacpp:requests_deferred "))
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_fair_share_and_the_key_limit_hold_across_models(model_lock: None, minilm_path: str) -> None:
+    """Key A floods chat-a (one slot: one running, two waiting); key B's request on chat-b is answered
+    before A's waiting ones, and A's next request, on the other model, is over A's limit of 3."""
+    gemma = str(bundled_model_path())
+    with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
+                       "--api-key", "ka,kb", "--max-in-flight", "3", "--metrics") as server:
+        for model in ("chat-a", "chat-b"):  # load both first: the order below is about decoding only
+            assert httpx.post(server.url + "/models/load", json={"model": model}, timeout=120,
+                              headers={"Authorization": "Bearer ka"}).status_code == 200
+        finished: list[str] = []
+        lock = threading.Lock()
+
+        def ask(name: str, key: str, model: str, max_tokens: int) -> None:
+            reply = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               timeout=300, json={"model": model, "messages": CHAT, "max_tokens": max_tokens,
+                                                  "ignore_eos": True})
+            assert reply.status_code == 200, reply.text
+            with lock:
+                finished.append(name)
+
+        threads = [threading.Thread(target=ask, args=(f"a{i}", "ka", "chat-a", 48)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: deferred(server, "chat-a", "kb") == 2, "two of A's requests to wait on chat-a")
+        over = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
+                          json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
+        assert over.status_code == 429 and over.headers["retry-after"] == "1"
+        assert "across all models" in over.json()["error"]["message"]
+        anthropic = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "ka"}, timeout=60,
+                               json={"model": "chat-b", "max_tokens": 2, "messages": CHAT})
+        assert anthropic.status_code == 429 and anthropic.json()["error"]["type"] == "rate_limit_error"
+        threads.append(threading.Thread(target=ask, args=("b", "kb", "chat-b", 24)))
+        threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert sorted(finished) == ["a0", "a1", "a2", "b"]
+        # B waited for neither of A's queued requests on the other model
+        assert finished.index("b") < finished.index("a1") < finished.index("a2"), finished
+        # the limit counts requests in flight, not requests made: A is free again on either model
+        again = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
+                           json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
+        assert again.status_code == 200
+
+
+def test_with_room_for_one_model_a_flood_on_one_cannot_hold_off_another(model_lock: None) -> None:
+    """--models-max 1: key A's request a0 runs on chat-a; key B asks for chat-b, which needs chat-a's
+    room; A's next request a1 on chat-a, sent after B's, waits for the switch instead of keeping
+    chat-a busy: B is answered before a1."""
+    gemma = str(bundled_model_path())
+    with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
+                       "--models-max", "1", "--api-key", "ka,kb", "--metrics") as server:
+        finished: list[str] = []
+        lock = threading.Lock()
+
+        def ask(name: str, key: str, model: str, max_tokens: int) -> None:
+            reply = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               timeout=300, json={"model": model, "messages": CHAT, "max_tokens": max_tokens,
+                                                  "ignore_eos": True})
+            assert reply.status_code == 200, reply.text
+            with lock:
+                finished.append(name)
+
+        def processing() -> float:
+            text = httpx.get(server.url + "/metrics", params={"model": "chat-a"}, timeout=30,
+                             headers={"Authorization": "Bearer kb"}).text
+            return next(float(line.split()[1]) for line in text.splitlines()
+                        if line.startswith("llamacpp:requests_processing "))
+
+        threads = [threading.Thread(target=ask, args=("a0", "ka", "chat-a", 96))]
+        threads[0].start()
+        wait_until(lambda: processing() == 1, "a0 to run on chat-a")
+        threads.append(threading.Thread(target=ask, args=("b", "kb", "chat-b", 8)))
+        threads[-1].start()
+        wait_until(lambda: "model chat-b waits for model chat-a" in server.log(), "chat-b to wait for room")
+        threads.append(threading.Thread(target=ask, args=("a1", "ka", "chat-a", 8)))
+        threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert finished == ["a0", "b", "a1"]
+        assert states(server, "ka") == {"chat-a": "loaded", "chat-b": "unloaded"}
+
+
 def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, minilm_path: str) -> None:
     with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
         def chat(model: str) -> int:
@@ -186,6 +287,35 @@ def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, mini
         assert not_running.status_code == 400 and not_running.json()["error"]["message"] == "model is not running"
         assert action("unload", "nope").json()["error"]["message"] == "model is not found"
         assert set(states(server).values()) == {"unloaded"}
+
+
+def test_models_sse_streams_loading_loaded_and_unloaded(model_lock: None, minilm_path: str) -> None:
+    """GET /models/sse, read with httpx while another thread loads chat-a, then chat-b (which unloads
+    chat-a: --models-max 1), then unloads chat-b."""
+    with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
+        def act() -> None:
+            for route, model in (("load", "chat-a"), ("load", "chat-b"), ("unload", "chat-b")):
+                reply = httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
+                assert reply.status_code == 200, reply.text
+
+        events: list[dict] = []
+        with httpx.stream("GET", server.url + "/models/sse", timeout=httpx.Timeout(120, read=120)) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            actor = threading.Thread(target=act)
+            actor.start()  # the stream listens from the moment its headers came back
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                if events and events[-1] == {"model": "chat-b", "event": "status_change",
+                                             "data": {"status": "unloaded", "exit_code": 0}}:
+                    break
+        actor.join(timeout=120)
+        changes = [(e["model"], e["data"]["status"]) for e in events if e["event"] == "status_change"]
+        assert changes == [("chat-a", "loading"), ("chat-a", "loaded"), ("chat-a", "unloaded"),
+                           ("chat-b", "loading"), ("chat-b", "loaded"), ("chat-b", "unloaded")]
+        starts = [e["model"] for e in events if e["event"] == "model_status"]
+        assert starts == ["chat-a", "chat-b"]  # llama-server's event when an instance starts loading
 
 
 def test_no_models_autoload(model_lock: None, minilm_path: str) -> None:
@@ -239,3 +369,4 @@ def test_single_model_server_ignores_model_and_has_no_load_routes(live_server: K
     body = {"model": "anything-at-all", "messages": CHAT, "max_tokens": 2}
     assert httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
     assert httpx.post(live_server.url + "/models/load", json={"model": "x"}, timeout=30).status_code == 404
+    assert httpx.get(live_server.url + "/models/sse", timeout=30).status_code == 404

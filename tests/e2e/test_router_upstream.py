@@ -103,6 +103,126 @@ def test_every_protocol_reaches_the_upstream(router: KineticServer) -> None:
     assert native["model"] == "remote" and native["tokens_predicted"] == 2
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                   "required": ["city"]}}}
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def assert_weather_call(name: str | None, arguments: str | dict) -> None:
+    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    assert name == "get_weather" and parsed["city"] in ("Paris", "Oslo")
+
+
+def test_tool_calls_come_back_from_the_upstream_in_openai_chat(router: KineticServer) -> None:
+    """The upstream (a base model) is forced to call: its call is grammar-constrained, so real."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="remote", messages=CHAT, max_tokens=64,  # type: ignore[arg-type]
+                                           tools=[WEATHER], tool_choice=FORCE)  # type: ignore[list-item,arg-type]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.id and call.type == "function"
+    assert_weather_call(call.function.name, call.function.arguments)  # type: ignore[union-attr]
+    stream = client.chat.completions.create(model="remote", messages=CHAT, max_tokens=64, stream=True,  # type: ignore
+                                            tools=[WEATHER], tool_choice="required")  # type: ignore[list-item]
+    name, arguments, finish = None, "", None
+    for chunk in stream:
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            name = name or (delta_call.function.name if delta_call.function else None)
+            arguments += (delta_call.function.arguments or "") if delta_call.function else ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls"
+    assert_weather_call(name, arguments)
+    # a tool result sent back is forwarded as OpenAI messages: the upstream answers in text
+    follow = client.chat.completions.create(model="remote", max_tokens=4, tools=[WEATHER],  # type: ignore[list-item]
+                                            tool_choice="none", messages=[  # type: ignore[list-item]
+        *CHAT, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+    assert follow.choices[0].finish_reason == "length" and not follow.choices[0].message.tool_calls
+
+
+def test_tool_calls_come_back_from_the_upstream_in_anthropic_responses_and_ollama(router: KineticServer) -> None:
+    from anthropic import Anthropic
+    from openai import OpenAI
+
+    anthropic = Anthropic(base_url=router.url, api_key=KEY, max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather in a city",
+            "input_schema": WEATHER["function"]["parameters"]}
+    message = anthropic.messages.create(model="remote", max_tokens=64, messages=CHAT,  # type: ignore[arg-type]
+                                        tools=[tool], tool_choice={"type": "tool", "name": "get_weather"})  # type: ignore
+    assert message.stop_reason == "tool_use"
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].id
+    assert_weather_call(uses[0].name, uses[0].input)  # type: ignore[arg-type]
+    with anthropic.messages.stream(model="remote", max_tokens=64, messages=CHAT,  # type: ignore[arg-type]
+                                   tools=[tool], tool_choice={"type": "any"}) as stream:  # type: ignore[list-item]
+        final = stream.get_final_message()
+    streamed = [block for block in final.content if block.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(streamed) == 1
+    assert_weather_call(streamed[0].name, streamed[0].input)  # type: ignore[arg-type]
+
+    openai = OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    function = {"type": "function", **WEATHER["function"]}
+    response = openai.responses.create(model="remote", input="Weather?", max_output_tokens=64,
+                                       tools=[function], tool_choice={"type": "function", "name": "get_weather"})  # type: ignore
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].call_id
+    assert_weather_call(calls[0].name, calls[0].arguments)  # type: ignore[union-attr]
+    events = list(openai.responses.create(model="remote", input="Weather?", max_output_tokens=64, stream=True,
+                                          tools=[function], tool_choice="required"))  # type: ignore[list-item]
+    done = [e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert len(done) == 1
+    assert_weather_call(done[0].item.name, done[0].item.arguments)  # type: ignore[union-attr]
+
+    # Ollama has no tool_choice: `format` holds the upstream to one call's JSON, which the upstream
+    # reads as a call because it names one of the tools.
+    import ollama
+
+    schema = {"type": "object", "properties": {"name": {"const": "get_weather"},
+                                               "arguments": WEATHER["function"]["parameters"]},
+              "required": ["name", "arguments"]}
+    client = ollama.Client(host=router.url, headers=AUTH)
+    reply = client.chat(model="remote", messages=CHAT, tools=[WEATHER], format=schema, options={"num_predict": 64})
+    assert reply.message.tool_calls and len(reply.message.tool_calls) == 1
+    assert_weather_call(reply.message.tool_calls[0].function.name, dict(reply.message.tool_calls[0].function.arguments))
+    parts = list(client.chat(model="remote", messages=CHAT, tools=[WEATHER], format=schema, stream=True,
+                             options={"num_predict": 64}))
+    streamed_calls = [call for part in parts for call in (part.message.tool_calls or [])]
+    assert len(streamed_calls) == 1 and parts[-1].done
+    assert_weather_call(streamed_calls[0].function.name, dict(streamed_calls[0].function.arguments))
+
+
+def test_token_routes_are_answered_by_the_upstream(router: KineticServer, upstream: KineticServer) -> None:
+    """kinetic has no tokenizer for a remote model: the upstream's native routes answer, and they
+    agree with the same GGUF loaded locally under the name `local`."""
+    def post(server: KineticServer, route: str, body: dict) -> dict:
+        reply = httpx.post(server.url + route, json=body, headers=AUTH, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    text = {"content": "Hello world", "with_pieces": True}
+    remote = post(router, "/tokenize", {"model": "remote", **text})
+    assert remote == post(upstream, "/tokenize", text) == post(router, "/tokenize", {"model": "local", **text})
+    assert [piece["piece"] for piece in remote["tokens"]] == ["Hello", " world"]
+    ids = [piece["id"] for piece in remote["tokens"]]
+    assert post(router, "/detokenize", {"model": "remote", "tokens": ids}) == {"content": "Hello world"}
+    template = {"messages": CHAT}
+    rendered = post(router, "/apply-template", {"model": "remote", **template})["prompt"]
+    assert rendered == post(router, "/apply-template", {"model": "local", **template})["prompt"]
+    assert "Say hello." in rendered and rendered != "Say hello."
+    from anthropic import Anthropic
+
+    anthropic = Anthropic(base_url=router.url, api_key=KEY, max_retries=0)
+    counted = anthropic.messages.count_tokens(model="remote", messages=CHAT)  # type: ignore[arg-type]
+    local = anthropic.messages.count_tokens(model="local", messages=CHAT)  # type: ignore[arg-type]
+    assert counted.input_tokens == local.input_tokens > 3
+
+
 def test_the_classroom_layer_stays_in_front(router: KineticServer) -> None:
     body = {"model": "remote", "messages": CHAT, "max_tokens": 2}
     assert httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30).status_code == 401

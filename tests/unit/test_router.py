@@ -12,14 +12,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolSpec
+from kinetic.chat.toolcalls import ParsedCall, parse_tool_calls
+from kinetic.chat.types import (ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice,
+                                ToolSpec)
 from kinetic.cli import parse_serve_args
 from kinetic.engine.turns import DecodeTurns
 from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
 from kinetic.engine.types import Timings, Usage
-from kinetic.router.upstream import chat_body, read_events, upstream_error
+from kinetic.router.upstream import UpstreamEngine, chat_body, read_events, upstream_error
 from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
@@ -190,6 +192,31 @@ def test_a_model_in_use_is_not_unloaded_until_released() -> None:
     asyncio.run(scenario())
 
 
+def test_a_load_waiting_for_room_drains_the_busy_model_it_replaces() -> None:
+    """--models-max 1: while b waits for a's room, new requests for a wait outside a (they would keep
+    it busy for ever); once a is unloaded and b has run, they load a again."""
+    async def scenario() -> list[str]:
+        reg, built = registry(["a", "b"], models_max=1)
+        held, _ = await reg.acquire("a")  # a0: running on a
+        for_b = asyncio.create_task(reg.acquire("b"))
+        await asyncio.sleep(0.2)
+        assert reg.entries["a"].draining and not for_b.done()
+        for_a = asyncio.create_task(reg.acquire("a"))  # a1: comes after b's request
+        await asyncio.sleep(0.2)
+        assert not for_a.done() and reg.entries["a"].leases == 1  # waits outside a: only a0 holds it
+        reg.release(held)  # a0 done: a is unloaded, b loads and b's request runs
+        b_entry, _ = await asyncio.wait_for(for_b, 5)
+        assert reg.entries["a"].state is ModelState.UNLOADED and not reg.entries["a"].draining
+        await asyncio.sleep(0.2)
+        assert not for_a.done() and reg.entries["b"].draining  # now a1's load waits for b's room
+        reg.release(b_entry)
+        a_entry, _ = await asyncio.wait_for(for_a, 5)
+        reg.release(a_entry)
+        return built
+
+    assert asyncio.run(scenario()) == ["a", "b", "a"]
+
+
 def test_no_autoload_and_load_failures() -> None:
     async def scenario() -> None:
         reg, _ = registry(["a"], autoload=False)
@@ -216,8 +243,14 @@ def test_chat_request_becomes_an_openai_body() -> None:
     assert body == {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                     "stream_options": {"include_usage": True}, "max_tokens": 7, "stop": ["\n"],
                     "temperature": 0.2, "top_k": 5}
-    with pytest.raises(NotSupportedError, match="tools"):
-        chat_body(ChatRequest(messages=req.messages, tools=(ToolSpec(name="f"),)), "m", ServerSettings())
+    tools = (ToolSpec(name="f", parameters={"type": "object"}),)
+    named = chat_body(ChatRequest(messages=req.messages, tools=tools, tool_choice=ToolChoice("required", "f"),
+                                  parallel_tool_calls=True), "m", ServerSettings())
+    assert named["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "f"}} and named["parallel_tool_calls"]
+    assert chat_body(ChatRequest(messages=req.messages, tools=tools), "m", ServerSettings())["tool_choice"] == "auto"
+    with pytest.raises(InvalidRequestError, match="tool_choice"):  # kinetic's 400, before forwarding
+        chat_body(ChatRequest(messages=req.messages, tool_choice=ToolChoice("required")), "m", ServerSettings())
 
 
 def sse(*chunks: dict) -> httpx.Response:
@@ -239,8 +272,14 @@ def test_upstream_stream_becomes_engine_events() -> None:
     assert [d.text for d in deltas] == ["<think>think", "</think>Hi"]  # split again by the answer parser
     assert finished.finish_reason == "length" and finished.usage == Usage(5, 2, 3)
     assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
-    with pytest.raises(NotSupportedError, match="tool call"):
-        asyncio.run(events(sse({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})))
+    # streamed call deltas are gathered and written as <tool_call> text, the upstream's id kept
+    *calls, _ = asyncio.run(events(sse(
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc", "function": {"name": "f", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})))
+    assert [c.text for c in calls] == ['<tool_call>{"name": "f", "arguments": {"x": 1}, "id": "abc"}</tool_call>']
+    assert parse_tool_calls(calls[0].text).calls[0] == ParsedCall(name="f", arguments='{"x": 1}', id="abc")
     with pytest.raises(ServerError, match="upstream: boom"):
         asyncio.run(events(sse({"error": {"message": "boom"}})))
 
@@ -249,3 +288,33 @@ def test_upstream_4xx_keeps_its_kind_and_message() -> None:
     err = upstream_error(400, b'{"error": {"message": "bad temperature"}}')
     assert isinstance(err, InvalidRequestError) and err.message == "upstream: bad temperature"
     assert isinstance(upstream_error(404, b"no such model"), NotFoundError)
+
+
+def test_token_routes_go_to_the_upstreams_root_or_are_a_501_naming_the_route() -> None:
+    seen: list[tuple[str, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        if request.url.host == "vllm":  # an OpenAI-only server: no native routes
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.url.path == "/detokenize":
+            return httpx.Response(400, json={"error": {"message": "tokens must be a list"}})
+        return httpx.Response(200, json={"tokens": [1, 2]})
+
+    async def scenario() -> None:
+        for host in ("llama", "vllm"):
+            engine = UpstreamEngine(host, (UpstreamSpec(url=f"http://{host}:8000/v1"),), connections_per_member=1,
+                                    fair_share=True, max_in_flight_per_client=0)
+            engine.pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+            if host == "llama":
+                assert await engine.forward_native("/tokenize", {"content": "hi", "model": "m"}) == {"tokens": [1, 2]}
+                with pytest.raises(InvalidRequestError, match="upstream: tokens must be a list"):
+                    await engine.forward_native("/detokenize", {"tokens": "x"})
+            else:
+                with pytest.raises(NotSupportedError, match=r"http://vllm:8000/v1\) that has no /tokenize route"):
+                    await engine.forward_native("/tokenize", {"content": "hi"})
+            engine.pool.stop_watching()
+            await engine.pool.close()
+
+    asyncio.run(scenario())
+    assert seen[0] == ("/tokenize", {"content": "hi", "model": "m"})  # the root, not /v1

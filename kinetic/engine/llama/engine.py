@@ -17,6 +17,7 @@ from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
+from kinetic.engine.inflight import InFlight
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -71,6 +72,7 @@ class LlamaEngine:
         pooling: str | None = None,
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
+        in_flight: InFlight | None = None,
     ):
         self.model_path = model_path
         self.requested_ctx = n_ctx
@@ -82,6 +84,7 @@ class LlamaEngine:
         self.embeddings_enabled = embeddings
         self.fair_share = fair_share
         self.max_in_flight_per_client = max_in_flight_per_client
+        self.in_flight = in_flight  # router mode: every model's requests counted per key together
         self.cache_ram_mib = cache_ram_mib
         self.pooling = pooling  # None: the model's own (mean when it declares none)
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
@@ -112,7 +115,8 @@ class LlamaEngine:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                                   decode_lock=self._decode_lock, fair=self.fair_share,
-                                  max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib)
+                                  max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
+                                  in_flight=self.in_flight)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc

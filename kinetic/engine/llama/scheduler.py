@@ -28,6 +28,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
@@ -111,7 +112,8 @@ class Scheduler:
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
-                 max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0):
+                 max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
+                 in_flight: InFlight | None = None):
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -138,6 +140,7 @@ class Scheduler:
             "n_tokens_max": 0, "n_busy_slots_total": 0}
         self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024)
         self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
+        self.shared_in_flight = in_flight  # router mode: the process-wide count and limit (inflight.py)
         self.share_prefixes = share_prefixes
         self._cv = threading.Condition()
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
@@ -159,6 +162,8 @@ class Scheduler:
             if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
                 raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
                                      "retry when one has finished", retry_after=1)
+            if self.shared_in_flight is not None:
+                self.shared_in_flight.enter(client)
             self._in_flight[client] = self._in_flight.get(client, 0) + 1
             self._pending.push(client, job)
             self._cv.notify()
@@ -179,6 +184,8 @@ class Scheduler:
             self._in_flight[client] -= 1
             if not self._in_flight[client]:
                 del self._in_flight[client]
+            if self.shared_in_flight is not None:
+                self.shared_in_flight.leave(client)
 
     def with_idle_slot(self, slot_id: int, action: Callable[[Slot], T]) -> T:
         """Runs `action` on slot `slot_id` while no step decodes and no waiting job can take the slot

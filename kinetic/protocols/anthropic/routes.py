@@ -26,4 +26,7 @@ async def create_message(body: MessagesRequest, request: Request, service: Servi
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, service: ServiceDep) -> dict[str, int]:
+    forwarded = await service.forward_native("/v1/messages/count_tokens", body.model_dump(exclude_unset=True))
+    if forwarded is not None:
+        return forwarded
     return {"input_tokens": await service.count_chat_tokens(translate.count_tokens_request(body))}

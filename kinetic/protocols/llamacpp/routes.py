@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__
 from kinetic.deps import RegistryDep, ServiceDep, model_service
@@ -59,6 +59,15 @@ async def load_model(body: ModelActionRequest, registry: RegistryDep) -> dict[st
         raise InvalidRequestError("model is already running", param="model")
     await registry.load(entry)
     return {"success": True}
+
+
+@router.get("/models/sse")
+async def models_sse(registry: RegistryDep) -> StreamingResponse:
+    """Model state changes as they happen (router/events.py), as llama-server's router streams them."""
+    if not registry.router:
+        raise NotFoundError("File Not Found")
+    return StreamingResponse(registry.events.stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.post("/models/unload")
@@ -176,16 +185,22 @@ async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[st
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, service: ServiceDep) -> dict[str, Any]:
+    if (answer := await service.forward_native("/tokenize", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     return await anyio.to_thread.run_sync(translate.tokenize, body, service.engine)
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, service: ServiceDep) -> dict[str, str]:
+    if (answer := await service.forward_native("/detokenize", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     return await anyio.to_thread.run_sync(translate.detokenize, body, service.engine)
 
 
 @router.post("/apply-template")
 async def apply_template(body: ApplyTemplateRequest, service: ServiceDep) -> dict[str, str]:
+    if (answer := await service.forward_native("/apply-template", body.model_dump(exclude_unset=True))) is not None:
+        return answer
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     rendered = await service.render(common.to_messages(body.messages), tools=tools,
                                     template_kwargs=body.chat_template_kwargs,

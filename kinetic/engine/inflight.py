@@ -1,0 +1,42 @@
+"""Requests in flight per key, counted once for the whole process.
+
+A key's limit (--max-in-flight) is a classroom rule, not a model's: a student with two requests
+running on one model and one waiting on another has three in flight. In router mode every engine
+(each local model's scheduler, each upstream pool) counts its requests here as well as in its own
+waiting line, so the limit and its 429 hold across models. Engines call it from the event loop and
+from their decode threads: it takes its own lock.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kinetic.errors import RateLimitError
+
+
+class InFlight:
+    def __init__(self, limit: int):
+        self.limit = limit  # 0: no limit (the counts are still kept, for the dashboard)
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def enter(self, client: str) -> None:
+        """Counts one more request of `client`; one over the limit gets a 429 instead."""
+        with self._lock:
+            n = self._counts.get(client, 0)
+            if self.limit and n >= self.limit:
+                raise RateLimitError(f"too many requests in flight for this key across all models (at most "
+                                     f"{self.limit}); retry when one has finished", retry_after=1)
+            self._counts[client] = n + 1
+
+    def leave(self, client: str) -> None:
+        with self._lock:
+            n = self._counts.get(client, 0) - 1
+            if n > 0:
+                self._counts[client] = n
+            else:
+                self._counts.pop(client, None)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)

@@ -119,12 +119,9 @@ class Service:
         self._start_reading_model_file()
 
     def defaults(self) -> ServerDefaults:
-        kwargs = dict(self.default_template_kwargs)
-        if self.settings.reasoning != "auto":  # --reasoning on|off is a default enable_thinking, as in llama-server
-            kwargs["enable_thinking"] = self.settings.reasoning == "on"
         return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
                               n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
-                              template_kwargs=kwargs, reasoning=self.settings.reasoning,
+                              template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
                               prefill_assistant=self.settings.prefill_assistant)
 
     @property

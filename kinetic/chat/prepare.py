@@ -47,7 +47,7 @@ class ServerDefaults:
     n_predict: int = -1
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    reasoning: str = "auto"  # --reasoning: "off" renders templates with thinking off unless a request asks
+    reasoning: str = "auto"  # --reasoning on|off|auto: the `enable_thinking` templates get when nobody set it
     prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
 
     def sampling(self) -> SamplingParams:
@@ -111,14 +111,15 @@ class ChatLayer:
 
     def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
-        llama-server sets it: on when the template can think and --reasoning is not off."""
+        llama-server sets it: --reasoning on or off, or with auto whether the template can think."""
         kwargs = {**self.defaults.template_kwargs, **(template_kwargs or {})}
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
             got = type(kwargs["enable_thinking"]).__name__
             raise InvalidRequestError(f'invalid type for "enable_thinking" (expected boolean, got {got})',
                                       param="chat_template_kwargs")
         if "enable_thinking" not in kwargs:
-            kwargs["enable_thinking"] = self.defaults.reasoning != "off" and self.template.supports_thinking
+            chosen = {"on": True, "off": False}.get(self.defaults.reasoning)
+            kwargs["enable_thinking"] = self.template.supports_thinking if chosen is None else chosen
         return kwargs
 
     def continuation(self, messages: tuple[Message, ...], asked: str | None,

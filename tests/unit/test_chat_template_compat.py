@@ -199,3 +199,14 @@ def test_thinking_templates_continue_inside_or_after_the_reasoning() -> None:
 
 def test_generation_prompt_is_what_add_generation_prompt_adds() -> None:
     assert template(LLAMA31).generation_prompt(QUESTION) == "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+@pytest.mark.parametrize("mode, wire", [("auto", True), ("content", "content"), ("reasoning", "reasoning_content")])
+def test_continuation_is_forwarded_to_upstream_servers(mode: str, wire: object) -> None:
+    from kinetic.router.upstream import chat_body
+    from kinetic.settings import ServerSettings
+
+    body = chat_body(ChatRequest(messages=(user("q"), assistant("a")), continue_final_message=mode), "m",  # type: ignore[arg-type]
+                     ServerSettings())
+    assert body["continue_final_message"] == wire and body["add_generation_prompt"] is False
+    assert "continue_final_message" not in chat_body(ChatRequest(messages=(user("q"),)), "m", ServerSettings())

@@ -121,7 +121,8 @@ class Service:
     def defaults(self) -> ServerDefaults:
         return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
                               n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
-                              template_kwargs=self.default_template_kwargs)
+                              template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
+                              prefill_assistant=self.settings.prefill_assistant)
 
     @property
     def ready(self) -> bool:
@@ -170,11 +171,12 @@ class Service:
         return await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
-                     template_kwargs: dict[str, Any] | None = None,
-                     add_generation_prompt: bool = True) -> RenderedChat:
+                     template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                     continue_final_message: str | None = None) -> RenderedChat:
         def render() -> RenderedChat:
             return self._chat().render(messages, tools=tools, template_kwargs=template_kwargs,
-                                       add_generation_prompt=add_generation_prompt)
+                                       add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message)
 
         return await anyio.to_thread.run_sync(render)
 

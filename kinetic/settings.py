@@ -123,6 +123,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("jinja", ("--jinja",), "use Jinja chat templates", negations=("--no-jinja",)),
     Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
          metavar="FORMAT"),
+    Flag("reasoning", ("-rea", "--reasoning"), "template thinking: on, off, auto", metavar="MODE"),
+    Flag("prefill_assistant", ("--prefill-assistant",), "continue a last assistant message",
+         negations=("--no-prefill-assistant",)),
     Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
     Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
     Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
@@ -216,6 +219,8 @@ class ServerSettings(BaseSettings):
     chat_template_kwargs: str | None = None
     jinja: bool = True
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
+    reasoning: Literal["on", "off", "auto"] = "auto"
+    prefill_assistant: bool = True
     ui: bool = True
     slots: bool = True
     metrics: bool = False
@@ -251,6 +256,20 @@ class ServerSettings(BaseSettings):
             if word in FALSE_WORDS:
                 return False
             raise ValueError("expected on/off, true/false, 1/0 or enabled/disabled")
+        return value
+
+    @field_validator("reasoning", mode="before")
+    @classmethod
+    def _reasoning_word(cls, value: Any) -> Any:
+        """llama.cpp's is_truthy / is_falsey / is_autoy spellings (common/arg.cpp)."""
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in TRUE_WORDS:
+                return "on"
+            if word in FALSE_WORDS:
+                return "off"
+            if word in ("auto", "-1"):
+                return "auto"
         return value
 
     @field_validator("parallel")
@@ -312,10 +331,12 @@ class ServerSettings(BaseSettings):
     @field_validator("chat_template")
     @classmethod
     def _template_name_or_jinja(cls, value: str | None) -> str | None:
-        from kinetic.chat.templates import BUILTIN_NAMES
+        from kinetic.chat.templates import BUILTIN_NAMES, known_names
 
-        if value is not None and value not in BUILTIN_NAMES and "{%" not in value and "{{" not in value:
-            raise ValueError(f"expected a built-in template name ({', '.join(BUILTIN_NAMES)}) or Jinja text")
+        if value is None or value in BUILTIN_NAMES or "{%" in value or "{{" in value:
+            return value
+        if value not in known_names():
+            raise ValueError(f"expected a built-in template name ({', '.join(known_names())}) or Jinja text")
         return value
 
     @field_validator("hf_repo")

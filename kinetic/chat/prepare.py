@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
-from kinetic.chat.reasoning import OPEN_TAG
+from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import (
     ChatRequest,
@@ -24,6 +24,7 @@ from kinetic.chat.types import (
     PromptInput,
     PromptRequest,
     SamplingOptions,
+    TextPart,
 )
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, SamplingParams
@@ -46,6 +47,8 @@ class ServerDefaults:
     n_predict: int = -1
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning: str = "auto"  # --reasoning on|off|auto: the `enable_thinking` templates get when nobody set it
+    prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
@@ -93,16 +96,79 @@ class ChatLayer:
     # ------------------------------------------------------------------ prompts
 
     def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
-               template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True) -> RenderedChat:
+               template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+               continue_final_message: str | None = None) -> RenderedChat:
+        kwargs = self.template_variables(template_kwargs)
+        mode = self.continuation(messages, continue_final_message, add_generation_prompt)
+        if mode is None:
+            prompt = self.template.render([template_message(m) for m in messages],
+                                          add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
+            starts_in_reasoning = prompt.rstrip().endswith(OPEN_TAG)
+        else:
+            prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
+        return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
+                            starts_in_reasoning=starts_in_reasoning)
+
+    def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
+        llama-server sets it: --reasoning on or off, or with auto whether the template can think."""
         kwargs = {**self.defaults.template_kwargs, **(template_kwargs or {})}
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
             got = type(kwargs["enable_thinking"]).__name__
             raise InvalidRequestError(f'invalid type for "enable_thinking" (expected boolean, got {got})',
                                       param="chat_template_kwargs")
-        prompt = self.template.render([template_message(m) for m in messages],
-                                      add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
-        return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
-                            starts_in_reasoning=prompt.rstrip().endswith(OPEN_TAG))
+        if "enable_thinking" not in kwargs:
+            chosen = {"on": True, "off": False}.get(self.defaults.reasoning)
+            kwargs["enable_thinking"] = self.template.supports_thinking if chosen is None else chosen
+        return kwargs
+
+    def continuation(self, messages: tuple[Message, ...], asked: str | None,
+                     add_generation_prompt: bool) -> str | None:
+        """How to continue the last message ("content" or "reasoning"), or None to answer it; llama-server's
+        checks and words (server-common.cpp oaicompat_chat_params_parse)."""
+        if not messages:
+            return None
+        last = messages[-1]
+        mode = asked
+        if mode is None and self.defaults.prefill_assistant and last.role == "assistant":
+            if len(messages) >= 2 and messages[-2].role == "assistant":
+                raise InvalidRequestError("Cannot have 2 or more assistant messages at the end of the list.",
+                                          param="messages")
+            mode, add_generation_prompt = "auto", False
+        if mode is None:
+            return None
+        if add_generation_prompt:
+            raise InvalidRequestError("Cannot set both add_generation_prompt and continue_final_message to true.",
+                                      param="continue_final_message")
+        if last.role == "assistant" and last.tool_calls:
+            raise InvalidRequestError("Cannot continue an assistant message that contains tool calls.",
+                                      param="messages")
+        if mode == "auto":
+            return "reasoning" if last.reasoning_content and not last.text else "content"
+        return mode
+
+    def continue_last(self, messages: tuple[Message, ...], mode: str, *, tools: list[dict[str, Any]] | None,
+                      kwargs: dict[str, Any]) -> tuple[str, bool]:
+        """The conversation before the last message, the assistant's generation prompt, then the last
+        message's text to continue (llama.cpp's autoparser generate_parser). A template that thinks in
+        <think> tags gets the message's reasoning inside them, closed unless the reasoning is continued."""
+        head = [template_message(m) for m in messages[:-1]]
+        last = messages[-1]
+        template_message(last)  # refuses media as any message does
+        prompt = self.template.render(head, add_generation_prompt=False, tools=tools, kwargs=kwargs)
+        generation = self.template.generation_prompt(head, tools=tools, kwargs=kwargs)
+        in_reasoning = False
+        if self.template.supports_thinking and OPEN_TAG in self.template.source:
+            cut = generation.find(OPEN_TAG)
+            generation = (generation if cut < 0 else generation[:cut]) + OPEN_TAG + (last.reasoning_content or "")
+            if mode == "content":
+                generation += CLOSE_TAG
+            else:
+                in_reasoning = True
+        if mode == "content":
+            # text parts joined by a blank line, as common_chat_msg::render_content joins them
+            generation += "\n\n".join(part.text for part in last.parts or () if isinstance(part, TextPart))
+        return prompt + generation, in_reasoning
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens of a prompt with the model's BOS, never twice (templates often write it too)."""
@@ -139,7 +205,8 @@ class ChatLayer:
             raise field_error("messages", "must contain at least one message, but got an empty list")
         constraints = chat_constraints(req)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
-                               add_generation_prompt=req.add_generation_prompt)
+                               add_generation_prompt=req.add_generation_prompt,
+                               continue_final_message=req.continue_final_message)
         generation = self.generation(rendered.tokens, req.options, constraints.grammar)
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,

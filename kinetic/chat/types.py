@@ -147,6 +147,10 @@ class ChatRequest:
     add_generation_prompt: bool = True
     reasoning_format: str | None = None  # None: the server's --reasoning-format
     output: OutputConstraint = field(default_factory=OutputConstraint)
+    # Continue the last message instead of answering it: "auto" (its reasoning when it has only that,
+    # else its content), "content" or "reasoning"; None: not asked (a last assistant message is still
+    # continued unless the server runs with --no-prefill-assistant)
+    continue_final_message: Literal["auto", "content", "reasoning"] | None = None
 
 
 # Text, token ids, or both mixed ([12, "text", 34]: the text is tokenized in place, BOS only when it leads)

@@ -580,6 +580,10 @@ def chat_body(req: ChatRequest, model: str, defaults: ServerSettings) -> dict[st
             **tool_fields(req)}
     if req.template_kwargs:
         body["chat_template_kwargs"] = req.template_kwargs
+    if req.continue_final_message is not None:  # vLLM's and llama-server's spelling
+        body["continue_final_message"] = {"auto": True, "content": "content",
+                                          "reasoning": "reasoning_content"}[req.continue_final_message]
+        body["add_generation_prompt"] = False
     return body
 
 

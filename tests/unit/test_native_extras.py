@@ -10,6 +10,7 @@ import pytest
 from kinetic.chat.infill import CHUNK_SEPARATOR, check_fim, infill_tokens
 from kinetic.engine.types import EngineStats, GenerationRequest, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
+from kinetic.protocols.common.native import LONG_ONLY
 from kinetic.protocols.common.translate import sampler_order, sampling_options
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp import translate
@@ -99,7 +100,7 @@ def test_good_slot_file_name() -> None:
 def test_short_generation_settings_drop_the_long_only_keys() -> None:
     request = GenerationRequest(prompt_tokens=[1], sampling=SamplingParams(), max_tokens=5)
     long, short = translate.generation_settings(request), translate.generation_settings(request, short=True)
-    assert set(long) - set(short) == set(translate.LONG_ONLY)
+    assert set(long) - set(short) == set(LONG_ONLY)
     assert short["n_predict"] == short["max_tokens"] == 5
 
 

@@ -279,3 +279,15 @@ def logprob_entry(logprob: TokenLogprob, n_top: int) -> dict[str, Any]:
             for alt in logprob.top_logprobs[:n_top]
         ],
     }
+
+
+def continuation(raw: Any) -> Any:
+    """`continue_final_message` (vLLM's and transformers' name, which llama-server takes): true, "content"
+    or "reasoning_content"; anything else asks for nothing (common_chat_continuation_parse)."""
+    if raw is True:
+        return "auto"
+    if raw == "content":
+        return "content"
+    if raw == "reasoning_content":
+        return "reasoning"
+    return None

@@ -204,5 +204,6 @@ async def apply_template(body: ApplyTemplateRequest, service: ServiceDep) -> dic
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
     rendered = await service.render(common.to_messages(body.messages), tools=tools,
                                     template_kwargs=body.chat_template_kwargs,
-                                    add_generation_prompt=body.add_generation_prompt)
+                                    add_generation_prompt=body.add_generation_prompt,
+                                    continue_final_message=common.continuation(body.continue_final_message))
     return {"prompt": rendered.prompt}

@@ -24,6 +24,7 @@ from kinetic.engine.types import (
 )
 from kinetic.errors import InvalidRequestError, KineticError
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.native import generation_settings, native_result
 from kinetic.protocols.common.translate import logprob_entry
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp.types import (
@@ -43,11 +44,6 @@ def error_body(err: KineticError) -> dict[str, Any]:
 
 PROMPT_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
                    'string, or a list of mixed strings & tokens.')
-# generation_settings keys the short form (/props, /slots) leaves out
-LONG_ONLY = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
-             "preserved_tokens")
-
-
 @dataclass
 class NativeContext:
     model: str
@@ -59,36 +55,6 @@ class NativeContext:
     n_prompt_tokens: int = 0
     post_sampling_probs: bool = False
     timings_per_token: bool = False
-
-
-def generation_settings(request: GenerationRequest, *, stream: bool = False, timings_per_token: bool = False,
-                        short: bool = False) -> dict[str, Any]:
-    """llama-server's task_params::to_json: the long form in /completion results, the short one
-    (`short`) in /props and /slots."""
-    s = request.sampling
-    settings: dict[str, Any] = {
-        "seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temperature,
-        "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent, "top_k": s.top_k,
-        "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability,
-        "xtc_threshold": s.xtc_threshold, "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
-        "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty, "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base,
-        "dry_allowed_length": s.dry_allowed_length, "dry_penalty_last_n": s.dry_penalty_last_n,
-        "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
-        "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "adaptive_target": s.adaptive_target,
-        "adaptive_decay": s.adaptive_decay, "stop": list(request.stop), "max_tokens": request.max_tokens,
-        "n_predict": request.max_tokens, "n_keep": request.n_keep, "n_discard": 0, "ignore_eos": s.ignore_eos,
-        "stream": stream, "logit_bias": [{"bias": b, "token": t} for t, b in s.logit_bias.items()],
-        "n_probs": request.n_probs, "min_keep": s.min_keep, "grammar": s.grammar or "", "grammar_lazy": False,
-        "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
-        "reasoning_in_content": False, "generation_prompt": "", "samplers": list(s.samplers),
-        "speculative.types": "none", "timings_per_token": timings_per_token,
-        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": False, "lora": [],
-    }
-    if short:
-        for key in LONG_ONLY:
-            settings.pop(key)
-    return settings
 
 
 def prompt_inputs(prompt: Any) -> list[PromptInput]:
@@ -191,14 +157,8 @@ def probs_entry(logprob: TokenLogprob, ctx: NativeContext) -> dict[str, Any]:
 
 
 def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list[int]) -> dict[str, Any]:
-    return {
-        "index": ctx.index, "content": content, "tokens": tokens, "id_slot": finished.id_slot, "stop": True,
-        "model": ctx.model, "tokens_predicted": finished.usage.completion_tokens,
-        "tokens_evaluated": finished.usage.prompt_tokens, "generation_settings": ctx.generation_settings,
-        "prompt": ctx.prompt_text, "has_new_line": "\n" in finished.text, "truncated": finished.truncated,
-        "stop_type": finished.stop_type, "stopping_word": finished.stopping_word,
-        "tokens_cached": finished.tokens_cached, "timings": finished.timings.to_dict(),
-    }
+    return native_result(finished, model=ctx.model, prompt=ctx.prompt_text, settings=ctx.generation_settings,
+                         content=content, tokens=tokens, index=ctx.index)
 
 
 def to_completion(deltas: list[TextDelta], finished: Finished, ctx: NativeContext) -> dict[str, Any]:

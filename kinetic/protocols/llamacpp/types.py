@@ -58,6 +58,7 @@ class ApplyTemplateRequest(WireModel):
     tools: list[Tool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: Union[bool, str, None] = None
 
 
 class ModelActionRequest(WireModel):

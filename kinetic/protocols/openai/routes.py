@@ -23,10 +23,18 @@ router = APIRouter()
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
     generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.chat_context(body, prepared, model=service.model_name, fingerprint=service.system_fingerprint)
+    ctx = translate.chat_context(body, prepared, model=service.model_name, fingerprint=service.system_fingerprint,
+                                 generation=generation_request, verbose=service.settings.verbose)
     generation = await service.engine.submit(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.ChunkEncoder(ctx),
                          to_body=partial(translate.to_chat_completion, ctx=ctx))
+
+
+@router.post("/v1/chat/completions/input_tokens")
+@router.post("/chat/completions/input_tokens")
+async def count_chat_completion_tokens(body: ChatCompletionRequest, service: ServiceDep) -> dict[str, int]:
+    """llama-server's: the prompt tokens this chat request would take (tools and template included)."""
+    return {"input_tokens": await service.count_chat_tokens(translate.to_chat_request(body))}
 
 
 @router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there

@@ -18,7 +18,9 @@ from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
 from kinetic.engine.types import Finished, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
+from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.native import generation_settings, native_result
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat
 from kinetic.streaming import sse_data, sse_done
 
@@ -73,8 +75,8 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
     """The constraint `response_format`, `json_schema` and `grammar` ask for.
 
     `response_format` wins over the top-level `json_schema`, except that a schema-less json_object
-    keeps the top-level schema (llama-server's rule). json_object without any schema allows any
-    JSON value, as llama.cpp does (seed 000)."""
+    keeps the top-level schema (llama-server's rule). An absent or empty schema means any JSON object,
+    as llama-server reads it (server-common.cpp: `{"type": "object"}`)."""
     fmt: ResponseFormat | None = req.response_format
     grammar = req.grammar
     if fmt is None or fmt.type == "text":
@@ -83,10 +85,10 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
         return OutputConstraint(grammar=grammar, param="grammar" if grammar is not None else "")
     if fmt.type == "json_object":
         if fmt.schema_ is not None:
-            return OutputConstraint(grammar=grammar, schema=fmt.schema_, param="response_format.schema")
+            return OutputConstraint(grammar=grammar, schema=fmt.schema_ or ANY_OBJECT, param="response_format.schema")
         if req.json_schema is not None:
-            return OutputConstraint(grammar=grammar, schema=req.json_schema, param="json_schema")
-        return OutputConstraint(grammar=grammar, any_json=True, param="response_format")
+            return OutputConstraint(grammar=grammar, schema=req.json_schema or ANY_OBJECT, param="json_schema")
+        return OutputConstraint(grammar=grammar, schema=ANY_OBJECT, param="response_format")
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None:  # some clients put the schema at the top of response_format
@@ -98,7 +100,7 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
         if not isinstance(schema, dict):
             raise field_error("response_format.json_schema.schema",
                               f"invalid JSON schema: must be an object, but got {type(schema).__name__}")
-        return OutputConstraint(grammar=grammar, schema=schema, param="response_format.json_schema.schema")
+        return OutputConstraint(grammar=grammar, schema=schema or ANY_OBJECT, param="response_format.json_schema.schema")
     names = ", ".join(f'"{t}"' for t in RESPONSE_FORMAT_TYPES)
     raise InvalidRequestError(f"response_format type must be one of {names}, but got: {fmt.type}",
                               param="response_format.type")
@@ -127,11 +129,24 @@ def to_chat_request(req: ChatCompletionRequest) -> ChatRequest:
         tools=common.to_tools(req.tools),
         tool_choice=tool_choice(req),
         parallel_tool_calls=req.parallel_tool_calls is True,
-        template_kwargs=dict(req.chat_template_kwargs or {}),
+        template_kwargs=template_kwargs(req),
         add_generation_prompt=req.add_generation_prompt is not False,
         reasoning_format=req.reasoning_format,
         output=output_constraint(req),
+        continue_final_message=common.continuation(req.continue_final_message),
     )
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """`chat_template_kwargs`, with `reasoning_effort` as llama-server passes it: "none" turns thinking off,
+    another level reaches the template as `reasoning_effort`."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort == "none":
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif req.reasoning_effort:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+    return kwargs
 
 
 @dataclass
@@ -145,9 +160,13 @@ class ChatContext:
     top_logprobs: int | None  # None: logprobs not requested
     include_usage: bool
     fingerprint: str
+    verbose_settings: dict[str, Any] | None = None  # generation_settings for `__verbose`; None: not asked
 
 
-def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str) -> ChatContext:
+def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str,
+                 generation: GenerationRequest | None = None, verbose: bool = False) -> ChatContext:
+    """`verbose` is the server's --verbose; the request's `verbose` field overrides it."""
+    wants_verbose = req.verbose if req.verbose is not None else verbose
     return ChatContext(
         id=completion_id(),
         created=int(time.time()),
@@ -156,7 +175,16 @@ def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: s
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         fingerprint=fingerprint,
+        verbose_settings=generation_settings(generation, stream=bool(req.stream))
+        if wants_verbose and generation is not None else None,
     )
+
+
+def verbose_body(finished: Finished, ctx: ChatContext) -> dict[str, Any]:
+    """llama-server's `__verbose`: the native /completion result of this request, its prompt text included."""
+    assert ctx.verbose_settings is not None
+    return native_result(finished, model=ctx.model, prompt=ctx.prepared.prompt, settings=ctx.verbose_settings,
+                         content=finished.text, tokens=[])
 
 
 # -------------------------------------------------------------------------- chat: outward
@@ -181,7 +209,7 @@ def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatCon
     if ctx.top_logprobs is not None:
         choice["logprobs"] = {"content": [common.logprob_entry(d.logprob, ctx.top_logprobs)
                                           for d in deltas if d.logprob]}
-    return {
+    body = {
         "choices": [choice],
         "created": ctx.created,
         "model": ctx.model,
@@ -191,6 +219,9 @@ def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatCon
         "id": ctx.id,
         "timings": finished.timings.to_dict(),
     }
+    if ctx.verbose_settings is not None:
+        body["__verbose"] = verbose_body(finished, ctx)
+    return body
 
 
 def call_delta(delta: CallDelta) -> dict[str, Any]:
@@ -245,11 +276,13 @@ class ChunkEncoder:
         frames = [frame for piece in self.answer.finish() for frame in self._frames(piece)]
         timings = finished.timings.to_dict()
         finish_choice = {"finish_reason": finish_reason(finished, self.answer.n_calls > 0), "index": 0, "delta": {}}
+        # llama-server puts `__verbose` on the first chunk of the final result
+        verbose = {"__verbose": verbose_body(finished, self.ctx)} if self.ctx.verbose_settings is not None else {}
         if self.ctx.include_usage:
-            frames.append(self._chunk([finish_choice]))
+            frames.append(self._chunk([finish_choice], **verbose))
             frames.append(self._chunk([], usage=usage_dict(finished), timings=timings))
         else:
-            frames.append(self._chunk([finish_choice], timings=timings))
+            frames.append(self._chunk([finish_choice], timings=timings, **verbose))
         frames.append(sse_done())
         return frames
 

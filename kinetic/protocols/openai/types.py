@@ -41,6 +41,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: str | None = None
     add_generation_prompt: bool | None = True
+    continue_final_message: Union[bool, str, None] = None
+    reasoning_effort: str | None = None
+    verbose: bool | None = None  # llama-server's: the native result as `__verbose` (default: --verbose)
     metadata: dict[str, Any] | None = None
     store: bool | None = None
 

@@ -68,9 +68,7 @@ def test_to_chat_request_sampling_limits_and_tools() -> None:
 
 @pytest.mark.parametrize("fields, expected", [
     ({}, (None, None, False)),
-    ({"response_format": {"type": "json_object"}}, (None, {"type": "object"}, False)),
-    ({"response_format": {"type": "json_object", "schema": {}}}, (None, {"type": "object"}, False)),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, (None, {"type": "object"}, False)),
+    ({"response_format": {"type": "json_object"}}, (None, None, True)),
     ({"response_format": {"type": "json_object"}, "json_schema": {"type": "array"}}, (None, {"type": "array"}, False)),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "x": 1}}}},
      (None, {"type": "object", "x": 1}, False)),

@@ -75,8 +75,8 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
     """The constraint `response_format`, `json_schema` and `grammar` ask for.
 
     `response_format` wins over the top-level `json_schema`, except that a schema-less json_object
-    keeps the top-level schema (llama-server's rule). An absent or empty schema means any JSON object,
-    as llama-server reads it (server-common.cpp: `{"type": "object"}`)."""
+    keeps the top-level schema (llama-server's rule). json_object without any schema allows any
+    JSON value, as llama.cpp does (seed 000)."""
     fmt: ResponseFormat | None = req.response_format
     grammar = req.grammar
     if fmt is None or fmt.type == "text":
@@ -85,10 +85,10 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
         return OutputConstraint(grammar=grammar, param="grammar" if grammar is not None else "")
     if fmt.type == "json_object":
         if fmt.schema_ is not None:
-            return OutputConstraint(grammar=grammar, schema=fmt.schema_ or ANY_OBJECT, param="response_format.schema")
+            return OutputConstraint(grammar=grammar, schema=fmt.schema_, param="response_format.schema")
         if req.json_schema is not None:
-            return OutputConstraint(grammar=grammar, schema=req.json_schema or ANY_OBJECT, param="json_schema")
-        return OutputConstraint(grammar=grammar, schema=ANY_OBJECT, param="response_format")
+            return OutputConstraint(grammar=grammar, schema=req.json_schema, param="json_schema")
+        return OutputConstraint(grammar=grammar, any_json=True, param="response_format")
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None:  # some clients put the schema at the top of response_format
@@ -100,7 +100,7 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
         if not isinstance(schema, dict):
             raise field_error("response_format.json_schema.schema",
                               f"invalid JSON schema: must be an object, but got {type(schema).__name__}")
-        return OutputConstraint(grammar=grammar, schema=schema or ANY_OBJECT, param="response_format.json_schema.schema")
+        return OutputConstraint(grammar=grammar, schema=schema, param="response_format.json_schema.schema")
     names = ", ".join(f'"{t}"' for t in RESPONSE_FORMAT_TYPES)
     raise InvalidRequestError(f"response_format type must be one of {names}, but got: {fmt.type}",
                               param="response_format.type")

@@ -88,7 +88,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
          metavar="N"),
     Flag("parallel", ("-np", "--parallel"),
-         "number of slots (requests served at once; -1 = auto: 4 with a unified KV cache)", metavar="N"),
+         "number of slots (requests served at once; -1 = auto: 16 over one unified KV cache)", metavar="N"),
     Flag("batch_size", ("-b", "--batch-size"), "logical batch: most prompt tokens decoded in one step", metavar="N"),
     Flag("ubatch_size", ("-ub", "--ubatch-size"), "physical batch: most tokens per llama.cpp compute call",
          metavar="N"),

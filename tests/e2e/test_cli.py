@@ -175,6 +175,16 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
     assert "listening on http://127.0.0.1:" in log
 
 
+def test_default_slots_serve_a_class_at_once(model_lock: None) -> None:
+    """Without -np, 16 slots over one unified cache, where every slot may use the whole context."""
+    with KineticServer("-c", "4096", "-v") as server:
+        props = httpx.get(server.url + "/props").json()
+        assert props["total_slots"] == 16 and props["default_generation_settings"]["n_ctx"] == 4096
+        assert re.search(r"llama_context: kv_unified\s+= true\n", server.log())
+        slots = httpx.get(server.url + "/slots").json()
+        assert len(slots) == 16 and {s["n_ctx"] for s in slots} == {4096}
+
+
 def test_batch_sizes_reach_llama_cpp(model_lock: None) -> None:
     """-b/-ub set llama.cpp's context (its verbose load log says so) and a prompt longer than a batch works."""
     with KineticServer("-c", "1024", "-np", "1", "-b", "32", "-ub", "16", "-v") as server:

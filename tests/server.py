@@ -1,5 +1,21 @@
-"""The tests' server helper is the package's (kinetic.launch), shared with bench/ and scripts/."""
+"""The tests' server helper is the package's (kinetic.launch), shared with bench/ and scripts/, and
+the one way tests wait for a server's state."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
 
 from kinetic.launch import MODEL_LOCK_PATH, STARTUP_TIMEOUT_S, KineticServer, free_port
 
-__all__ = ["MODEL_LOCK_PATH", "STARTUP_TIMEOUT_S", "KineticServer", "free_port"]
+__all__ = ["MODEL_LOCK_PATH", "STARTUP_TIMEOUT_S", "KineticServer", "free_port", "wait_until"]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Polls the server's state; the deadline only stops a broken server from hanging the suite."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import json
 import socket
-import time
-from typing import Callable
 from urllib.parse import urlparse
 
 import httpx
 
+from tests.server import wait_until
+
 LONG = 1900  # tokens: a minute or more of generation, far longer than any step below
 CHAT = "/v1/chat/completions"
 
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    """Polls the server's state; the deadline only stops a broken server from hanging the suite."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
 
 
 def metric(base_url: str, name: str) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.server import KineticServer
+from tests.server import KineticServer, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +30,6 @@ def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]
             values[name.removeprefix("llamacpp:")] = float(value)
     return values
 
-
-def wait_for(predicate: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def complete(url: str, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
@@ -69,11 +61,11 @@ def test_a_second_key_is_served_before_the_first_keys_backlog(one_slot_two_keys:
 
     threads = [threading.Thread(target=run, args=("a0", "ka", 200))]
     threads[0].start()
-    wait_for(lambda: metrics(url, auth)["requests_processing"] == 1, "a0 to take the slot")
+    wait_until(lambda: metrics(url, auth)["requests_processing"] == 1, "a0 to take the slot")
     for i in range(1, 10):
         threads.append(threading.Thread(target=run, args=(f"a{i}", "ka", 4)))
         threads[-1].start()
-    wait_for(lambda: metrics(url, auth)["requests_deferred"] == 9, "key A's backlog to queue")
+    wait_until(lambda: metrics(url, auth)["requests_deferred"] == 9, "key A's backlog to queue")
     with lock:
         done_before_b = len(finished)
     threads.append(threading.Thread(target=run, args=("b1", "kb", 4)))
@@ -91,11 +83,11 @@ def test_the_queue_per_key_shows_in_metrics(one_slot_two_keys: KineticServer) ->
     threads = [threading.Thread(target=complete, args=(url, {"prompt": "x", "n_predict": 120, "ignore_eos": True},
                                                        "ka"))]
     threads[0].start()
-    wait_for(lambda: metrics(url, auth)["requests_processing"] == 1, "the slot to be taken")
+    wait_until(lambda: metrics(url, auth)["requests_processing"] == 1, "the slot to be taken")
     for key in ("ka", "ka", "kb"):
         threads.append(threading.Thread(target=complete, args=(url, {"prompt": "y", "n_predict": 2}, key)))
         threads[-1].start()
-    wait_for(lambda: metrics(url, auth)["requests_deferred"] == 3, "three to wait")
+    wait_until(lambda: metrics(url, auth)["requests_deferred"] == 3, "three to wait")
     text = httpx.get(url + "/metrics", headers=auth).text
     assert 'llamacpp:requests_deferred_by_key{key="key-1"} 2' in text
     assert 'llamacpp:requests_deferred_by_key{key="key-2"} 1' in text
@@ -113,7 +105,7 @@ def test_more_requests_in_flight_than_allowed_get_429(model_lock: None) -> None:
         threads = [threading.Thread(target=complete, args=(url, body, "ka")) for _ in range(2)]
         for thread in threads:
             thread.start()
-        wait_for(lambda: metrics(url, {"Authorization": "Bearer kb"})["requests_deferred"] == 1, "two in flight")
+        wait_until(lambda: metrics(url, {"Authorization": "Bearer kb"})["requests_deferred"] == 1, "two in flight")
         third = httpx.post(url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"},
                            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert third.status_code == 429 and third.headers["retry-after"] == "1"
@@ -152,7 +144,7 @@ def test_a_long_prompt_does_not_hold_back_another_slots_stream(model_lock: None)
 
         long = threading.Thread(target=stream, args=("long", SHARED * 2, 2))
         long.start()
-        wait_for(lambda: any(s["is_processing"] for s in httpx.get(server.url + "/slots").json()), "the long prompt")
+        wait_until(lambda: any(s["is_processing"] for s in httpx.get(server.url + "/slots").json()), "the long prompt")
         short = threading.Thread(target=stream, args=("short", "Hello", 12))
         short.start()
         long.join(timeout=300)

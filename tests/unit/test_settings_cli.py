@@ -182,7 +182,7 @@ def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in FLAGS:
         assert flag.names[0] in out and flag.kinetic_env in out
     assert "-ngl" in out and "accepted" in out and "ignored" in out  # the other flags are mentioned...
-    assert "--override-kv" not in out and len(out.splitlines()) < 200  # ...but not listed one by one (300+)
+    assert "--override-kv" not in out and len(out.splitlines()) < 215  # ...but not listed one by one (300+)
     assert len(llama_server_flags()) > 200
 
 

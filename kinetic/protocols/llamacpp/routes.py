@@ -1,5 +1,5 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
-/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template."""
+/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template, /cors-proxy."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kinetic.deps import RegistryDep, ServiceDep, model_service
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import translate
+from kinetic.protocols.llamacpp import cors_proxy, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -32,6 +32,7 @@ from kinetic.service import Service
 from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
+router.include_router(cors_proxy.router)
 BUILD_INFO = f"b{__version__}-kinetic"
 
 

@@ -157,15 +157,33 @@ class Scheduler:
 
     def enqueue(self, job: Job) -> None:
         """Queues a job; a client already at its limit of requests in flight gets a 429."""
-        client = job.request.client
+        self.enqueue_many([job])
+
+    def enqueue_many(self, jobs: list[Job]) -> None:
+        """Queues jobs at once (the decode thread sees all or none of them, so free slots start them in
+        the same step); a client that would go past its limit of requests in flight gets a 429 for all."""
         with self._cv:
-            if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
-                raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
-                                     "retry when one has finished", retry_after=1)
-            if self.shared_in_flight is not None:
-                self.shared_in_flight.enter(client)
-            self._in_flight[client] = self._in_flight.get(client, 0) + 1
-            self._pending.push(client, job)
+            wanted: dict[str, int] = {}
+            for job in jobs:
+                wanted[job.request.client] = wanted.get(job.request.client, 0) + 1
+            for client, count in wanted.items():
+                if self.max_in_flight and self._in_flight.get(client, 0) + count > self.max_in_flight:
+                    raise RateLimitError(f"too many requests in flight for this key (at most "
+                                         f"{self.max_in_flight}); retry when one has finished", retry_after=1)
+            entered: list[str] = []
+            try:
+                for job in jobs:
+                    if self.shared_in_flight is not None:
+                        self.shared_in_flight.enter(job.request.client)
+                        entered.append(job.request.client)
+            except BaseException:
+                for client in entered:
+                    self.shared_in_flight.leave(client)  # type: ignore[union-attr]
+                raise
+            for job in jobs:
+                client = job.request.client
+                self._in_flight[client] = self._in_flight.get(client, 0) + 1
+                self._pending.push(client, job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:

@@ -175,3 +175,22 @@ def test_cors_proxy_is_off_by_default(live_server: KineticServer, target: str) -
         res = requests.request(method, live_server.url + "/cors-proxy", params={"url": target}, timeout=30)
         assert res.status_code == 403
         assert res.json()["error"] == {"code": 403, "message": "this feature is disabled", "type": "feature_disabled"}
+
+
+# --------------------------------------------------------------------------- copies of one prompt
+
+
+def test_copies_of_a_prompt_in_one_request_give_one_greedy_text(model_lock: None) -> None:
+    """llama.cpp's test_completion_with_tokens_input on its own server (its flags): a prompt completed
+    alone leaves its cells in a slot; then `[tokens, tokens]` and `[tokens, text]` must give that same
+    text twice. The second copy once started a step later, then from other cells in batches of another
+    shape, and parted ways at a near tie; now copies start together from the same cells."""
+    with KineticServer("-c", "512", "-b", "32", "-np", "2", "-n", "64", "-s", "42", "--temp", "0") as server:
+        text = "I believe the meaning of life is"
+        tokens = requests.post(server.url + "/tokenize", json={"content": text, "add_special": True},
+                               timeout=30).json()["tokens"]
+        alone = requests.post(server.url + "/completion", json={"prompt": tokens}, timeout=120).json()
+        for prompt in ([tokens, tokens], [tokens, text]):
+            both = requests.post(server.url + "/completion", json={"prompt": prompt}, timeout=120).json()
+            assert [r["content"] for r in both] == [alone["content"]] * 2
+            assert [r["tokens_predicted"] for r in both] == [64, 64]

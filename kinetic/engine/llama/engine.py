@@ -186,9 +186,10 @@ class LlamaEngine:
 
     async def submit_many(self, requests: list[GenerationRequest]) -> list[Generation]:
         """Queues requests together, so that they start in the same decode step and then advance in
-        lockstep, as llama-server runs the prompts of one request (`[p1, p2]`, n_cmpl). llama.cpp's
-        arithmetic depends on the shape of each batch: two copies of one prompt started a step apart
-        see different batches and may part ways at a near tie even when greedy."""
+        lockstep, as llama-server runs the prompts of one request (`[p1, p2]`, n_cmpl); copies of one
+        prompt also start from the same KV cells (Scheduler._twin). llama.cpp's arithmetic depends on
+        the shape of each batch: two copies of one prompt evaluated in differently shaped batches may
+        part ways at a near tie even when greedy (llama.cpp's test_completion_with_tokens_input)."""
         scheduler = self._scheduler_or_fail()
         jobs: list[Job] = []
         try:

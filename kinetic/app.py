@@ -282,7 +282,7 @@ def create_app(
     keys = settings.key_ring()
     app.state.keys = keys
     app.add_middleware(RequestGate, registry=registry, keys=keys,
-                       cors_origins=settings.cors_origins, body_timeout=settings.body_timeout)
+                       cors_origins=settings.cors_policy, body_timeout=settings.body_timeout)
     # The request recorder, added last: outermost, so it also sees the gate's 401s. Its records feed
     # the dashboard always, and the ledger file with --ledger.
     app.state.class_stats = ClassStats()

@@ -177,13 +177,32 @@ def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
                          ignored_env=ignored_variables(environ))
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, v6only: bool = False) -> socket.socket:
+    host = host.removeprefix("[").removesuffix("]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6 and v6only:  # with several addresses, [::] must not also claim 0.0.0.0
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind((host, port))
     sock.listen(2048)
     return sock
+
+
+def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """One listening socket per --host address (llama-server takes a comma list). Raises OSError
+    naming the address that failed; the ones bound before it are closed."""
+    if port == 0 and len(hosts) > 1:
+        raise OSError(0, "--port 0 is not supported with several addresses", ",".join(hosts))
+    sockets: list[socket.socket] = []
+    for host in hosts:
+        try:
+            sockets.append(bind_socket(host, port, v6only=len(hosts) > 1))
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            raise OSError(exc.errno, exc.strerror, host) from exc
+    return sockets
 
 
 def missing_server_dependency() -> str | None:
@@ -222,6 +241,10 @@ def serve(settings: ServerSettings) -> int:
 
     for flag in settings.ignored_flags:
         print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
+    if settings.agent_features:
+        print("warning: llama-server's built-in tools and MCP servers do not exist in kinetic; as llama-server "
+              f"does, CORS origins are limited to {settings.cors_policy}"
+              + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
         what = "not a kinetic setting" if name.startswith("KINETIC_") else \
             "a llama-server variable kinetic does not implement"
@@ -253,16 +276,18 @@ def serve(settings: ServerSettings) -> int:
         config_holder["server"].should_exit = True
 
     try:
-        sock = bind_socket(settings.host, settings.port)
+        sockets = bind_sockets(settings.hosts, settings.port)
     except OSError as exc:
-        print(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
-    host, port = sock.getsockname()[:2]
-    shown_host = f"[{host}]" if ":" in host else host
+    addresses = []
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        addresses.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
 
     def announce() -> None:
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
-        print(f"listening on http://{shown_host}:{port}", flush=True)
+        print(f"listening on {', '.join(addresses)}", flush=True)
 
     app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
@@ -274,7 +299,7 @@ def serve(settings: ServerSettings) -> int:
     config_holder["server"] = server
     reload_keys_on_sighup(app.state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     if app.state.load_error is not None:
         print(f"error: {app.state.load_error}", file=sys.stderr)
         return 1

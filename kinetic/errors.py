@@ -62,6 +62,12 @@ class ForbiddenError(KineticError):
     kind = "permission_error"
 
 
+class FeatureDisabledError(ForbiddenError):
+    """A route whose feature is off on this server (llama-server's /cors-proxy without --ui-mcp-proxy)."""
+
+    kind = "feature_disabled"
+
+
 class RequestTimeoutError(KineticError):
     status = 408
     kind = "timeout_error"

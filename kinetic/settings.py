@@ -78,6 +78,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only"),
     Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id); "
          "with several -m/-hf, each -a names the one it follows", metavar="NAME"),
+    Flag("tags", ("--tags",), "model tags, comma list (shown by /v1/models)", metavar="TAGS"),
     Flag("models_dir", ("--models-dir",), "router mode: serve every GGUF under this folder, named by file stem",
          metavar="PATH"),
     Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model", metavar="PATH"),
@@ -97,15 +98,19 @@ FLAGS: tuple[Flag, ...] = (
          "default max tokens to generate (-1 = until the end of the context)", metavar="N"),
     Flag("temp", ("--temp", "--temperature"), "default sampling temperature", metavar="T"),
     Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", metavar="N"),
-    Flag("host", ("--host",), "address to listen on"),
+    Flag("host", ("--host",), "address(es) to listen on, comma list (e.g. 127.0.0.1,::1)"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
     Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
          metavar="FNAME"),
     Flag("admin_key", ("--admin-key",), "key(s) for the instructor's /dashboard (so is a key named admin in "
          "the key file)", metavar="KEY"),
-    Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list",
-         metavar="ORIGINS"),
+    Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list "
+         "(default: *; localhost with --tools/--agent)", metavar="ORIGINS"),
+    Flag("ui_mcp_proxy", ("--ui-mcp-proxy", "--webui-mcp-proxy"), "serve /cors-proxy (untrusted networks: no)",
+         negations=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy")),
+    Flag("tools", ("--tools",), "llama-server's agent tools: none run; limits CORS to localhost", metavar="LIST"),
+    Flag("agent", ("-ag", "--agent"), "--tools all plus --ui-mcp-proxy", negations=("-no-ag", "--no-agent")),
     Flag("body_timeout", ("--body-timeout",),
          "seconds a client may take to send its request body before it is dropped", metavar="S"),
     Flag("header_timeout", ("--header-timeout",),
@@ -183,6 +188,7 @@ class ServerSettings(BaseSettings):
     hf_token: str | None = None
     offline: bool = False
     alias: str | None = None
+    tags: str | None = None
     models_dir: str | None = None
     models_preset: str | None = None
     models_max: Annotated[int, Field(ge=0)] = 4  # llama-server's default
@@ -201,7 +207,10 @@ class ServerSettings(BaseSettings):
     api_key: str | None = None
     api_key_file: str | None = None
     admin_key: str | None = None
-    cors_origins: str = "*"
+    cors_origins: str | None = None  # None: "*", or "localhost" with tools, agent or MCP servers (llama-server's rule)
+    ui_mcp_proxy: bool = False
+    tools: str | None = None
+    agent: bool = False
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
     header_timeout: Annotated[float, Field(gt=0)] = 30.0
     max_connections: Annotated[int, Field(ge=1)] = 64
@@ -347,6 +356,31 @@ class ServerSettings(BaseSettings):
             if repo.count("/") != 1 or not all(repo.split("/")):
                 raise ValueError("expected <user>/<model>[:quant]")
         return value
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The addresses to listen on: llama-server's --host takes a comma list."""
+        return tuple(h.strip() for h in self.host.split(",") if h.strip()) or ("127.0.0.1",)
+
+    @property
+    def agent_features(self) -> bool:
+        """llama-server's tools, agent mode or MCP servers asked for (kinetic runs none of them, but
+        keeps llama-server's safety rule that comes with them: CORS limited to localhost)."""
+        mcp_flags = {"--mcp-servers-config", "--mcp-servers-json"} & set(self.ignored_flags)
+        mcp_env = {"LLAMA_ARG_MCP_SERVERS_CONFIG", "LLAMA_ARG_MCP_SERVERS_JSON"} & set(self.ignored_env)
+        return bool((self.tools or "").strip(" ,")) or self.agent or bool(mcp_flags or mcp_env)
+
+    @property
+    def cors_policy(self) -> str:
+        """--cors-origins when given; else llama-server's default: * , or localhost with agent features."""
+        if self.cors_origins is not None:
+            return self.cors_origins
+        return "localhost" if self.agent_features else "*"
+
+    @property
+    def cors_proxy(self) -> bool:
+        """GET/POST /cors-proxy forwards requests (--ui-mcp-proxy, or --agent)."""
+        return self.ui_mcp_proxy or self.agent
 
     def template_kwargs(self) -> dict[str, Any]:
         return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}

@@ -201,7 +201,7 @@ class ChatLayer:
     # ------------------------------------------------------------------ requests
 
     def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
-        if not req.messages:
+        if not req.messages and not req.allow_empty:
             raise field_error("messages", "must contain at least one message, but got an empty list")
         constraints = chat_constraints(req)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,

@@ -151,6 +151,9 @@ class ChatRequest:
     # else its content), "content" or "reasoning"; None: not asked (a last assistant message is still
     # continued unless the server runs with --no-prefill-assistant)
     continue_final_message: Literal["auto", "content", "reasoning"] | None = None
+    # An empty `messages` is a 400 (OpenAI's and Ollama's rule); llama-server's Anthropic route renders
+    # it as just the generation prompt, and kinetic's follows it there.
+    allow_empty: bool = False
 
 
 # Text, token ids, or both mixed ([12, "text", 34]: the text is tokenized in place, BOS only when it leads)

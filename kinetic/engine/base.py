@@ -130,3 +130,21 @@ class Engine(Tokenizer, Protocol):
     def slot_states(self) -> list[SlotState]: ...
 
     def stats(self) -> EngineStats: ...
+
+
+async def submit_together(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
+    """Several requests of one client call (a list of prompts, n_cmpl), started together where the
+    engine can (the llama backend's `submit_many`: same decode step, so the same arithmetic for the
+    same prompt); elsewhere one by one. Either all are queued or none (the ones queued are cancelled)."""
+    many = getattr(engine, "submit_many", None)
+    if many is not None:
+        return await many(requests)
+    generations: list[Generation] = []
+    try:
+        for request in requests:
+            generations.append(await engine.submit(request))
+    except BaseException:
+        for generation in generations:
+            generation.cancel()
+        raise
+    return generations

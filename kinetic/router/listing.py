@@ -15,7 +15,7 @@ def model_entry(service: Service) -> dict[str, Any]:
     return {
         "id": service.model_name,
         "aliases": list(service.aliases),
-        "tags": [],
+        "tags": tags(service.settings.tags),
         "object": "model",
         "created": int(time.time()),
         "owned_by": "llamacpp",
@@ -23,6 +23,11 @@ def model_entry(service: Service) -> dict[str, Any]:
                  "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
                  "size": info.size, "ftype": info.ftype},
     }
+
+
+def tags(value: str | None) -> list[str]:
+    """--tags a,b: sorted and without duplicates, as llama-server keeps them (a std::set)."""
+    return sorted({t.strip() for t in (value or "").split(",") if t.strip()})
 
 
 def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:

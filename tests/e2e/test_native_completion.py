@@ -83,6 +83,38 @@ def test_several_prompts_give_several_results(base_url: str) -> None:
     assert body[0]["content"] == alone["content"]
 
 
+def test_one_prompt_as_text_as_tokens_or_twice_gives_one_greedy_text(base_url: str) -> None:
+    # llama.cpp's test_completion_with_tokens_input: the prompts of one request start in the same decode
+    # step and advance together, so a near tie cannot part two copies of one prompt (it did when the
+    # second started a step later, on a batch of another shape).
+    text = "I believe the meaning of life is"
+    tokens = post(base_url, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    greedy = {"n_predict": 48, "temperature": 0}
+    alone = post(base_url, "/completion", {"prompt": tokens, **greedy}).json()["content"]
+    twice = post(base_url, "/completion", {"prompt": [tokens, tokens], **greedy}).json()
+    mixed = post(base_url, "/completion", {"prompt": [tokens, text], **greedy}).json()
+    assert [r["content"] for r in twice] == [alone, alone]
+    assert [r["content"] for r in mixed] == [alone, alone]
+    assert all(r["tokens_predicted"] == 48 for r in twice + mixed)  # long enough to part ways, had they
+
+
+def test_n_cmpl_gives_copies_of_each_prompt(base_url: str) -> None:
+    body = post(base_url, "/completion", {"prompt": ["The sky is", "Dogs"], "n_cmpl": 2, "n_predict": 6,
+                                          "temperature": 0}).json()
+    assert [r["index"] for r in body] == [0, 1, 2, 3]
+    assert body[0]["content"] == body[1]["content"] and body[2]["content"] == body[3]["content"]
+    assert body[0]["prompt"] == body[1]["prompt"] != body[2]["prompt"]
+    seeded = post(base_url, "/completion", {"prompt": "Once", "n": 2, "n_predict": 4, "seed": 5}).json()
+    assert isinstance(seeded, list) and [r["index"] for r in seeded] == [0, 1]  # `n` is n_cmpl's alias here
+    assert [r["generation_settings"]["seed"] for r in seeded] == [5, 6]
+
+
+def test_n_cmpl_is_at_most_the_slot_count(base_url: str) -> None:
+    res = post(base_url, "/completion", {"prompt": "Once", "n_cmpl": 3, "n_predict": 2})  # the live server has 2
+    assert res.status_code == 400
+    assert res.json()["error"]["message"] == "Field 'n_cmpl': Value must be between 1 <= value <= 2, but got 3"
+
+
 def test_several_prompts_stream_with_their_index(base_url: str) -> None:
     events = stream_events(base_url, {"prompt": ["The sky is", "Dogs"], "n_predict": 4, "temperature": 0})
     finals = {e["index"]: e for e in events if e["stop"]}

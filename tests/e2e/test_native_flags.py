@@ -6,6 +6,7 @@ evaluated in several decodes)."""
 from __future__ import annotations
 
 import math
+import struct
 from pathlib import Path
 from typing import Iterator
 
@@ -51,6 +52,32 @@ def test_slot_save_erase_restore(flagged: tuple[str, Path]) -> None:
     again = post(url, "/completion", prompt).json()
     assert again["timings"]["cache_n"] == first["tokens_evaluated"] - 1  # the restored cache is reused
     assert again["content"] == first["content"]
+
+
+STATE_HEADER = struct.Struct("<III")  # llama.cpp's sequence state file: magic, version, count of token values
+
+
+def test_slot_file_is_llama_servers_and_an_older_plain_list_restores(flagged: tuple[str, Path]) -> None:
+    url, save_dir = flagged
+    post(url, "/completion", {"prompt": "What is the capital of France?", "n_predict": 2, "temperature": 0})
+    saved = post(url, "/slots/0?action=save", {"filename": "packed.bin"}).json()
+    data = (save_dir / "packed.bin").read_bytes()
+    _, _, n_values = STATE_HEADER.unpack_from(data)
+    values = list(struct.unpack_from(f"<{n_values}i", data, STATE_HEADER.size))
+    n = saved["n_saved"]
+    assert values[:3] == [-1, 1, n] and values[-1] == 0 and n_values == n + 4  # llama-server's packed prompt
+    # As llama.cpp's test_slot_restore_legacy_token_list: rewrite the section as a plain token list.
+    tokens = values[3:3 + n]
+    plain = (STATE_HEADER.pack(*STATE_HEADER.unpack_from(data)[:2], n) + struct.pack(f"<{n}i", *tokens)
+             + data[STATE_HEADER.size + 4 * n_values:])
+    (save_dir / "plain.bin").write_bytes(plain)
+    for name in ("packed.bin", "plain.bin"):
+        post(url, "/slots/0?action=erase", {})
+        restored = post(url, "/slots/0?action=restore", {"filename": name}).json()
+        assert restored["n_restored"] == n
+        again = post(url, "/completion", {"prompt": "What is the capital of Germany?", "n_predict": 1,
+                                          "temperature": 0}).json()
+        assert again["timings"]["cache_n"] > 0 and again["timings"]["prompt_n"] < again["tokens_evaluated"]
 
 
 @pytest.mark.parametrize(("path", "body", "message"), [

@@ -77,13 +77,35 @@ def test_tool_choice(raw: dict | None, expected: ToolChoice) -> None:
     ({"max_tokens": 0}, "max_tokens"),
     ({"temperature": 1.5}, "temperature"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking.budget_tokens"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking.budget_tokens"),  # >= max_tokens
+    ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": "50"}}, "thinking.budget_tokens"),
 ])
 def test_bad_fields_are_named(fields: dict, param: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
         translate.to_chat_request(messages(**fields))
     assert err.value.param == param
+
+
+@pytest.mark.parametrize("budget, max_tokens", [(50, 100), (2048, 1100)])
+def test_any_positive_thinking_budget_is_taken_as_llama_server_takes_it(budget: int, max_tokens: int) -> None:
+    req = translate.to_chat_request(messages(max_tokens=max_tokens, thinking={"type": "enabled",
+                                                                              "budget_tokens": budget}))
+    assert req.template_kwargs == {"enable_thinking": True}
+
+
+def test_empty_messages_are_allowed_on_the_anthropic_route_only() -> None:
+    assert translate.to_chat_request(messages(messages=[])).allow_empty
+
+
+def test_an_image_in_a_tool_result_is_kept_for_refusal() -> None:
+    req = translate.to_chat_request(messages(messages=[
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "File: a.png"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]}]))
+    tool = next(m for m in req.messages if m.role == "tool")
+    assert tool.parts == (TextPart("File: a.png"), MediaPart("image"))
 
 
 def test_thinking_switches_the_template() -> None:

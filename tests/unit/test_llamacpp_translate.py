@@ -114,3 +114,18 @@ def test_tokenize_mixes_text_and_ids_and_shows_pieces() -> None:
     assert body == {"tokens": [{"id": 97, "piece": "a"}, {"id": 98, "piece": "b"}, {"id": 7, "piece": "\x07"}]}
     assert translate.tokenize(TokenizeRequest(content=None), engine) == {"tokens": []}
     assert translate.detokenize(DetokenizeRequest(tokens=[104, 105, 9999]), engine) == {"content": "hi"}
+
+
+def test_n_cmpl_repeats_each_prompt_with_shifted_seeds() -> None:
+    reqs = translate.to_prompt_requests(CompletionRequest(prompt=["a", "b"], n_cmpl=2, seed=7), n_slots=4)
+    assert [(r.prompt, r.options.sampling.seed, r.param) for r in reqs] == [
+        ("a", 7, "prompt[0]"), ("a", 8, "prompt[0]"), ("b", 7, "prompt[1]"), ("b", 8, "prompt[1]")]
+    unseeded = translate.to_prompt_requests(CompletionRequest(prompt="a", n=3), n_slots=3)
+    assert [r.options.sampling.seed for r in unseeded] == [None, None, None]  # `n` is n_cmpl's alias
+
+
+@pytest.mark.parametrize("fields, param", [({"n_cmpl": 0}, "n_cmpl"), ({"n_cmpl": 3}, "n_cmpl"), ({"n": 5}, "n")])
+def test_n_cmpl_is_bounded_by_the_slots(fields: dict, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_prompt_requests(CompletionRequest(prompt="a", **fields), n_slots=2)
+    assert err.value.param == param and "Value must be between 1 <= value <= 2" in err.value.message

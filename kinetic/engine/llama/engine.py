@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -180,11 +181,36 @@ class LlamaEngine:
         return self.generates
 
     async def submit(self, request: GenerationRequest) -> Generation:
-        model = self._require_model()
+        (generation,) = await self.submit_many([request])
+        return generation
+
+    async def submit_many(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Queues requests together, so that they start in the same decode step and then advance in
+        lockstep, as llama-server runs the prompts of one request (`[p1, p2]`, n_cmpl); copies of one
+        prompt also start from the same KV cells (Scheduler._twin). llama.cpp's arithmetic depends on
+        the shape of each batch: two copies of one prompt evaluated in differently shaped batches may
+        part ways at a near tie even when greedy (llama.cpp's test_completion_with_tokens_input)."""
+        scheduler = self._scheduler_or_fail()
+        jobs: list[Job] = []
+        try:
+            for request in requests:
+                jobs.append(await self._job(request))
+            scheduler.enqueue_many(jobs)
+        except BaseException:
+            for job in jobs:
+                job.sampler.close()
+            raise
+        return [Generation(job.queue, partial(scheduler.cancel, job)) for job in jobs]
+
+    def _scheduler_or_fail(self) -> Scheduler:
         scheduler = self._scheduler
         if scheduler is None:
             raise InvalidRequestError(f"{self.model_path.name} is an embedding model: it does not generate text "
                                       "(use /v1/embeddings)", param="model")
+        return scheduler
+
+    async def _job(self, request: GenerationRequest) -> Job:
+        model = self._require_model()
         n_prompt = len(request.prompt_tokens)
         if n_prompt == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -197,13 +223,7 @@ class LlamaEngine:
         # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
         sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling, request.prompt_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        job = Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
-        try:
-            scheduler.enqueue(job)
-        except BaseException:
-            sampler.close()
-            raise
-        return Generation(queue, lambda: scheduler.cancel(job))
+        return Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
 
     # ---------------------------------------------------------------- embeddings
 

@@ -71,6 +71,7 @@ class Job:
     cancelled: bool = False
     done: bool = False
     counted: bool = True  # still counted against its client's requests in flight
+    group: int | None = None  # the jobs of one submit_many (a list of prompts, n_cmpl) share one
 
 
 @dataclass
@@ -150,6 +151,7 @@ class Scheduler:
         self._stopping = False
         self._use_counter = itertools.count(1)
         self._task_ids = itertools.count()
+        self._group_ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
         self._thread.start()
 
@@ -157,15 +159,37 @@ class Scheduler:
 
     def enqueue(self, job: Job) -> None:
         """Queues a job; a client already at its limit of requests in flight gets a 429."""
-        client = job.request.client
+        self.enqueue_many([job])
+
+    def enqueue_many(self, jobs: list[Job]) -> None:
+        """Queues jobs at once (the decode thread sees all or none of them, so free slots start them in
+        the same step); a client that would go past its limit of requests in flight gets a 429 for all."""
+        if len(jobs) > 1:
+            group = next(self._group_ids)
+            for job in jobs:
+                job.group = group
         with self._cv:
-            if self.max_in_flight and self._in_flight.get(client, 0) >= self.max_in_flight:
-                raise RateLimitError(f"too many requests in flight for this key (at most {self.max_in_flight}); "
-                                     "retry when one has finished", retry_after=1)
-            if self.shared_in_flight is not None:
-                self.shared_in_flight.enter(client)
-            self._in_flight[client] = self._in_flight.get(client, 0) + 1
-            self._pending.push(client, job)
+            wanted: dict[str, int] = {}
+            for job in jobs:
+                wanted[job.request.client] = wanted.get(job.request.client, 0) + 1
+            for client, count in wanted.items():
+                if self.max_in_flight and self._in_flight.get(client, 0) + count > self.max_in_flight:
+                    raise RateLimitError(f"too many requests in flight for this key (at most "
+                                         f"{self.max_in_flight}); retry when one has finished", retry_after=1)
+            entered: list[str] = []
+            try:
+                for job in jobs:
+                    if self.shared_in_flight is not None:
+                        self.shared_in_flight.enter(job.request.client)
+                        entered.append(job.request.client)
+            except BaseException:
+                for client in entered:
+                    self.shared_in_flight.leave(client)  # type: ignore[union-attr]
+                raise
+            for job in jobs:
+                client = job.request.client
+                self._in_flight[client] = self._in_flight.get(client, 0) + 1
+                self._pending.push(client, job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
@@ -294,24 +318,47 @@ class Scheduler:
             llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
             return 0
         if source is not None:
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
-            if self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
-                llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n_source)
-            else:
-                # Each slot has its own stream, and llama.cpp copies between streams only whole:
-                # copy all of it, then drop what is past the shared prefix.
-                llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
-                llama_cpp.llama_memory_seq_rm(memory, slot.id, n_source, -1)
-            self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n_source
-            return n_source
+            return self._copy_cells(source, slot, n_source)
         if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
             llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
             return 0
         return n_own
 
+    def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
+        """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped)."""
+        memory = self.ctx.memory
+        llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+        if n <= 0:
+            return 0
+        if self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
+        else:
+            # Each slot has its own stream, and llama.cpp copies between streams only whole:
+            # copy all of it, then drop what is past the shared prefix.
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
+            llama_cpp.llama_memory_seq_rm(memory, slot.id, n, -1)
+        self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n
+        return n
+
+    def _twin(self, job: Job) -> Slot | None:
+        """A slot started in this same step for the same prompt of the same request (`[p, p]`, n_cmpl)."""
+        if job.group is None:
+            return None
+        return next((s for s in self.slots if s.job is not None and s.job.group == job.group
+                     and not s.t_prompt_start and s.prompt == job.request.prompt_tokens), None)
+
     def _start(self, slot: Slot, job: Job) -> None:
         prompt = job.request.prompt_tokens
-        if job.request.cache_prompt:
+        twin = self._twin(job) if job.request.cache_prompt else None
+        if twin is not None:
+            # The copies of one prompt start from the very same cells, then evaluate the same tokens
+            # side by side: llama.cpp's arithmetic depends on the shape of each batch, and a copy that
+            # evaluated its prompt in other batches could part ways at a near tie even when greedy.
+            # (llama-server does this for n_cmpl: the children take the parent's state.)
+            if len(slot.tokens) >= MIN_SHARED_PREFIX:
+                self.host_cache.save(slot.id, slot.tokens)
+            n_common = self._copy_cells(twin, slot, twin.n_cached)
+        elif job.request.cache_prompt:
             n_common = self._reuse_prefix(slot, prompt)
         else:
             self.host_cache.save(slot.id, slot.tokens)

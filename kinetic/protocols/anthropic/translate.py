@@ -94,8 +94,13 @@ def _turns(message: Message) -> list[ChatMessage]:
             calls.append(ToolCall(name=block.name, arguments=block.input, id=block.id))
         elif block.type == "tool_result":
             content = block.content if isinstance(block.content, str) else "\n".join(
-                part.text for part in block.content or [])
-            tool_turns.append(ChatMessage(role="tool", parts=(TextPart(content),), tool_call_id=block.tool_use_id))
+                part.text for part in block.content or [] if part.type == "text")
+            # An image a tool returned is kept as media (so a text-only model says it cannot read it),
+            # never dropped: llama-server does the same.
+            media = () if isinstance(block.content, str) else tuple(
+                MediaPart(part.type) for part in block.content or [] if part.type != "text")
+            tool_turns.append(ChatMessage(role="tool", parts=(TextPart(content), *media),
+                                          tool_call_id=block.tool_use_id))
         elif block.type == "thinking":
             reasoning.append(block.thinking)
         elif block.type in ("image", "document"):
@@ -141,19 +146,19 @@ def tool_choice(raw: dict[str, Any] | None) -> ToolChoice:
 
 
 def thinking_kwargs(thinking: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any]:
-    """`thinking` as the template's reasoning switch. The budget is checked as the API checks it;
-    the model's thoughts count toward `max_tokens`, which is what bounds them here."""
+    """`thinking` as the template's reasoning switch. Any positive `budget_tokens` is taken, as
+    llama-server takes it (Anthropic's API wants >= 1024 and below max_tokens; llama-server's own tests
+    send 50 with max_tokens 100). It is not enforced: the thoughts count toward `max_tokens`, which is
+    what bounds them."""
     if not thinking:
         return {}
     kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise field_error("thinking.type", f"must be one of enabled, disabled, adaptive, but got {kind!r}")
     if kind == "enabled":
-        budget = thinking.get("budget_tokens")
-        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
-            raise field_error("thinking.budget_tokens", f"must be an integer >= 1024, but got {budget!r}")
-        if max_tokens is not None and budget >= max_tokens:
-            raise field_error("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), but got {budget}")
+        budget = thinking.get("budget_tokens", 10000)  # llama-server's default when it is left out
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise field_error("thinking.budget_tokens", f"must be a positive integer, but got {budget!r}")
     return {"enable_thinking": kind != "disabled"}
 
 
@@ -165,7 +170,7 @@ def _chat_request(req: MessagesRequest | CountTokensRequest, options: Generation
                   for t in req.tools or [])
     # One forced call at a time: a small model given an array tends to go on listing calls.
     return ChatRequest(messages=to_messages(req.system, req.messages), options=options, tools=tools,
-                       tool_choice=tool_choice(req.tool_choice), template_kwargs=kwargs)
+                       tool_choice=tool_choice(req.tool_choice), template_kwargs=kwargs, allow_empty=True)
 
 
 def to_chat_request(req: MessagesRequest) -> ChatRequest:

@@ -35,10 +35,13 @@ class ToolUseBlock(WireModel):
     input: dict[str, Any]
 
 
+ToolResultPart = Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]
+
+
 class ToolResultBlock(WireModel):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: Union[str, list[TextBlock], None] = None
+    content: Union[str, list[ToolResultPart], None] = None
     is_error: bool | None = None
 
 

@@ -1,5 +1,5 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
-/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template."""
+/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template, /cors-proxy."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__
 from kinetic.deps import RegistryDep, ServiceDep, model_service
+from kinetic.engine.base import submit_together
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import translate
+from kinetic.protocols.llamacpp import cors_proxy, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -32,6 +33,7 @@ from kinetic.service import Service
 from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
+router.include_router(cors_proxy.router)
 BUILD_INFO = f"b{__version__}-kinetic"
 
 
@@ -137,7 +139,8 @@ async def get_metrics(service: ServiceDep) -> Response:
 @router.post("/completion")
 @router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
 async def completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_requests = [await service.prepare_prompt(r) for r in translate.to_prompt_requests(body)]
+    generation_requests = [await service.prepare_prompt(r)
+                           for r in translate.to_prompt_requests(body, n_slots=service.engine.n_slots)]
     # one result is an object, several an array (llama-server's rule)
     return await _generate(body, generation_requests, request, service, several=len(generation_requests) > 1)
 
@@ -154,14 +157,7 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
     contexts = [translate.native_context(body, g, model=service.model_name, index=i,
                                          prompt_text=service.engine.detokenize(g.prompt_tokens, special=True))
                 for i, g in enumerate(generation_requests)]
-    generations = []
-    try:
-        for generation_request in generation_requests:
-            generations.append(await service.engine.submit(generation_request))
-    except BaseException:
-        for generation in generations:
-            generation.cancel()
-        raise
+    generations = await submit_together(service.engine, generation_requests)
     if not several:
         ctx = contexts[0]
         return await respond(request, generations[0], stream=bool(body.stream), encoder=translate.NativeEncoder(ctx),

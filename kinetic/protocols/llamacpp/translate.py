@@ -102,15 +102,28 @@ def _options(req: CompletionRequest | InfillRequest, n_probs: int | None) -> Gen
     return replace(options, return_progress=bool(req.stream and req.return_progress))
 
 
-def to_prompt_requests(req: CompletionRequest) -> list[PromptRequest]:
+def to_prompt_requests(req: CompletionRequest, *, n_slots: int = 1) -> list[PromptRequest]:
+    """One request per prompt, each `n_cmpl` times (llama-server's order: a prompt, then its copies).
+    As llama-server does, `n_cmpl` (alias `n`) runs its copies at once, so it may not exceed the slot
+    count; a copy with an explicit seed samples with seed + 1, + 2... so that copies differ."""
     n_probs = req.n_probs
     if n_probs is None and isinstance(req.logprobs, int) and not isinstance(req.logprobs, bool):
         n_probs = req.logprobs  # the alias
+    n_cmpl, field = (req.n_cmpl, "n_cmpl") if req.n_cmpl is not None else (req.n, "n")
+    if n_cmpl is not None:
+        common.check_range(field, n_cmpl, 1, n_slots)
     options = _options(req, n_probs)
     output = _output(req)
     prompts = prompt_inputs(req.prompt)
-    return [PromptRequest(prompt=p, options=options, output=output,
-                          param="prompt" if len(prompts) == 1 else f"prompt[{i}]") for i, p in enumerate(prompts)]
+    requests = []
+    for i, prompt in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        for copy in range(n_cmpl or 1):
+            seed = options.sampling.seed
+            copy_options = options if not copy or seed is None or seed == -1 else replace(
+                options, sampling=replace(options.sampling, seed=(seed + copy) % 2**32))
+            requests.append(PromptRequest(prompt=prompt, options=copy_options, output=output, param=param))
+    return requests
 
 
 def to_infill_request(req: InfillRequest) -> NeutralInfill:

@@ -13,6 +13,7 @@ class CompletionRequest(SamplingFields):
     return_tokens: bool | None = False
     n_probs: int | None = None
     logprobs: Any = None  # llama-server's alias of n_probs (a number)
+    n_cmpl: int | None = None  # completions per prompt; `n` is its alias here, as in llama-server
     timings_per_token: bool | None = False
     return_progress: bool | None = False
 

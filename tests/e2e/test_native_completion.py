@@ -53,6 +53,27 @@ def test_grammar_holds_when_sampling_at_random(base_url: str) -> None:
         assert body["stop_type"] == "eos"
 
 
+def test_grammar_dead_ends_answer_and_the_server_lives(base_url: str) -> None:
+    # llama.cpp's grammar aborts the process when handed a token it refuses; llama-server answers 500.
+    # A finished grammar with ignore_eos simply stops; a logit_bias that bans every allowed token is a 400.
+    done = post(base_url, "/completion", {"prompt": "Answer:", "n_predict": 12, "temperature": 0,
+                                          "grammar": 'root ::= "yes"', "ignore_eos": True}).json()
+    assert done["content"] == "yes" and done["stop_type"] == "eos" and done["tokens_predicted"] <= 2
+    banned = post(base_url, "/completion", {"prompt": "Answer:", "n_predict": 4, "grammar": "root ::= [\\x01]",
+                                            "logit_bias": [[t, False] for t in tokens_spelled(b"\x01")]})
+    assert banned.status_code == 400 and "logit_bias" in banned.json()["error"]["message"], banned.text
+    assert httpx.get(base_url + "/health").json() == {"status": "ok"}
+
+
+def tokens_spelled(piece: bytes) -> list[int]:
+    """Every token of the bundled model's vocabulary whose text is exactly `piece`."""
+    from kinetic.engine.llama.model import LoadedModel
+    from kinetic.models import bundled_model_path
+
+    model = LoadedModel(bundled_model_path())  # weights are mmapped: shared with the server's copy
+    return [t for t in range(model.n_vocab) if model.token_piece(t) == piece]
+
+
 def test_post_sampling_probs_obey_the_grammar(base_url: str) -> None:
     body = post(base_url, "/completion", {"prompt": "Answer:", "n_predict": 1, "temperature": 1.0, "seed": 3,
                                           "grammar": 'root ::= "yes" | "no"', "n_probs": 5,

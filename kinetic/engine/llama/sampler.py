@@ -30,6 +30,17 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 MIROSTAT_M = 100  # llama-server's fixed m for Mirostat 1
 
 
+class GrammarDeadEnd(Exception):
+    """No token both obeys the grammar and survives the chain (ignore_eos or a logit_bias removed
+    all the grammar allows). llama.cpp's grammar throws a C++ exception, which would abort the whole
+    process, if the token were accepted anyway. `complete`: the grammar's output is whole (it allows
+    an end-of-generation token), so the request can simply stop."""
+
+    def __init__(self, complete: bool):
+        super().__init__("no token obeys the grammar and the sampler's logit_bias/ignore_eos at once")
+        self.complete = complete
+
+
 class Sampler:
     """One request's llama.cpp sampler chain; `sample` picks the next token from a row of logits."""
 
@@ -142,9 +153,15 @@ class Sampler:
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
             llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
             token = array.data[array.selected].id
-        llama_cpp.llama_sampler_accept(self.grammar, token)
-        llama_cpp.llama_sampler_accept(self.chain.sampler, token)
+        self._accept(token)
         return int(token)
+
+    def _accept(self, token: int) -> None:
+        if self.grammar is not None:
+            if not self._grammar_allows(token):
+                raise GrammarDeadEnd(complete=any(self._grammar_allows(t) for t in self.model.eog_tokens))
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain.sampler, token)
 
     def _fill(self, ctx: _internals.LlamaContext, row: int) -> llama_cpp.llama_token_data_array:
         """Every token of the vocabulary with its logit, as llama_sampler_sample starts from."""
@@ -182,9 +199,7 @@ class Sampler:
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
         candidates = data[: array.size]
         token = int(candidates[array.selected]["id"])
-        if self.grammar is not None:
-            llama_cpp.llama_sampler_accept(self.grammar, token)
-        llama_cpp.llama_sampler_accept(self.chain.sampler, token)
+        self._accept(token)
         probs = candidates["p"].astype(np.float64)
         order = np.argsort(-probs, kind="stable")
         chosen_p = float(probs[array.selected])

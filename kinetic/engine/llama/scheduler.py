@@ -32,7 +32,7 @@ from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
-from kinetic.engine.llama.sampler import Sampler, token_logprob
+from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
 from kinetic.engine.text import TextAssembler, common_prefix
 from kinetic.engine.types import (
     Event,
@@ -47,7 +47,7 @@ from kinetic.engine.types import (
     TokenLogprob,
     Usage,
 )
-from kinetic.errors import RateLimitError, ServerError
+from kinetic.errors import InvalidRequestError, RateLimitError, ServerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -482,11 +482,20 @@ class Scheduler:
             return
         n_probs = job.request.n_probs
         logprob: TokenLogprob | None = None
-        if n_probs > 0 and job.request.post_sampling_probs:
-            token, logprob = job.sampler.sample_with_candidates(self.ctx, row, n_probs)
-        else:
-            token = job.sampler.sample(self.ctx, row)
-            logprob = token_logprob(self.model, self.ctx, row, token, n_probs) if n_probs > 0 else None
+        try:
+            if n_probs > 0 and job.request.post_sampling_probs:
+                token, logprob = job.sampler.sample_with_candidates(self.ctx, row, n_probs)
+            else:
+                token = job.sampler.sample(self.ctx, row)
+                logprob = token_logprob(self.model, self.ctx, row, token, n_probs) if n_probs > 0 else None
+        except GrammarDeadEnd as dead_end:
+            if dead_end.complete:  # the constrained output is whole: ignore_eos cannot extend it
+                self._finish(slot, "stop", "eos")
+            else:
+                self._emit(job, InvalidRequestError(f"{dead_end}: the logit_bias removes every token the grammar "
+                                                    "allows next", param="logit_bias"))
+                self._release(slot)
+            return
         slot.generated.append(token)
         if self.model.is_eog(token) and not job.request.sampling.ignore_eos:
             self._finish(slot, "stop", "eos")

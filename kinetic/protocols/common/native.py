@@ -4,6 +4,7 @@ Pure."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kinetic.engine.types import Finished, GenerationRequest
@@ -30,7 +31,9 @@ def generation_settings(request: GenerationRequest, *, stream: bool = False, tim
         "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "adaptive_target": s.adaptive_target,
         "adaptive_decay": s.adaptive_decay, "stop": list(request.stop), "max_tokens": request.max_tokens,
         "n_predict": request.max_tokens, "n_keep": request.n_keep, "n_discard": 0, "ignore_eos": s.ignore_eos,
-        "stream": stream, "logit_bias": [{"bias": b, "token": t} for t, b in s.logit_bias.items()],
+        # JSON has no -inf: a banned token's bias is null, as llama-server's JSON library writes it
+        "stream": stream, "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t}
+                                         for t, b in s.logit_bias.items()],
         "n_probs": request.n_probs, "min_keep": s.min_keep, "grammar": s.grammar or "", "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
         "reasoning_in_content": False, "generation_prompt": "", "samplers": list(s.samplers),

@@ -184,15 +184,16 @@ def run_students(url: str, students: list[Student], *, duration: float, tokens: 
 
     def loop(student: Student, offset: float) -> None:
         time.sleep(offset)
-        with httpx.Client(timeout=600) as client:
-            while time.perf_counter() < stop_at:
-                result = stream_request(url, "/v1/chat/completions",
-                                        lab_request(rng.choice(QUESTIONS), tokens), key=student.key, client=client)
-                with lock:
-                    student.results.append(result)
-                low, high = student.think
-                if high > 0:
-                    time.sleep(rng.uniform(low, high))
+        while time.perf_counter() < stop_at:
+            # A connection of its own for each request, as each run of the lab's chat.py opens one (an
+            # idle kept-alive connection that the server closes would also be a client error here).
+            result = stream_request(url, "/v1/chat/completions", lab_request(rng.choice(QUESTIONS), tokens),
+                                    key=student.key)
+            with lock:
+                student.results.append(result)
+            low, high = student.think
+            if high > 0:
+                time.sleep(rng.uniform(low, high))
 
     threads = []
     begin = time.perf_counter()

@@ -11,10 +11,8 @@ import json
 import math
 import random
 import shutil
-import socket
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,20 +21,14 @@ from typing import Any, Callable
 
 import httpx
 
+from kinetic.launch import MODEL_LOCK_PATH, free_port, stop_process, wait_until_healthy
+
 LAB_SYSTEM = ("Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli "
               "linguistici: spieghi llama.cpp, llama-server, kinetic, i token, la cache KV, il time to first "
               "token e la velocità di generazione con esempi concreti e senza formule inutili. ") * 4
-# The machine-wide lock every model run takes (tests, benchmarks): see kinetic.launch.
-MODEL_LOCK_PATH = Path(tempfile.gettempdir()) / "kinetic-tests-model.lock"
 QUESTIONS = ["Che cos'è llama.cpp?", "A cosa serve la cache KV?", "Che cos'è il TTFT?", "Perché il prompt costa?",
              "Che cosa misura cache_n?", "Che differenza c'è tra stream e risposta intera?",
              "Che cosa fa --parallel?", "Perché serve una chiave API?"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:
@@ -55,25 +47,15 @@ class Server:
 
     def __enter__(self) -> "Server":
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited with {self.proc.returncode}: {' '.join(self.command)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SystemExit(f"{self.name} did not become ready")
+        failure = wait_until_healthy(self.proc, self.url, 180)
+        if failure is not None:
+            stop_process(self.proc)
+            raise SystemExit(f"{self.name} {failure}: {' '.join(self.command)}")
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def slots(self) -> int | str:
         """How many requests the server runs at once (/props total_slots)."""

@@ -15,7 +15,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 
@@ -29,6 +29,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until_healthy(proc: subprocess.Popen[Any], url: str, timeout_s: float) -> str | None:
+    """Polls `url`/health until it answers 200 (None), or says why it never will: the process exited
+    (with its code), or the time ran out. Works for llama-server as well (the benchmarks')."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return f"did not become healthy in {timeout_s:.0f}s"
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class KineticServer:
@@ -50,18 +77,11 @@ class KineticServer:
                    *self.args]
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=self.env)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kinetic serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"kinetic serve did not become healthy in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
+        failure = wait_until_healthy(self.proc, self.url, STARTUP_TIMEOUT_S)
+        if failure is not None:
+            self.stop()
+            raise RuntimeError(f"kinetic serve {failure}:\n{self.log()}")
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -70,13 +90,8 @@ class KineticServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def __enter__(self) -> "KineticServer":
         return self.start()

@@ -51,7 +51,7 @@ class Sampler:
         self._history: list[int] = []  # chain indexes of samplers that remember tokens (penalties, DRY)
         self._history_n = 0  # how many past tokens they look at (-1: all)
         self.grammar: Any = None  # llama_sampler pointer, outside the chain (see the module's docstring)
-        self._candidates: np.ndarray | None = None  # reused llama_token_data buffer (grammar requests)
+        self._candidates: np.ndarray | None = None  # reused llama_token_data buffer (grammar, post_sampling_probs)
         try:
             self._build(model, params)
             if prompt_tokens:
@@ -185,15 +185,9 @@ class Sampler:
     def sample_with_candidates(self, ctx: _internals.LlamaContext, row: int, n_probs: int) -> tuple[int, TokenLogprob]:
         """The token, and the chain's surviving candidates with their probabilities (llama-server's
         `post_sampling_probs`): what llama_sampler_sample does, with the candidate array kept."""
-        n_vocab = self.model.n_vocab
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, row), shape=(n_vocab,))
-        data = np.empty(n_vocab, dtype=TOKEN_DATA)
-        data["id"] = self.model.token_ids
-        data["logit"] = logits
-        data["p"] = 0.0
-        array = llama_cpp.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=n_vocab, selected=-1,
-            sorted=False)
+        array = self._fill(ctx, row)
+        data = self._candidates
+        assert data is not None
         if self.grammar is not None:  # the candidates shown must all obey it: filter first here
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))

@@ -153,13 +153,19 @@ class Sampler:
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
             llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
             token = array.data[array.selected].id
+            self._require_grammar_allows(token)
         self._accept(token)
         return int(token)
 
+    def _require_grammar_allows(self, token: int) -> None:
+        """After the grammar filtered the vocabulary: the chain may still have picked a token it
+        refused, when none it allows survived the chain."""
+        if not self._grammar_allows(token):
+            raise GrammarDeadEnd(complete=any(self._grammar_allows(t) for t in self.model.eog_tokens))
+
     def _accept(self, token: int) -> None:
+        """`token` obeys the grammar (checked): the grammar and the chain's memories take it."""
         if self.grammar is not None:
-            if not self._grammar_allows(token):
-                raise GrammarDeadEnd(complete=any(self._grammar_allows(t) for t in self.model.eog_tokens))
             llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.chain.sampler, token)
 
@@ -193,6 +199,8 @@ class Sampler:
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
         candidates = data[: array.size]
         token = int(candidates[array.selected]["id"])
+        if self.grammar is not None:
+            self._require_grammar_allows(token)
         self._accept(token)
         probs = candidates["p"].astype(np.float64)
         order = np.argsort(-probs, kind="stable")

@@ -191,6 +191,22 @@ def test_post_sampling_probs(base_url: str) -> None:
     assert all("prob" in e["completion_probabilities"][0] for e in events[:-1])
 
 
+def test_post_sampling_probs_after_xtc_dropped_the_top(base_url: str) -> None:
+    # XTC removes the likeliest tokens by moving the candidates' start past them: the probabilities
+    # shown must be those of the tokens left, the chosen one among them.
+    body = post(base_url, "/completion", {"prompt": "Hello", "n_predict": 4, "n_probs": 3, "temperature": 1.0,
+                                          "seed": 5, "xtc_probability": 1.0, "xtc_threshold": 0.01,
+                                          "post_sampling_probs": True}).json()
+    plain = post(base_url, "/completion", {"prompt": "Hello", "n_predict": 1, "n_probs": 3, "temperature": 1.0,
+                                           "seed": 5, "post_sampling_probs": True}).json()
+    top_without_xtc = plain["completion_probabilities"][0]["top_probs"][0]["id"]
+    first = body["completion_probabilities"][0]
+    assert top_without_xtc not in [alt["id"] for alt in first["top_probs"]]
+    for entry in body["completion_probabilities"]:
+        assert entry["id"] in [alt["id"] for alt in entry["top_probs"]], entry
+        assert entry["prob"] == next(alt["prob"] for alt in entry["top_probs"] if alt["id"] == entry["id"])
+
+
 def test_generation_settings_has_llama_servers_keys(base_url: str) -> None:
     body = post(base_url, "/completion", {"prompt": "Hi", "n_predict": 1, "stop": ["\n"], "n_keep": 2}).json()
     settings = body["generation_settings"]

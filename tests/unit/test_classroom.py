@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,29 @@ def test_serve_flags_for_the_ledger() -> None:
     assert settings.ledger == "class.jsonl" and settings.ledger_content
     assert parse_serve_args([], environ={"KINETIC_LEDGER": "env.jsonl"}).ledger == "env.jsonl"
     assert not parse_serve_args([], environ={}).ledger_content
+
+
+def test_a_long_stream_is_read_in_batches_with_each_chunks_own_time() -> None:
+    # Frames are read after PARSE_BACKLOG bytes and at the end, not one by one as they leave; the
+    # time to the first token is still the time that token's chunk left, not the time it was read.
+    from kinetic.classroom.ledger import PARSE_BACKLOG, ResponseReader
+
+    record: dict = {}
+    reader = ResponseReader(record, stream=True, keep_text=True, started=time.monotonic() - 1.0)
+    role = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
+    reader.feed(role)
+    piece = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}\n\n'
+    sent_first = time.monotonic()
+    reader.feed(piece[:40])  # a frame split across two chunks
+    reader.feed(piece[40:])
+    n = PARSE_BACKLOG // len(piece) + 50
+    time.sleep(0.05)
+    for _ in range(n):
+        reader.feed(piece)
+    assert reader._sent_bytes < PARSE_BACKLOG  # the backlog was read once it grew past the limit
+    reader.feed(b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
+                b'"usage":{"prompt_tokens":3,"completion_tokens":9}}\n\ndata: [DONE]\n\n')
+    reader.finish()
+    assert record["chunks"] == n + 1 and record["answer"] == "ab" * (n + 1)
+    assert record["finish_reason"] == "length" and record["completion_tokens"] == 9 and record["id"] == "c1"
+    assert 1.0 <= record["ttft_s"] <= 1.0 + (sent_first - reader.started - 1.0) + 0.04

@@ -15,6 +15,7 @@ import anyio
 from kinetic.engine.base import Generation
 from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
+from kinetic.engine.llama.inbox import inbox_for
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
@@ -223,7 +224,7 @@ class LlamaEngine:
         # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
         sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling, request.prompt_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        return Job(request=request, sampler=sampler, loop=asyncio.get_running_loop(), queue=queue)
+        return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue)
 
     # ---------------------------------------------------------------- embeddings
 

@@ -36,6 +36,7 @@ class LoadedModel:
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
+        self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
         metadata = self.model.metadata()
         bos, eos = self.model.token_bos(), self.model.token_eos()
         self.info = ModelInfo(
@@ -77,6 +78,14 @@ class LoadedModel:
         return list(buffer[:n])
 
     def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        if not special:
+            piece = self._pieces.get(token)
+            if piece is None:
+                piece = self._pieces[token] = self._piece(token, special=False)
+            return piece
+        return self._piece(token, special=True)
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
         buffer = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, 64, 0, special)
         if n < 0:
@@ -88,7 +97,11 @@ class LoadedModel:
         return b"".join(self.token_piece(t, special=special) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return token in self._eog_set
+
+    @functools.cached_property
+    def _eog_set(self) -> frozenset[int]:
+        return frozenset(self.eog_tokens)
 
     @functools.cached_property
     def token_ids(self) -> np.ndarray:
@@ -98,7 +111,7 @@ class LoadedModel:
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:
         """Every end-of-generation token (EOS, EOT, <end_of_turn>...): scanned once, the vocabulary is large."""
-        return tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+        return tuple(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
 
     def valid_token(self, token: int) -> bool:
         return 0 <= token < self.n_vocab

@@ -11,8 +11,8 @@ one (the shared system prompt of a class), copies those KV cells over instead of
 
 Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
 the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
-never holds back the others. Events reach the event loop in one hand-off per step, made by a
-thread of its own (EventHandoff) so that the decode thread never waits for the event loop.
+never holds back the others. Events reach each event loop through its inbox (inbox.py), once per
+step, in a way that never makes the decode thread wait for the event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from llama_cpp import _internals
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama.host_cache import HostPrefixCache
+from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
@@ -68,7 +68,7 @@ class Job:
 
     request: GenerationRequest
     sampler: Sampler
-    loop: asyncio.AbstractEventLoop
+    inbox: LoopInbox  # how events reach the event loop that owns `queue`
     queue: "asyncio.Queue[Event | BaseException]"
     cancelled: bool = False
     done: bool = False
@@ -149,7 +149,6 @@ class Scheduler:
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
         self._in_flight: dict[str, int] = {}
         self._outbox: list[tuple[Job, Event | BaseException]] = []
-        self._handoff = EventHandoff()
         self._prompt_turn = 0
         self._stopping = False
         self._use_counter = itertools.count(1)
@@ -237,7 +236,6 @@ class Scheduler:
             self._stopping = True
             self._cv.notify_all()
         self._thread.join(timeout=10)
-        self._handoff.close()
 
     # ------------------------------------------------------------ the decode thread
 
@@ -265,9 +263,14 @@ class Scheduler:
         self._outbox.append((job, event))
 
     def _flush(self) -> None:
-        if self._outbox:
-            self._handoff.put(self._outbox)
-            self._outbox = []
+        if not self._outbox:
+            return
+        by_inbox: dict[LoopInbox, list[tuple[Job, Event | BaseException]]] = {}
+        for job, event in self._outbox:
+            by_inbox.setdefault(job.inbox, []).append((job, event))
+        for inbox, delivery in by_inbox.items():
+            inbox.put(delivery)
+        self._outbox = []
 
     def _assign_pending(self) -> None:
         """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
@@ -566,41 +569,3 @@ class Scheduler:
     def _forget_cache(self, slot: Slot) -> None:
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
         slot.tokens = []
-
-
-class EventHandoff:
-    """Hands each step's events to their event loops, from a thread of its own.
-
-    Waking an event loop (call_soon_threadsafe writes to its socket) lets go of the GIL; the loop's
-    thread takes it and encodes and sends its tokens before the decode thread gets it back, about
-    0.2 ms a step (2% of a step of the bundled model, measured). Handed to this thread through a
-    SimpleQueue, which wakes it without letting go of the GIL, the wake-up happens while the decode
-    thread is inside llama_decode, which holds no GIL for its whole length."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[list[tuple[Job, Event | BaseException]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="kinetic-handoff", daemon=True)
-        self._thread.start()
-
-    def put(self, items: list[tuple[Job, Event | BaseException]]) -> None:
-        self._queue.put(items)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while (items := self._queue.get()) is not None:
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Event | BaseException]]] = {}
-            for job, event in items:
-                by_loop.setdefault(job.loop, []).append((job, event))
-            for loop, events in by_loop.items():  # one call per loop: each call wakes the loop
-                try:
-                    loop.call_soon_threadsafe(_deliver, events)
-                except RuntimeError:  # that loop has closed: nobody is listening any more
-                    pass
-
-
-def _deliver(items: list[tuple[Job, Event | BaseException]]) -> None:
-    for job, event in items:
-        job.queue.put_nowait(event)

@@ -272,11 +272,13 @@ def logits_row(ctx: _internals.LlamaContext, row: int, n_vocab: int) -> np.ndarr
     at the same addresses step after step, so a view is made once per address (as_array on a
     262k-float pointer costs about 0.04 ms a token in the decode loop)."""
     address = ctypes.cast(llama_cpp.llama_get_logits_ith(ctx.ctx, row), ctypes.c_void_p).value
-    view = _rows.get(address)  # type: ignore[arg-type]
+    if address is None:
+        raise RuntimeError(f"llama.cpp has no logits for batch row {row}")
+    view = _rows.get(address)
     if view is None or view.shape[0] != n_vocab:
         if len(_rows) > 256:  # a context was freed and another made: drop the stale views
             _rows.clear()
-        view = _rows[address] = np.ctypeslib.as_array(  # type: ignore[index]
+        view = _rows[address] = np.ctypeslib.as_array(
             ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
     return view
 

@@ -97,6 +97,11 @@ def in_process(model: str, tokens: int, threads: int, ctx: int) -> tuple[float, 
         llm.close()
 
 
+def aggregate_tps(run: list[Timed]) -> float:
+    """Tokens per second of a set of concurrent streams, from the first start to the last end."""
+    return sum(r.tokens for r in run) / (max(r.ended for r in run) - min(r.started for r in run))
+
+
 def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
     counts = [int(n) for n in args.streams.split(",")]
     figures: dict[tuple[str, int], list[list[Timed]]] = {}
@@ -108,8 +113,7 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
     rows = []
     summary: dict[tuple[str, int], tuple[float, float, float]] = {}
     for (name, n), rounds in figures.items():
-        aggregate = median([sum(r.tokens for r in run) / (max(r.ended for r in run) - min(r.started for r in run))
-                            for run in rounds if all(r.ok for r in run)])
+        aggregate = median([aggregate_tps(run) for run in rounds if all(r.ok for r in run)])
         per_stream = median([r.decode_tps for run in rounds for r in run if r.ok])
         ttfts = [r.ttft for run in rounds for r in run if r.ok]
         summary[(name, n)] = (aggregate, per_stream, percentile(ttfts, 0.5))
@@ -120,9 +124,15 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
         ratio_rows = []
         for n in counts:
             k, ls = summary[("kinetic", n)], summary[("llama-server", n)]
-            ratio_rows.append([n, k[0] / ls[0], k[1] / ls[1], k[2] / ls[2]])
+            # each round's own ratio: how far one round can stray from the median (the run's noise)
+            rounds = [aggregate_tps(a) / aggregate_tps(b)
+                      for a, b in zip(figures[("kinetic", n)], figures[("llama-server", n)])
+                      if all(r.ok for r in a + b)]
+            spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else "-"
+            ratio_rows.append([n, k[0] / ls[0], spread, k[1] / ls[1], k[2] / ls[2]])
         print("kinetic / llama-server (above 1 is kinetic faster, except TTFT where below 1 is better)")
-        print(table(["streams", "aggregate", "per-stream decode", "TTFT p50"], ratio_rows))
+        print(table(["streams", "aggregate", "aggregate, rounds min-max", "per-stream decode", "TTFT p50"],
+                    ratio_rows))
     if args.in_process:  # the servers are idle now: their threads do not spin
         ttft, tps = in_process(args.model, args.tokens, args.threads, args.ctx)
         k = summary[("kinetic", 1)]

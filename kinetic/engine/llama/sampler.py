@@ -191,7 +191,7 @@ class Sampler:
             self._candidates = np.empty(n_vocab, dtype=TOKEN_DATA)
         data = self._candidates
         data["id"] = self.model.token_ids
-        data["logit"] = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, row), shape=(n_vocab,))
+        data["logit"] = logits_row(ctx, row, n_vocab)
         data["p"] = 0.0
         return llama_cpp.llama_token_data_array(
             data=data.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), size=n_vocab, selected=-1,
@@ -309,8 +309,7 @@ def token_logprob(model: LoadedModel, ctx: _internals.LlamaContext, row: int, to
                   n_probs: int) -> TokenLogprob:
     """Pre-sampling log-probabilities (plain softmax of the logits), as llama-server reports them."""
     n_vocab = model.n_vocab
-    pointer = llama_cpp.llama_get_logits_ith(ctx.ctx, row)
-    logits = np.ctypeslib.as_array(pointer, shape=(n_vocab,)).astype(np.float64)
+    logits = logits_row(ctx, row, n_vocab).astype(np.float64)
     shifted = logits - logits.max()
     logprobs = shifted - np.log(np.exp(shifted).sum())
     top = np.argpartition(-logprobs, min(n_probs, n_vocab - 1))[:n_probs]

@@ -159,10 +159,6 @@ class Scheduler:
 
     # ------------------------------------------------------------ from the event loop
 
-    def enqueue(self, job: Job) -> None:
-        """Queues a job; a client already at its limit of requests in flight gets a 429."""
-        self.enqueue_many([job])
-
     def enqueue_many(self, jobs: list[Job]) -> None:
         """Queues jobs at once (the decode thread sees all or none of them, so free slots start them in
         the same step); a client that would go past its limit of requests in flight gets a 429 for all."""

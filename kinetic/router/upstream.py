@@ -299,7 +299,7 @@ class UpstreamEngine:
             self._uncount(client)
             raise
         try:
-            member, response = await self._open(request)
+            member, response = await self._open(request.route, request.payload)
         except BaseException:
             self._end_turn()
             self._uncount(client)
@@ -325,34 +325,48 @@ class UpstreamEngine:
         task = asyncio.get_running_loop().create_task(pump())
         return Generation(queue, task.cancel)
 
-    async def _open(self, request: ForwardRequest) -> tuple[Member, httpx.Response]:
+    async def _open(self, route: str, payload: dict[str, Any], *,
+                    native: bool = False) -> tuple[Member, httpx.Response]:
+        """The first pool member that answers `route` (under its OpenAI base URL, or at the server's
+        root when `native`), streaming; members that fail are marked down and the next one tried."""
         tried: list[str] = []
         for member in await self.pool.candidates():
+            base = member.spec.url.removesuffix("/v1") if native else member.spec.url
             member.outstanding += 1
             try:
-                http_request = self.pool.client.build_request("POST", member.spec.url + request.route,
-                                                              json=request.payload, headers=member.headers)
+                http_request = self.pool.client.build_request("POST", base + route, json=payload,
+                                                              headers=member.headers)
                 response = await self.pool.client.send(http_request, stream=True)
             except httpx.HTTPError as exc:
                 member.outstanding -= 1
                 self.pool.mark_down(member, str(exc) or type(exc).__name__)
                 tried.append(member.spec.url)
                 continue
+            if response.status_code < 400:
+                return member, response
+            body = await response.aread()
+            await response.aclose()
+            member.outstanding -= 1
+            if native and response.status_code in (404, 405, 501):
+                raise NotSupportedError(
+                    f"model '{self.pool.name}' is served by an upstream server ({member.spec.url}) that has no "
+                    f"{route} route (a kinetic or llama-server upstream has it; an OpenAI-only server does not), "
+                    "and kinetic has no tokenizer or chat template of its own for the model")
             if response.status_code >= 500:
-                await response.aread()
-                await response.aclose()
-                member.outstanding -= 1
                 self.pool.mark_down(member, f"HTTP {response.status_code}")
                 tried.append(member.spec.url)
                 continue
-            if response.status_code >= 400:
-                body = await response.aread()
-                await response.aclose()
-                member.outstanding -= 1
-                raise upstream_error(response.status_code, body)
-            return member, response
+            raise upstream_error(response.status_code, body)
         detail = f" (tried {', '.join(tried)})" if tried else ""
         raise UnavailableError(f"no upstream server for model '{self.pool.name}' is reachable{detail}")
+
+    async def _json(self, route: str, payload: dict[str, Any], *, native: bool = False) -> dict[str, Any]:
+        member, response = await self._open(route, payload, native=native)
+        try:
+            return json.loads(await response.aread())
+        finally:
+            await response.aclose()
+            member.outstanding -= 1
 
     async def forward_json(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed call (embeddings), with the same turns, limits and failover."""
@@ -361,45 +375,17 @@ class UpstreamEngine:
         try:
             await self._take_turn(client)
             try:
-                member, response = await self._open(ForwardRequest(prompt_tokens=[], route=route, payload=payload))
-                try:
-                    return json.loads(await response.aread())
-                finally:
-                    await response.aclose()
-                    member.outstanding -= 1
+                return await self._json(route, payload)
             finally:
                 self._end_turn()
         finally:
             self._uncount(client)
 
-
     async def forward_native(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         """A token-level route (/tokenize...) answered by a pool member's own native route: at the
         server's root, not under /v1. Cheap: no turn is taken and nothing is counted against the key.
         An OpenAI-only upstream (vLLM) has no such route: a 501 says what is missing."""
-        tried: list[str] = []
-        for member in await self.pool.candidates():
-            url = member.spec.url.removesuffix("/v1") + route
-            try:
-                response = await self.pool.client.post(url, json=payload, headers=member.headers)
-            except httpx.HTTPError as exc:
-                self.pool.mark_down(member, str(exc) or type(exc).__name__)
-                tried.append(member.spec.url)
-                continue
-            if response.status_code >= 500 and response.status_code != 501:
-                self.pool.mark_down(member, f"HTTP {response.status_code}")
-                tried.append(member.spec.url)
-                continue
-            if response.status_code in (404, 405, 501):
-                raise NotSupportedError(
-                    f"model '{self.pool.name}' is served by an upstream server ({member.spec.url}) that has no "
-                    f"{route} route (a kinetic or llama-server upstream has it; an OpenAI-only server does not), "
-                    "and kinetic has no tokenizer or chat template of its own for the model")
-            if response.status_code >= 400:
-                raise upstream_error(response.status_code, response.content)
-            return response.json()
-        detail = f" (tried {', '.join(tried)})" if tried else ""
-        raise UnavailableError(f"no upstream server for model '{self.pool.name}' is reachable{detail}")
+        return await self._json(route, payload, native=True)
 
 
 def upstream_error(status: int, body: bytes) -> KineticError:

@@ -125,10 +125,10 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
         for n in counts:
             k, ls = summary[("kinetic", n)], summary[("llama-server", n)]
             # each round's own ratio: how far one round can stray from the median (the run's noise)
-            rounds = [aggregate_tps(a) / aggregate_tps(b)
+            per_round = [aggregate_tps(a) / aggregate_tps(b)
                       for a, b in zip(figures[("kinetic", n)], figures[("llama-server", n)])
                       if all(r.ok for r in a + b)]
-            spread = f"{min(rounds):.2f}-{max(rounds):.2f}" if rounds else "-"
+            spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round else "-"
             ratio_rows.append([n, k[0] / ls[0], spread, k[1] / ls[1], k[2] / ls[2]])
         print("kinetic / llama-server (above 1 is kinetic faster, except TTFT where below 1 is better)")
         print(table(["streams", "aggregate", "aggregate, rounds min-max", "per-stream decode", "TTFT p50"],

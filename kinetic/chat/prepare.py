@@ -158,7 +158,7 @@ class ChatLayer:
         prompt = self.template.render(head, add_generation_prompt=False, tools=tools, kwargs=kwargs)
         generation = self.template.generation_prompt(head, tools=tools, kwargs=kwargs)
         in_reasoning = False
-        if self.template.supports_thinking and OPEN_TAG in self.template.source:
+        if self.template.supports_thinking and self.template.thinks:
             cut = generation.find(OPEN_TAG)
             generation = (generation if cut < 0 else generation[:cut]) + OPEN_TAG + (last.reasoning_content or "")
             if mode == "content":

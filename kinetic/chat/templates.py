@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import json
 import operator
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -150,10 +151,7 @@ class ChatTemplate:
         common_chat_template_generation_prompt: the two renders' difference after their common prefix)."""
         without = self.render(messages, add_generation_prompt=False, tools=tools, kwargs=kwargs)
         with_prompt = self.render(messages, add_generation_prompt=True, tools=tools, kwargs=kwargs)
-        common = 0
-        while common < min(len(without), len(with_prompt)) and without[common] == with_prompt[common]:
-            common += 1
-        return with_prompt[common:]
+        return with_prompt[len(os.path.commonprefix([without, with_prompt])):]
 
 
 @cache

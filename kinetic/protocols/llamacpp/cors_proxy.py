@@ -16,7 +16,7 @@ The caller needs a valid API key like any other route (the gate checks it first)
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import Iterable
 from urllib.parse import urlsplit
 
 import httpx
@@ -49,7 +49,7 @@ def target_url(raw: str | None) -> str:
     return raw if parts.path else raw.replace(parts.netloc, parts.netloc + "/", 1)
 
 
-def forwarded_headers(headers: list[tuple[str, str]]) -> dict[str, str]:
+def forwarded_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Only the headers the page spelled for the target, without their prefix."""
     out: dict[str, str] = {}
     for key, value in headers:
@@ -76,20 +76,17 @@ async def proxy(request: Request, registry: RegistryDep, method: str) -> Streami
     del client.headers["accept-encoding"]  # the body comes back as sent: no compression asked for
     try:
         upstream = await client.send(client.build_request(method, url, headers=forwarded_headers(
-            [(k, v) for k, v in request.headers.items()]), content=body), stream=True)
+            request.headers.items()), content=body), stream=True)
     except httpx.HTTPError as exc:
         await client.aclose()
         raise ServerError(f"proxy error: {type(exc).__name__}: {exc}") from None
-
-    async def chunks() -> AsyncIterator[bytes]:
-        async for chunk in upstream.aiter_raw():  # byte for byte, Content-Encoding and all
-            yield chunk
 
     async def close() -> None:
         await upstream.aclose()
         await client.aclose()
 
-    return StreamingResponse(chunks(), status_code=upstream.status_code, headers=returned_headers(upstream.headers),
+    # aiter_raw: byte for byte, Content-Encoding and all
+    return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers=returned_headers(upstream.headers),
                              background=BackgroundTask(close))
 
 

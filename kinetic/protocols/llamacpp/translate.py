@@ -44,6 +44,8 @@ def error_body(err: KineticError) -> dict[str, Any]:
 
 PROMPT_ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
                    'string, or a list of mixed strings & tokens.')
+
+
 @dataclass
 class NativeContext:
     model: str

@@ -67,10 +67,13 @@ class ModelEntry:
         self.failure: str | None = None  # why the last load failed
         # --models-max: a load waiting for this model's room "drains" it: new requests for it wait at
         # `open` (outside the engine) until it has been unloaded, so its key's flood cannot hold the
-        # room forever; they then load it again in their turn.
-        self.draining = False
+        # room forever; they then load it again in their turn. Cleared while it drains.
         self.open = asyncio.Event()
         self.open.set()
+
+    @property
+    def draining(self) -> bool:
+        return not self.open.is_set()
 
     @property
     def name(self) -> str:
@@ -234,7 +237,6 @@ class ModelRegistry:
                 loaded = [e for e in resident if e.state is ModelState.LOADED]
                 if loaded and not any(e.draining for e in loaded):
                     victim = min(loaded, key=lambda e: e.last_used)
-                    victim.draining = True
                     victim.open.clear()
                     drained.append(victim)
                     log.info("model %s waits for model %s to finish its requests, to take its place",
@@ -245,7 +247,6 @@ class ModelRegistry:
                 await asyncio.sleep(IDLE_POLL_S)
         finally:
             for victim in drained:
-                victim.draining = False
                 victim.open.set()
 
     async def unload(self, entry: ModelEntry) -> None:

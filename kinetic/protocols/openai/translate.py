@@ -16,9 +16,8 @@ from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
-from kinetic.engine.types import Finished, TextDelta
+from kinetic.engine.types import Finished, GenerationRequest, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
-from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat

@@ -322,7 +322,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
                          n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
-                         cache_ram_mib=settings.cache_ram,
+                         cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
                          verbose=settings.verbose)
     return Service.create(settings, engine, resolved.name), f"loading {resolved.path} (answers 503 until ready)"
 

@@ -137,6 +137,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
     Flag("cache_ram", ("-cram", "--cache-ram"), "MiB of host memory for prompt prefixes a slot moved on from, "
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
+    Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
+         "hybrid and recurrent models: prompt states saved per slot on the way, restored by later prompts that "
+         "start the same way (kept in the --cache-ram store; 0 = off)", metavar="N"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
@@ -219,6 +222,7 @@ class ServerSettings(BaseSettings):
     # llama-server's default is 8192; a course laptop also runs the students' tools: 1 GiB holds the
     # lab's shared prefix many times over (about 18 KiB a token on the bundled model).
     cache_ram: Annotated[int, Field(ge=0)] = 1024
+    ctx_checkpoints: Annotated[int, Field(ge=0)] = 32  # llama-server's default
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None

@@ -12,6 +12,7 @@ FinishReason = Literal["stop", "length"]
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 StopType = Literal["eos", "word", "limit", "none"]
+MemoryKind = Literal["attention", "hybrid", "recurrent"]
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,9 @@ class ModelInfo:
     metadata: dict[str, str]
     # fill-in-the-middle tokens by llama.cpp's names (pre, suf, mid, rep, sep, pad); -1 or absent: none
     fim_tokens: dict[str, int] = field(default_factory=dict)
+    # "attention": one KV cell per token, trimmed to any prefix; "hybrid" (LFM2, Qwen3.5) and "recurrent"
+    # (Mamba): layers whose state is one snapshot per sequence, valid only at the position it reached
+    memory_kind: MemoryKind = "attention"
 
     @property
     def ftype(self) -> str:

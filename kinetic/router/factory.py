@@ -46,5 +46,5 @@ def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeL
                        n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
                        pooling=settings.pooling,
                        fair_share=settings.fair_share, max_in_flight_per_client=max_in_flight,
-                       cache_ram_mib=settings.cache_ram,
+                       cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
                        verbose=settings.verbose, decode_lock=decode_lock, in_flight=in_flight)

@@ -75,6 +75,7 @@ class LlamaEngine:
         fair_share: bool = True,
         max_in_flight_per_client: int = 0,
         cache_ram_mib: int = 0,
+        ctx_checkpoints: int = 32,
         pooling: str | None = None,
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
@@ -92,6 +93,7 @@ class LlamaEngine:
         self.max_in_flight_per_client = max_in_flight_per_client
         self.in_flight = in_flight  # router mode: every model's requests counted per key together
         self.cache_ram_mib = cache_ram_mib
+        self.ctx_checkpoints = ctx_checkpoints
         self.pooling = pooling  # None: the model's own (mean when it declares none)
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
@@ -122,7 +124,7 @@ class LlamaEngine:
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                                   decode_lock=self._decode_lock, fair=self.fair_share,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
-                                  in_flight=self.in_flight)
+                                  ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc

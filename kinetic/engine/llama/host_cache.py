@@ -5,6 +5,12 @@ those cells would be lost; with thirty students and four slots the lab's system 
 again and again. Before a slot's cells are dropped, its sequence state is saved here (up to a
 budget in MiB, least recently used out first); a later prompt that starts the same way gets the
 state restored into its slot instead of evaluating the prefix again.
+
+On a hybrid or recurrent model (`exact`) a saved state is valid at exactly the tokens it was saved
+with: its recurrent layers cannot be rolled back to a shorter prefix. Then only a state whose tokens
+all start the prompt is restored, a longer state never stands in for a shorter one, and the
+scheduler also saves states at chosen positions inside prompts (its checkpoints, as llama-server's
+context checkpoints), so that there is a state to restore where prompts part ways.
 """
 
 from __future__ import annotations
@@ -24,11 +30,18 @@ MIN_SAVED_TOKENS = 16
 class HostPrefixCache:
     """Sequence states by the tokens they hold; `budget_bytes` 0 turns it off."""
 
-    def __init__(self, ctx: _internals.LlamaContext, budget_bytes: int):
+    def __init__(self, ctx: _internals.LlamaContext, budget_bytes: int, *, exact: bool = False,
+                 max_entries: int = 0):
         self.ctx = ctx
         self.budget = budget_bytes
+        self.exact = exact
+        self.max_entries = max_entries  # 0: as many as the budget holds
         self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self.size = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
 
     def save(self, seq_id: int, tokens: list[int]) -> None:
         """Keeps the state of sequence `seq_id`, which holds exactly `tokens`."""
@@ -37,9 +50,9 @@ class HostPrefixCache:
             if key in self.entries:
                 self.entries.move_to_end(key)
             return
-        # A saved prefix of this one is superseded: the longer state serves it too.
-        for old in [k for k in self.entries if len(k) < len(key) and key[:len(k)] == k]:
-            self.size -= len(self.entries.pop(old))
+        if not self.exact:  # a saved prefix of this one is superseded: the longer state serves it too
+            for old in [k for k in self.entries if len(k) < len(key) and key[:len(k)] == k]:
+                self.size -= len(self.entries.pop(old))
         n_bytes = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         if n_bytes <= 0 or n_bytes > self.budget:
             return
@@ -49,19 +62,27 @@ class HostPrefixCache:
             return
         self.entries[key] = bytes(buffer)[:written]
         self.size += written
-        while self.size > self.budget and self.entries:
+        while self.entries and (self.size > self.budget or 0 < self.max_entries < len(self.entries)):
             _, state = self.entries.popitem(last=False)
             self.size -= len(state)
 
     def longest_prefix(self, prompt: list[int], limit: int) -> tuple[tuple[int, ...] | None, int]:
-        """The saved state sharing the longest prefix with `prompt` (at most `limit` tokens)."""
+        """The saved state sharing the longest prefix with `prompt` (at most `limit` tokens); when exact,
+        only a state whose tokens all start the prompt counts."""
         best: tuple[int, ...] | None = None
         n_best = 0
         for key in self.entries:
-            n = min(common_prefix(key, prompt), limit)
+            n = common_prefix(key, prompt)
+            if self.exact and (n < len(key) or n > limit):
+                continue
+            n = min(n, limit)
             if n > n_best:
                 best, n_best = key, n
         return best, n_best
+
+    def longest_match(self, prompt: list[int]) -> int:
+        """How many first tokens of `prompt` the longest saved state shares with it, whole or not."""
+        return max((common_prefix(key, prompt) for key in self.entries), default=0)
 
     def restore(self, key: tuple[int, ...], seq_id: int) -> bool:
         """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused."""

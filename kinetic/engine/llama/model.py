@@ -16,7 +16,7 @@ import llama_cpp
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
-from kinetic.engine.types import ModelInfo
+from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
 
 
@@ -57,7 +57,15 @@ class LoadedModel:
             metadata=metadata,
             fim_tokens={name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.vocab))
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
+            memory_kind=self._memory_kind(),
         )
+
+    def _memory_kind(self) -> MemoryKind:
+        if llama_cpp.llama_model_is_hybrid(self.model.model):
+            return "hybrid"
+        if llama_cpp.llama_model_is_recurrent(self.model.model):
+            return "recurrent"
+        return "attention"
 
     def new_context(self, params: Any) -> _internals.LlamaContext:
         return _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)

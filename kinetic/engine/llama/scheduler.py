@@ -9,6 +9,15 @@ step, and several slots share one batch. Each slot keeps the tokens in its KV ca
 the longest common prefix of the next prompt (`cache_n`), or, when another slot holds a longer
 one (the shared system prompt of a class), copies those KV cells over instead of evaluating them.
 
+Hybrid and recurrent models (LFM2, Qwen3.5, Mamba) keep, beside or instead of the KV cells, one state
+per sequence for their recurrent layers: it is valid only at the position it reached, cannot be trimmed
+back, and a copy takes all of it. On them (`exact_states`) a cached prefix is reused only whole: the
+slot's own state when the prompt extends everything it holds, or a state saved at exactly a prefix of
+the prompt. The scheduler saves such states on the way through a prompt (its checkpoints: a few tokens
+before the end, as llama-server's context checkpoints, and where the prompt parts from the longest one
+seen before it, which is the end of a class's shared system prompt), so that the next prompts that start
+the same way restore one instead of evaluating it again, on any slot.
+
 Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
 the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
 never holds back the others. Events reach each event loop through its inbox (inbox.py), once per
@@ -56,6 +65,9 @@ T = TypeVar("T")
 
 # Copying another slot's cells pays off only for a real shared prefix, not a BOS and a few tokens.
 MIN_SHARED_PREFIX = 16
+# A checkpoint this many tokens before a prompt's end (llama-server's offset): a prompt sent again, or a
+# chat's next turn whose template renders the last answer otherwise, restores it.
+CHECKPOINT_END_OFFSET = 4
 
 
 class SlotBusyError(Exception):
@@ -90,6 +102,7 @@ class Slot:
     generated: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     assembler: TextAssembler | None = None
+    checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
     t_prompt_start: float = 0.0
     t_generation_start: float = 0.0
     prompt_ms: float = 0.0
@@ -116,7 +129,7 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
-                 in_flight: InFlight | None = None):
+                 ctx_checkpoints: int = 32, in_flight: InFlight | None = None):
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -141,7 +154,11 @@ class Scheduler:
             "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0, "prompt_seconds_total": 0.0,
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
             "n_tokens_max": 0, "n_busy_slots_total": 0}
-        self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024)
+        self.exact_states = model.info.memory_kind != "attention"
+        self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024, exact=self.exact_states,
+                                          max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
+        # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
+        self.ctx_checkpoints = max(0, ctx_checkpoints) if self.exact_states and self.host_cache.enabled else 0
         self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
         self.shared_in_flight = in_flight  # router mode: the process-wide count and limit (inflight.py)
         self.share_prefixes = share_prefixes
@@ -278,12 +295,17 @@ class Scheduler:
                     idle = [s for s in idle if s.id == job.request.id_slot]
                 if idle:
                     prompt = job.request.prompt_tokens
-                    slot = max(idle, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+                    slot = max(idle, key=lambda s: (self._usable_prefix(s.tokens, prompt), -s.last_used))
                     self._pending.served(client, job)
                     self._start(slot, job)
                     break
             else:
                 return  # every waiting job wants a busy slot
+
+    def _usable_prefix(self, tokens: list[int], prompt: list[int]) -> int:
+        """How much of what a slot holds `prompt` could start from (on exact states: all of it, or none)."""
+        n = common_prefix(tokens, prompt)
+        return n if not self.exact_states or n == len(tokens) else 0
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
         """How many prompt tokens `slot` need not evaluate: its own cached prefix, a longer one copied
@@ -303,34 +325,71 @@ class Scheduler:
         if len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # what this slot held is about to go
             self.host_cache.save(slot.id, slot.tokens)
         if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
-            if self.host_cache.restore(saved, slot.id):
-                llama_cpp.llama_memory_seq_rm(memory, slot.id, n_saved, -1)
-                self.metrics["prompt_tokens_restored_total"] = (
-                    self.metrics.get("prompt_tokens_restored_total", 0) + n_saved)
-                return n_saved
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
-            return 0
+            return self._restore(saved, n_saved, slot)
         if source is not None:
             return self._copy_cells(source, slot, n_source)
         if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+            self._drop_cells(slot)
             return 0
         return n_own
 
+    def _reuse_state(self, slot: Slot, prompt: list[int]) -> int:
+        """`_reuse_prefix` on a memory that cannot be trimmed (hybrid, recurrent): the slot's own state when
+        the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
+        limit = len(prompt) - 1
+        n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        if not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+            self.host_cache.save(slot.id, slot.tokens)
+        if saved is not None and n_saved > n_own:
+            return self._restore(saved, n_saved, slot)
+        if not n_own:
+            self._drop_cells(slot)
+        return n_own
+
+    def _restore(self, saved: tuple[int, ...], n: int, slot: Slot) -> int:
+        """Gives `slot` the host cache's state `saved`, cut to its first `n` tokens (whole on exact states)."""
+        self._drop_cells(slot)
+        if self.host_cache.restore(saved, slot.id) and (
+                n == len(saved) or llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, n, -1)):
+            self.metrics["prompt_tokens_restored_total"] = self.metrics.get("prompt_tokens_restored_total", 0) + n
+            return n
+        self._drop_cells(slot)
+        return 0
+
+    def _drop_cells(self, slot: Slot) -> None:
+        """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+
+    def _checkpoints(self, slot: Slot, prompt: list[int], n_common: int) -> list[int]:
+        """The positions of `prompt` at which its state is saved on the way (exact states only): a few
+        tokens before its end, and where it parts from the longest prompt seen before it: the next
+        prompt that starts the same way, on any slot, restores that state instead of evaluating it."""
+        if not self.ctx_checkpoints:
+            return []
+        seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
+        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1)}
+        return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
+
     def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
-        """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped)."""
+        """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped). On exact states the
+        source must hold exactly `n` tokens: llama.cpp copies a recurrent state whole, whatever the range."""
         memory = self.ctx.memory
-        llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+        self._drop_cells(slot)
         if n <= 0:
             return 0
-        if self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
+        if self.exact_states:
+            assert len(source.tokens) == n, "a recurrent state is copied whole"
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
+        elif self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
         else:
             # Each slot has its own stream, and llama.cpp copies between streams only whole:
             # copy all of it, then drop what is past the shared prefix.
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
-            llama_cpp.llama_memory_seq_rm(memory, slot.id, n, -1)
+            if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n, -1):
+                self._drop_cells(slot)
+                return 0
         self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n
         return n
 
@@ -352,12 +411,15 @@ class Scheduler:
             if len(slot.tokens) >= MIN_SHARED_PREFIX:
                 self.host_cache.save(slot.id, slot.tokens)
             n_common = self._copy_cells(twin, slot, twin.n_cached)
-        elif job.request.cache_prompt:
-            n_common = self._reuse_prefix(slot, prompt)
-        else:
+        elif not job.request.cache_prompt:
             self.host_cache.save(slot.id, slot.tokens)
-            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+            self._drop_cells(slot)
             n_common = 0
+        elif self.exact_states:
+            n_common = self._reuse_state(slot, prompt)
+        else:
+            n_common = self._reuse_prefix(slot, prompt)
+        slot.checkpoints = self._checkpoints(slot, prompt, n_common)
         slot.tokens = list(prompt[:n_common])
         slot.client = job.request.client
         slot.job = job
@@ -407,13 +469,17 @@ class Scheduler:
         self.metrics["n_decode_total"] += 1
         self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)
         if status != 0:
-            for slot, _ in sample_rows:
+            # every slot with tokens in the batch: a slot midway through its prompt holds none of them either
+            for slot in dict.fromkeys([*(s for s, _ in sample_rows), *evaluated]):
                 if slot.job is not None:
                     self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
                     self._forget_cache(slot)
                     self._release(slot)
             return
         for slot in evaluated:
+            if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
+                slot.checkpoints.pop(0)
+                self.host_cache.save(slot.id, slot.tokens)
             self._progress(slot)
         for slot, row in sample_rows:
             if slot.job is not None:
@@ -437,15 +503,18 @@ class Scheduler:
             return []
         self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
         reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
+        # a slot's batch ends at its next checkpoint: the state is saved after the decode
+        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
+                else len(s.to_evaluate) for s in reading}
         shares = {s.id: 0 for s in reading}
         open_slots = list(reading)
         while budget > 0 and open_slots:
             even = max(1, budget // len(open_slots))
             for slot in list(open_slots):
-                give = min(even, len(slot.to_evaluate) - shares[slot.id], budget)
+                give = min(even, room[slot.id] - shares[slot.id], budget)
                 shares[slot.id] += give
                 budget -= give
-                if shares[slot.id] == len(slot.to_evaluate):
+                if shares[slot.id] == room[slot.id]:
                     open_slots.remove(slot)
                 if budget == 0:
                     break
@@ -558,10 +627,12 @@ class Scheduler:
         slot.job = None
         slot.next_token = None
         slot.to_evaluate = []
+        slot.checkpoints = []
         slot.last_used = next(self._use_counter)
         # Tokens queued for this slot but never decoded are not in the cache: forget them.
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, len(slot.tokens), -1)
+        if not llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, len(slot.tokens), -1):
+            self._forget_cache(slot)
 
     def _forget_cache(self, slot: Slot) -> None:
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+        self._drop_cells(slot)
         slot.tokens = []

@@ -282,6 +282,8 @@ def props(service: Service) -> dict[str, Any]:
         "model_alias": service.model_name,
         "model_ftype": info.ftype,
         "model_path": str(info.path),
+        # kinetic's: which cache paths apply (docs/models.md); llama-server has no such field
+        "memory_kind": info.memory_kind,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": service.settings.slots,
         "endpoint_props": service.settings.props,

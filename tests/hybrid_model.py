@@ -1,0 +1,164 @@
+"""Tiny random-weight GGUFs of the architectures whose memory is not one KV cell per token.
+
+The course's own models are hybrid (Qwen3.5, LFM2: attention layers beside recurrent ones whose state is
+one snapshot per sequence), so every cache path must be tried on such a memory. No such model can be
+downloaded in the tests, and none ships in a package: these are written at test time with the `gguf`
+package, with the bundled Gemma's tokenizer copied in (a real vocabulary, so prompts tokenize as on
+Gemma). Their weights are random, so their text is nonsense, but it is the same on every load, which is
+all the cache tests need: a cached prefix must give the very tokens a fresh evaluation gives.
+
+- `lfm2`: LFM2 with 4 layers, short convolution / attention / short convolution / attention
+  (`attention.head_count_kv` [0, 2, 0, 2]: a 0 makes that layer a convolution). llama.cpp gives it a
+  hybrid memory (llama_model_is_hybrid).
+- `mamba`: Mamba with 2 layers, all recurrent (llama_model_is_recurrent).
+
+The output layer shares the token embedding and the final norm is scaled so that the logits spread
+wide: near-ties at the top would let the arithmetic of different batch shapes pick different greedy
+tokens even with an exact cache, and the tests compare greedy texts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+N_EMBD = 64
+N_CTX_TRAIN = 4096
+SEED = 20
+FORMAT_VERSION = 1  # bump when the weights or the layout change: the cached files are rebuilt
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KINETIC_TEST_MODELS", Path.home() / ".cache" / "kinetic" / "test-models"))
+
+
+def _copy_tokenizer(writer: Any, source: Path) -> None:
+    """Every tokenizer.* key of `source` (the bundled Gemma), with its GGUF type."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    for field in reader.fields.values():
+        if not field.name.startswith("tokenizer.") or field.name == "tokenizer.chat_template":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(field.name, field.contents(), vtype)
+
+
+def _random(rng: np.random.Generator, *shape: int, scale: float | None = None) -> np.ndarray:
+    """Weights for a matrix whose numpy shape is (out, in): scaled by its fan-in, as an init would."""
+    std = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def _token_embedding(rng: np.random.Generator, n_vocab: int) -> np.ndarray:
+    return (rng.standard_normal((n_vocab, N_EMBD)) * 0.1).astype(np.float16)
+
+
+def _write_lfm2(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
+    head_count, head_dim, n_ff, l_cache = 4, 16, 128, 3
+    kv_heads = [0, 2, 0, 2]
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(len(kv_heads))
+    writer.add_head_count(head_count)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_shortconv_l_cache(l_cache)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tensor("token_embd.weight", _token_embedding(rng, n_vocab))
+    # LFM2's final norm is stored under this name in llama.cpp; a large weight spreads the logits
+    writer.add_tensor("token_embd_norm.weight", np.full(N_EMBD, 12.0, dtype=np.float32))
+    for i, n_kv in enumerate(kv_heads):
+        block = f"blk.{i}"
+        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{block}.ffn_gate.weight", _random(rng, n_ff, N_EMBD))
+        writer.add_tensor(f"{block}.ffn_up.weight", _random(rng, n_ff, N_EMBD))
+        writer.add_tensor(f"{block}.ffn_down.weight", _random(rng, N_EMBD, n_ff))
+        if n_kv == 0:
+            writer.add_tensor(f"{block}.shortconv.conv.weight", _random(rng, N_EMBD, l_cache, scale=0.5))
+            writer.add_tensor(f"{block}.shortconv.in_proj.weight", _random(rng, 3 * N_EMBD, N_EMBD))
+            writer.add_tensor(f"{block}.shortconv.out_proj.weight", _random(rng, N_EMBD, N_EMBD))
+        else:
+            writer.add_tensor(f"{block}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"{block}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"{block}.attn_q.weight", _random(rng, head_count * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_k.weight", _random(rng, n_kv * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_v.weight", _random(rng, n_kv * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_output.weight", _random(rng, N_EMBD, head_count * head_dim))
+
+
+def _write_mamba(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
+    n_layer, d_conv, d_state, dt_rank = 2, 4, 16, 4
+    d_inner = 2 * N_EMBD  # llama.cpp supports an expansion factor of 2 only
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_block_count(n_layer)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tensor("token_embd.weight", _token_embedding(rng, n_vocab))
+    writer.add_tensor("output_norm.weight", np.full(N_EMBD, 12.0, dtype=np.float32))
+    for i in range(n_layer):
+        block = f"blk.{i}"
+        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{block}.ssm_in.weight", _random(rng, 2 * d_inner, N_EMBD))
+        writer.add_tensor(f"{block}.ssm_conv1d.weight", _random(rng, d_inner, d_conv, scale=0.5))
+        writer.add_tensor(f"{block}.ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+        writer.add_tensor(f"{block}.ssm_x.weight", _random(rng, dt_rank + 2 * d_state, d_inner))
+        writer.add_tensor(f"{block}.ssm_dt.weight", _random(rng, d_inner, dt_rank))
+        writer.add_tensor(f"{block}.ssm_dt.bias", np.full(d_inner, -2.0, dtype=np.float32))
+        # A = -exp(A_log) with Mamba's A_log = log(1..d_state), as the converter stores it
+        a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
+        writer.add_tensor(f"{block}.ssm_a", a)
+        writer.add_tensor(f"{block}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        writer.add_tensor(f"{block}.ssm_out.weight", _random(rng, N_EMBD, d_inner))
+
+
+ARCHITECTURES: dict[str, Callable[[Any, np.random.Generator, int], None]] = {
+    "lfm2": _write_lfm2,
+    "mamba": _write_mamba,
+}
+
+
+def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path:
+    import gguf
+
+    reader_vocab = len(gguf.GGUFReader(str(tokenizer_source)).fields["tokenizer.ggml.tokens"].data)
+    partial = target.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(partial), architecture)
+    writer.add_name(f"kinetic-test-{architecture}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    _copy_tokenizer(writer, tokenizer_source)
+    ARCHITECTURES[architecture](writer, np.random.default_rng(SEED), reader_vocab)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(partial, target)
+    return target
+
+
+def tiny_model(architecture: str) -> Path:
+    """The cached tiny model of `architecture` (written on first use from the bundled Gemma's tokenizer)."""
+    from kinetic.models import bundled_model_path
+
+    target = cache_dir() / f"kinetic-test-{architecture}-v{FORMAT_VERSION}.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return write_model(architecture, bundled_model_path(), target)
+

@@ -14,6 +14,7 @@ Three modes, each measured in one run with the servers taking turns (never decod
     python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3] [--constrained]
     python bench/bench_streams.py classroom [--students 16] [--spacing 0.25]
     python bench/bench_streams.py class-size [--sizes 8,12,16,20,24] [--duration 40] [--defaults]
+    python bench/bench_streams.py classroom --model tiny:lfm2     # a hybrid model (docs/models.md)
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
@@ -53,6 +54,13 @@ PROMPT = "The history of the printing press begins"
 
 
 def model_path(given: str | None) -> str:
+    """A GGUF path, `tiny:lfm2` or `tiny:mamba` (the tests' hybrid and recurrent models, written on first
+    use: tests/hybrid_model.py), or the bundled model."""
+    if given and given.startswith("tiny:"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.hybrid_model import tiny_model
+
+        return str(tiny_model(given.removeprefix("tiny:")))
     if given:
         return given
     from kinetic.models import bundled_model_path
@@ -210,7 +218,7 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["streams", "classroom", "class-size"])
-    parser.add_argument("--model", help="GGUF (default: the bundled model)")
+    parser.add_argument("--model", help="GGUF, or tiny:lfm2 / tiny:mamba (default: the bundled model)")
     parser.add_argument("--llama-server", help="llama-server binary to compare with")
     parser.add_argument("--no-llama-server", action="store_true", help="measure kinetic alone")
     parser.add_argument("-c", "--ctx", type=int, default=8192)

@@ -138,8 +138,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cache_ram", ("-cram", "--cache-ram"), "MiB of host memory for prompt prefixes a slot moved on from, "
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
     Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
-         "hybrid and recurrent models: prompt states saved per slot on the way, restored by later prompts that "
-         "start the same way (kept in the --cache-ram store; 0 = off)", metavar="N"),
+         "hybrid/recurrent models: prompt states kept per slot (in --cache-ram; 0 = off)", metavar="N"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),

@@ -7,7 +7,7 @@ runs them in a worker thread, never on the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kinetic.chat.constraints import chat_constraints, output_grammar
@@ -27,6 +27,7 @@ from kinetic.chat.types import (
     TextPart,
 )
 from kinetic.engine.base import Engine
+from kinetic.engine.text import common_prefix
 from kinetic.engine.types import GenerationRequest, SamplingParams
 from kinetic.errors import InvalidRequestError, field_error
 
@@ -108,6 +109,20 @@ class ChatLayer:
             prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
         return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
                             starts_in_reasoning=starts_in_reasoning)
+
+    def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], *,
+                           tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any] | None) -> int:
+        """Where the last message starts in `tokens`: the conversation before it is what the next turn,
+        and the next student with the same system prompt, send again. Only hybrid and recurrent models
+        use it (a checkpoint is saved there, scheduler.py); 0 on the others, which render nothing more."""
+        if len(messages) < 2 or self.engine.require_ready().memory_kind == "attention":
+            return 0
+        try:
+            earlier = self.template.render([template_message(m) for m in messages[:-1]], add_generation_prompt=False,
+                                           tools=tools, kwargs=self.template_variables(template_kwargs))
+        except Exception:  # a template may refuse a conversation that does not end with a user turn
+            return 0
+        return common_prefix(self.tokenize_prompt(earlier), tokens)
 
     def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
@@ -208,6 +223,10 @@ class ChatLayer:
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message)
         generation = self.generation(rendered.tokens, req.options, constraints.grammar)
+        shared = self.last_message_start(req.messages, rendered.tokens, tools=constraints.tools,
+                                         template_kwargs=req.template_kwargs)
+        if shared:
+            generation = replace(generation, checkpoint_at=shared)
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,
                                 reasoning_format=req.reasoning_format or self.defaults.reasoning_format,

@@ -64,6 +64,9 @@ class GenerationRequest:
     n_keep: int = 0
     post_sampling_probs: bool = False  # n_probs from the sampler chain's candidates, as probabilities
     return_progress: bool = False  # emit PromptProgress while the prompt is evaluated
+    # a prompt position other prompts are likely to share (where a chat's last message starts): on
+    # hybrid and recurrent models the state there is saved (llama-server's user-message checkpoints)
+    checkpoint_at: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ attention model, but never claims cells the answer was not computed from.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Iterator
 
@@ -73,7 +74,7 @@ def one_slot(architecture: str, model_lock: None) -> Iterator[KineticServer]:
 @pytest.fixture(scope="module")
 def unified(architecture: str, model_lock: None) -> Iterator[KineticServer]:
     """kinetic's default: 16 slots over one unified cache (cells shared between slots)."""
-    with KineticServer("-m", str(tiny_model(architecture)), "-c", "4096", "--metrics") as server:
+    with KineticServer("-m", str(tiny_model(architecture)), "-c", "4096", "--metrics", "--embeddings") as server:
         yield server
 
 
@@ -212,3 +213,47 @@ def test_separate_streams_share_and_keep_serving(two_streams: KineticServer, ref
         thread.join()
     assert results["long"]["content"].startswith(references["UNRELATED"])
     assert results["long"]["timings"]["predicted_n"] == 300
+
+
+def test_the_rest_of_the_server_on_the_model(unified: KineticServer, architecture: str) -> None:
+    """The chat route (no template in the GGUF: the fallback), a constrained answer, /metrics and the
+    embedding routes work on this memory as on Gemma."""
+    url = unified.url
+    chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+        "max_tokens": 8, "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["completion_tokens"] > 0
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    constrained = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}})
+    assert constrained.status_code == 200, constrained.text
+    assert isinstance(json.loads(constrained.json()["choices"][0]["message"]["content"])["ok"], bool)
+    metrics = httpx.get(url + "/metrics").text
+    assert "llamacpp:prompt_tokens_total" in metrics and "llamacpp:tokens_predicted_total" in metrics
+    embedded = httpx.post(url + "/v1/embeddings", json={"input": ["one", "two words"]}, timeout=120)
+    assert embedded.status_code == 200, embedded.text
+    vectors = [item["embedding"] for item in embedded.json()["data"]]
+    assert [len(v) for v in vectors] == [64, 64] and vectors[0] != vectors[1]
+
+
+def test_a_chat_class_shares_its_system_prompt_from_the_second_student(unified: KineticServer) -> None:
+    """On the chat route the state is also saved where the last message starts (the end of the system
+    prompt and the template's preamble), so already the second student starts from it."""
+    url = unified.url
+    system = "You are the assistant of a course on serving language models locally. " * 12
+
+    def ask(question: str, **extra: Any) -> dict[str, Any]:
+        response = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 8, "temperature": 0, **extra})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    questions = ["What is a slot?", "Why does cache_n grow?", "How many tokens per second?"]
+    expected = [ask(q, cache_prompt=False)["choices"][0]["message"]["content"] for q in questions]
+    n_system = len(httpx.post(url + "/tokenize", json={"content": system}).json()["tokens"])
+    answers = [ask(q, id_slot=12 + i) for i, q in enumerate(questions)]
+    assert [a["choices"][0]["message"]["content"] for a in answers] == expected
+    assert all(a["timings"]["cache_n"] >= n_system for a in answers[1:])

@@ -361,14 +361,17 @@ class Scheduler:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
 
-    def _checkpoints(self, slot: Slot, prompt: list[int], n_common: int) -> list[int]:
-        """The positions of `prompt` at which its state is saved on the way (exact states only): a few
-        tokens before its end, and where it parts from the longest prompt seen before it: the next
-        prompt that starts the same way, on any slot, restores that state instead of evaluating it."""
+    def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
+        """The positions of the prompt at which its state is saved on the way (exact states only): a few
+        tokens before its end, where its last chat message starts (`checkpoint_at`), and where it parts
+        from the longest prompt seen before it. The next prompt that starts the same way, on any slot,
+        restores that state instead of evaluating it."""
         if not self.ctx_checkpoints:
             return []
+        prompt = request.prompt_tokens
         seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
-        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1)}
+        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1),
+                     min(request.checkpoint_at, len(prompt) - 1)}
         return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
 
     def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
@@ -419,7 +422,7 @@ class Scheduler:
             n_common = self._reuse_state(slot, prompt)
         else:
             n_common = self._reuse_prefix(slot, prompt)
-        slot.checkpoints = self._checkpoints(slot, prompt, n_common)
+        slot.checkpoints = self._checkpoints(job.request, n_common)
         slot.tokens = list(prompt[:n_common])
         slot.client = job.request.client
         slot.job = job

@@ -473,8 +473,9 @@ class Scheduler:
         self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)
         if status != 0:
             # every slot with tokens in the batch: a slot midway through its prompt holds none of them either
-            for slot in dict.fromkeys([*(s for s, _ in sample_rows), *evaluated]):
-                if slot.job is not None:
+            in_batch = {s.id for s, _ in sample_rows} | {s.id for s in evaluated}
+            for slot in self.slots:
+                if slot.id in in_batch and slot.job is not None:
                     self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
                     self._forget_cache(slot)
                     self._release(slot)

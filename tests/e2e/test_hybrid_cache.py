@@ -64,10 +64,12 @@ def references(architecture: str, model_lock: None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def one_slot(architecture: str, model_lock: None) -> Iterator[KineticServer]:
+def one_slot(architecture: str, model_lock: None, tmp_path_factory: pytest.TempPathFactory,
+             ) -> Iterator[KineticServer]:
     """The lab's own server line: one slot, so other prompts go through the host-memory cache."""
+    slot_files = tmp_path_factory.mktemp("slot-files")
     with KineticServer("-m", str(tiny_model(architecture)), "-c", "2048", "-np", "1",
-                       "--slot-save-path", "slot-files") as server:
+                       "--slot-save-path", str(slot_files)) as server:
         yield server
 
 

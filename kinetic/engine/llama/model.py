@@ -20,6 +20,25 @@ from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has Intel AMX (Linux tells; elsewhere assume not)."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def default_model_params() -> Any:
+    """llama.cpp's defaults, except on a CPU with AMX: llama-cpp-python builds for the machine it is
+    installed on, and there ggml's AMX kernels take the weights of the quantized matrices and crash the
+    process (SIGSEGV in ggml_backend_amx_mul_mat on the bundled Gemma's first decode, measured on a Xeon
+    with amx_int8). Without the extra buffer types the same weights run on the AVX kernels."""
+    params = llama_cpp.llama_model_default_params()
+    if cpu_has_amx():
+        params.use_extra_bufts = False
+    return params
+
+
 class LoadedModel:
     """llama.cpp's model and vocabulary handles plus the tokenizer calls kinetic makes."""
 
@@ -29,7 +48,7 @@ class LoadedModel:
         self.path = path
         self.verbose = verbose
         try:
-            self.model = _internals.LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
+            self.model = _internals.LlamaModel(path_model=str(path), params=default_model_params(),
                                                verbose=verbose)
         except ValueError as exc:
             raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "

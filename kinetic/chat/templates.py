@@ -28,6 +28,7 @@ import jinja2
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from kinetic.chat.callformats import detect_call_format
 from kinetic.errors import InvalidRequestError
 
 BUILTIN_NAMES = ("chatml", "gemma", "llama3")  # kinetic's Jinja built-ins (they render tools too)
@@ -126,6 +127,33 @@ class ChatTemplate:
         return "<think>" in self.source
 
     @property
+    def call_format(self) -> str:
+        """The tool-call format the template speaks (kinetic.chat.callformats)."""
+        return detect_call_format(self.source)
+
+    @property
+    def renders_tool_calls(self) -> bool:
+        """Whether an assistant turn's `tool_calls` reach the prompt (llama.cpp's caps probe): LFM's
+        templates print only `content`, so a past call must be written there."""
+        cached = self.__dict__.get("_renders_tool_calls")
+        if cached is None:
+            cached = self._probe_tool_calls()
+            object.__setattr__(self, "_renders_tool_calls", cached)
+        return cached
+
+    def _probe_tool_calls(self) -> bool:
+        call = {"id": "call00001", "type": "function",
+                "function": {"name": "kinetic_probe_tool", "arguments": {"arg": "kinetic_probe_value"}}}
+        probe = [{"role": "user", "content": "User message"},
+                 {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                 {"role": "user", "content": "User message"}]
+        try:  # no tools listed, so the name can only come from the call
+            return "kinetic_probe_tool" in self.render(probe, kwargs={"enable_thinking": False})
+        except InvalidRequestError:
+            return True  # a template that refuses the probe is left to render calls its own way
+
+    @property
     def supports_thinking(self) -> bool:
         """Whether thinking can be switched: `enable_thinking` changes the generation prompt, or that
         prompt opens a reasoning block by itself (llama-server's supports_thinking, by probing)."""
@@ -198,6 +226,14 @@ class LlamaBuiltinTemplate(ChatTemplate):
     @property
     def thinks(self) -> bool:
         return False
+
+    @property
+    def call_format(self) -> str:
+        return "json"
+
+    @property
+    def renders_tool_calls(self) -> bool:
+        return True  # llama.cpp's legacy renderer: roles and text only, as llama-server renders it
 
     @property
     def supports_thinking(self) -> bool:

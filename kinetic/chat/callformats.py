@@ -12,8 +12,10 @@ call on Qwen3.5 is its XML, on LFM2 its Python-style list, on Hermes its `<tool_
   llama3       {"name": NAME, "parameters": {...}}            (also after <|python_tag|>)
   mistral      [TOOL_CALLS][{"name": NAME, "arguments": {...}, "id": "abcDEF123"}]
   mistral-args [TOOL_CALLS]NAME[ARGS]{...}
-  deepseek-r1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
-  deepseek-v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+  deepseek-r1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
+               <｜tool▁call▁end｜><｜tool▁calls▁end｜>
+  deepseek-v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+               <｜tool▁calls▁end｜>
   command-r7b  <|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME, "parameters": {...}}]<|END_ACTION|>
   gpt-oss      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
   json         kinetic's own: {"name": NAME, "arguments": {...}} (templates that name no format)
@@ -486,17 +488,20 @@ class MistralArgsFormat(CallFormat):
         return FoundCalls(text[:first.start()].strip(), calls)
 
     def render(self, calls: list[FoundCall]) -> str:
-        return "".join(f"[TOOL_CALLS]{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}" for c in calls)
+        return "".join(f"[TOOL_CALLS]{call.name}[ARGS]{json.dumps(call.arguments, ensure_ascii=False)}"
+                       for call in calls)
 
     def call_rule(self, builder: GrammarBuilder, tool: dict[str, Any], index: int) -> str:
-        return f'{gbnf_literal("[TOOL_CALLS]" + _function(tool)["name"] + "[ARGS]")} {builder.schema(_parameters(tool))}'
+        head = gbnf_literal("[TOOL_CALLS]" + _function(tool)["name"] + "[ARGS]")
+        return f"{head} {builder.schema(_parameters(tool))}"
 
     def calls_rule(self, one: str, parallel: bool) -> str:
         return f"{one}+" if parallel else one
 
 
 class DeepSeekFormat(CallFormat):
-    """DeepSeek R1 (`function<｜tool▁sep｜>NAME` and a fenced JSON block) and V3.1 (`NAME<｜tool▁sep｜>{...}`)."""
+    """DeepSeek R1 (`function<｜tool▁sep｜>NAME` and a fenced JSON block) and V3.1
+    (`NAME<｜tool▁sep｜>{...}`)."""
 
     calls_begin, calls_end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
     call_begin, sep, call_end = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"

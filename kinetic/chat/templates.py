@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -71,8 +74,20 @@ class _TemplateEnvironment(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator_name, left, right)
 
 
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` (Hugging Face's mark of the assistant's own text, for
+    training masks; LFM2.5-8B-A1B's template uses it) renders its body as it is, as llama.cpp does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

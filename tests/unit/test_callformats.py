@@ -45,6 +45,7 @@ def compile_schema(schema: dict) -> str:
 
 @pytest.mark.parametrize("template, expected", [
     ("Qwen3.5-4B", "qwen-xml"), ("Qwen3-Coder", "qwen-xml"), ("LFM2.5-Instruct", "lfm2"), ("LFM2-8B-A1B", "lfm2"),
+    ("LFM2.5-8B-A1B", "lfm2"),
     ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "hermes"), ("Qwen-Qwen3-0.6B", "hermes"),
     ("Qwen-QwQ-32B", "hermes"), ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
     ("meta-llama-Llama-3.3-70B-Instruct", "llama3"), ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
@@ -254,6 +255,7 @@ def test_a_past_call_survives_a_template_that_ignores_tool_calls(template: str) 
     ("Qwen3.5-4B", "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>"),
     ("Qwen-Qwen3-0.6B", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "<｜tool▁sep｜>get_weather\n```json\n"),
+    ("LFM2.5-8B-A1B", "<|tool_call_start|>[get_weather(city='Rome')]<|tool_call_end|>"),  # a {% generation %} block
 ])
 def test_templates_that_render_calls_render_them_once(template: str, written: str) -> None:
     layer = layer_for(template)

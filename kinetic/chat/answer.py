@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kinetic.chat.callformats import JSON
+from kinetic.chat.callformats import JSON, reasoning_enders
 from kinetic.chat.reasoning import ReasoningSplitter
 from kinetic.chat.toolcalls import (
     AutoCallStream,
@@ -36,8 +36,14 @@ def forced_in_json(prepared: PreparedChat) -> bool:
     return prepared.tool_mode == "forced" and prepared.call_format == JSON
 
 
+def reasoning_splitter(prepared: PreparedChat) -> ReasoningSplitter:
+    enders = reasoning_enders(prepared.call_format) if prepared.tool_mode != "none" else ()
+    return ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning,
+                             also_ends=enders)
+
+
 def parse_answer(text: str, prepared: PreparedChat) -> Answer:
-    splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
+    splitter = reasoning_splitter(prepared)
     reasoning, content = splitter.push(text)
     tail_reasoning, tail_content = splitter.flush()
     content += tail_content
@@ -71,7 +77,7 @@ class AnswerStream:
 
     def __init__(self, prepared: PreparedChat):
         self.legacy = prepared.reasoning_format == "deepseek-legacy"
-        self.splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
+        self.splitter = reasoning_splitter(prepared)
         self.forced = ForcedCallStreamer() if forced_in_json(prepared) else None
         self.forced_text = ""  # forced output, returned as text if it never became a call
         self.auto = None if self.forced is not None or prepared.tool_mode == "none" else AutoCallStream(

@@ -191,6 +191,7 @@ class CallFormat:
 
     name = "json"
     markers: tuple[str, ...] = ()  # texts that open a call: what precedes them is content
+    ends_reasoning: tuple[str, ...] = ()  # texts that close an open think block as well as </think>
 
     def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
         raise NotImplementedError
@@ -282,6 +283,7 @@ class QwenXmlFormat(CallFormat):
 
     name = "qwen-xml"
     markers = ("<tool_call>", "<function=")
+    ends_reasoning = ("<tool_call>",)  # llama-server's thinking_end_tags for these templates
     _call = re.compile(r"(?:<tool_call>\s*)?<function=([^>\n]+)>(.*?)</function>\s*(?:</tool_call>)?", re.DOTALL)
     _parameter = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
     _text_rule = '( [^<] | "<" [^/] )*'  # a value never holds "</": the grammar closes it there
@@ -643,6 +645,11 @@ def detect_call_format(source: str) -> str:
 def format_markers(name: str) -> tuple[str, ...]:
     fmt = FORMATS.get(name)
     return fmt.markers if fmt else ()
+
+
+def reasoning_enders(name: str) -> tuple[str, ...]:
+    fmt = FORMATS.get(name)
+    return fmt.ends_reasoning if fmt else ()
 
 
 def parse_in_format(name: str, text: str, parameters: ParameterSchemas) -> FoundCalls | None:

@@ -211,6 +211,19 @@ def test_a_call_in_the_format_streams_as_deltas_after_the_content_and_reasoning(
     assert whole.content == "One moment." and [c.name for c in whole.calls] == ["get_weather"]
 
 
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_a_qwen_call_started_inside_an_open_think_block_ends_the_reasoning(step: int) -> None:
+    text = "I need the weather.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n" \
+           "</function>\n</tool_call>"
+    reasoning, content, calls = streamed(prepared("qwen-xml", in_reasoning=True), text, step)
+    assert reasoning.strip() == "I need the weather." and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Rome"})]
+    whole = parse_answer(text, prepared("qwen-xml", in_reasoning=True))
+    assert whole.reasoning.strip() == "I need the weather." and [c.name for c in whole.calls] == ["get_weather"]
+    plain = parse_answer(text, prepared("qwen-xml", "none", in_reasoning=True))  # no tools: all of it is thought
+    assert plain.calls == [] and "<tool_call>" in plain.reasoning
+
+
 def test_a_forced_call_in_the_format_comes_back_as_a_call() -> None:
     text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"
     answer = parse_answer(text, prepared("qwen-xml", "forced"))

@@ -147,9 +147,12 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _properties(tool: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(name, schema, required) of each parameter; each schema carries the definitions its `$ref`s
+    may point to, since it is compiled on its own."""
     parameters = _parameters(tool)
     required = set(parameters.get("required") or ())
-    return [(name, schema if isinstance(schema, dict) else {}, name in required)
+    definitions = {key: parameters[key] for key in ("$defs", "definitions") if key in parameters}
+    return [(name, {**schema, **definitions} if isinstance(schema, dict) else {}, name in required)
             for name, schema in (parameters.get("properties") or {}).items()]
 
 

@@ -111,6 +111,19 @@ def test_optional_arguments_may_be_left_out_required_ones_not() -> None:
         assert not accepts(grammar, FORMATS[name].render([FoundCall("get_weather", {"days": 2})]))
 
 
+def test_parameters_refer_to_the_tools_definitions() -> None:
+    """Pydantic writes nested models as `$ref`s into `$defs`: each parameter is compiled with them."""
+    parameters = {"type": "object", "$defs": {"Place": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Rome"]}}, "required": ["city"]}},
+        "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"]}
+    tool = {"type": "function", "function": {"name": "visit", "parameters": parameters}}
+    call = FoundCall("visit", {"place": {"city": "Rome"}})
+    for name in ("qwen-xml", "lfm2"):
+        grammar = FORMATS[name].grammar([tool], compile_schema)
+        assert accepts(grammar, FORMATS[name].render([call]))
+        assert not accepts(grammar, FORMATS[name].render([FoundCall("visit", {"place": {"city": "Oslo"}})]))
+
+
 def test_rules_of_embedded_schemas_are_renamed_apart() -> None:
     grammar = 'root ::= "[" item "]" space\nitem ::= [a-z] | "root" item\nspace ::= " "?'
     renamed = prefixed_rules(grammar, "p")

@@ -75,6 +75,9 @@ def template_message(message: Message, calls_in_text: str | None = None) -> dict
     data: dict[str, Any] = {**message.extra, "role": message.role}
     if message.parts is not None:
         data["content"] = message.text
+    elif message.tool_calls:
+        # a call turn's text is "", not missing: QwQ's template reads it (llama-server's requires_non_null_content)
+        data["content"] = ""
     if calls_in_text is not None and message.tool_calls:
         written = rendered_calls(calls_in_text, [FoundCall(c.name, c.arguments) for c in message.tool_calls])
         data["content"] = "\n".join(text for text in (message.text, written) if text)

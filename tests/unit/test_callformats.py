@@ -277,6 +277,20 @@ def test_a_past_call_survives_a_template_that_ignores_tool_calls(template: str) 
         in chat.prompt
 
 
+@pytest.mark.parametrize("template", sorted(path.stem for path in TEMPLATES.glob("*.jinja")))
+def test_a_past_call_survives_every_template(template: str) -> None:
+    """The call's argument reaches the prompt between the question and the tool's answer, whether the
+    template renders `tool_calls` itself or kinetic writes the call into the turn's text."""
+    history = (user("Weather?"),
+               Message(role="assistant", parts=None,
+                       tool_calls=(ToolCall("get_weather", {"city": "Zanzibar"}, "call00001"),)),
+               Message(role="tool", parts=(TextPart("sunny"),), tool_call_id="call00001", name="get_weather"))
+    tool = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+    _, chat = layer_for(template).prepare_chat(ChatRequest(messages=history, tools=(tool,)))
+    assert chat.prompt.count("Zanzibar") == 1
+    assert chat.prompt.rindex("Weather?") < chat.prompt.index("Zanzibar") < chat.prompt.index("sunny")
+
+
 @pytest.mark.parametrize("template, written", [
     ("Qwen3.5-4B", "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>"),
     ("Qwen-Qwen3-0.6B", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),

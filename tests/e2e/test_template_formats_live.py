@@ -166,3 +166,16 @@ def test_anthropic_forced_tool_use_comes_back_as_a_tool_use_block(router: str, m
     assert message.stop_reason == "tool_use"
     assert [block.type for block in message.content] == ["tool_use"]
     check_call(message.content[0].name, message.content[0].input)  # type: ignore[union-attr]
+
+
+def test_anthropic_streamed_named_tool_use_on_a_thinking_template(router: str) -> None:
+    client = anthropic.Anthropic(base_url=router, api_key="sk-test", max_retries=0, timeout=120)
+    with client.messages.stream(
+            model="qwen35", max_tokens=FORCED_MAX_TOKENS, messages=QUESTION,  # type: ignore[arg-type]
+            tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0},
+            tools=[{"name": "get_weather", "description": "Weather in a city", "input_schema": PARAMETERS}]) as stream:
+        kinds = [event.type for event in stream]
+        message = stream.get_final_message()
+    assert "input_json" in kinds and message.stop_reason == "tool_use"  # the SDK's event for input_json_delta
+    assert [block.type for block in message.content] == ["tool_use"]
+    check_call(message.content[0].name, message.content[0].input)  # type: ignore[union-attr]

@@ -72,8 +72,8 @@ class AnswerStream:
 
     Forced calls in kinetic's JSON shape stream as soon as each piece is known; with `auto`, and for
     calls forced into the template's own format, text that may be a call is held back and parsed at
-    the end. `deepseek-legacy` streams keep the thoughts
-    inside the content, so no reasoning pieces are given for it."""
+    the end. `deepseek-legacy` streams keep the thoughts inside the content, so no reasoning pieces
+    are given for it."""
 
     def __init__(self, prepared: PreparedChat):
         self.legacy = prepared.reasoning_format == "deepseek-legacy"

@@ -17,6 +17,7 @@ call on Qwen3.5 is its XML, on LFM2 its Python-style list, on Hermes its `<tool_
   deepseek-v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
                <｜tool▁calls▁end｜>
   command-r7b  <|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME, "parameters": {...}}]<|END_ACTION|>
+  command-r-plus  Action:\n```json\n[{"tool_name": NAME, "parameters": {...}}]```
   gpt-oss      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
   json         kinetic's own: {"name": NAME, "arguments": {...}} (templates that name no format)
 
@@ -586,6 +587,44 @@ class CommandR7bFormat(CallFormat):
         return f'"<|START_ACTION|>[\\n    " {one}{more} "\\n]<|END_ACTION|>"'
 
 
+class CommandRPlusFormat(CallFormat):
+    """Command R+ (tool_use template): `Action:` and a fenced JSON list of `tool_name`/`parameters`;
+    its `directly-answer` action means no call."""
+
+    name = "command-r-plus"
+    markers = ("Action:",)
+    _action = re.compile(r"Action:\s*(?:```(?:json)?)?\s*(\[.*?\])\s*(?:```|$)", re.DOTALL)
+
+    def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
+        match = self._action.search(text)
+        if not match:
+            return None
+        try:
+            items = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("tool_name"), str)
+                                                  for i in items):
+            return None
+        calls = [FoundCall(i["tool_name"], i.get("parameters", {})) for i in items
+                 if i["tool_name"] != "directly-answer"]
+        return FoundCalls(text[:match.start()].strip(), calls) if calls else None
+
+    def render(self, calls: list[FoundCall]) -> str:
+        listed = ",\n    ".join(json.dumps({"tool_name": call.name, "parameters": call.arguments}, ensure_ascii=False)
+                                for call in calls)
+        return f"Action:\n```json\n[\n    {listed}\n]```"
+
+    def call_rule(self, builder: GrammarBuilder, tool: dict[str, Any], index: int) -> str:
+        head = gbnf_literal(f'{{"tool_name": {json.dumps(_function(tool)["name"])}, "parameters": ')
+        return f'{head} {builder.schema(_parameters(tool))} "}}"'
+
+    def calls_rule(self, one: str, parallel: bool) -> str:
+        opening, closing = gbnf_literal("Action:\n```json\n[\n    "), gbnf_literal("\n]```")
+        more = f' ( ",\\n    " {one} )*' if parallel else ""
+        return f"{opening} {one}{more} {closing}"
+
+
 class GptOssFormat(CallFormat):
     """GPT-OSS's harmony channels: a call is a commentary message addressed to functions.NAME."""
 
@@ -620,7 +659,8 @@ class GptOssFormat(CallFormat):
 JSON = "json"  # kinetic's own shape, compiled and streamed by kinetic.chat.toolcalls
 FORMATS: dict[str, CallFormat] = {fmt.name: fmt for fmt in (
     HermesFormat(), Llama3Format(), QwenXmlFormat(), Lfm2Format(), MistralFormat(), MistralArgsFormat(),
-    DeepSeekFormat(fenced=True), DeepSeekFormat(fenced=False), CommandR7bFormat(), GptOssFormat())}
+    DeepSeekFormat(fenced=True), DeepSeekFormat(fenced=False), CommandR7bFormat(), CommandRPlusFormat(),
+    GptOssFormat())}
 
 
 def detect_call_format(source: str) -> str:
@@ -636,6 +676,8 @@ def detect_call_format(source: str) -> str:
         return "deepseek-r1" if "```json" in source else "deepseek-v3"
     if "<|START_ACTION|>" in source:
         return "command-r7b"
+    if "Write \\'Action:\\'" in source or ("Action:" in source and "directly-answer" in source):
+        return "command-r-plus"
     if "[TOOL_CALLS]" in source:
         return "mistral-args" if "[ARGS]" in source else "mistral"
     if "<tool_call>" in source and "<arg_key>" not in source and "<invoke name=" not in source:

@@ -52,6 +52,7 @@ def compile_schema(schema: dict) -> str:
     ("Mistral-Small-3.2-24B-Instruct-2506", "mistral-args"),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek-r1"), ("deepseek-ai-DeepSeek-V3.1", "deepseek-v3"),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command-r7b"), ("openai-gpt-oss-120b", "gpt-oss"),
+    ("CohereForAI-c4ai-command-r-plus-tool_use", "command-r-plus"),
 ])
 def test_the_format_is_read_from_the_template(template: str, expected: str) -> None:
     assert detect_call_format((TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")) == expected
@@ -93,7 +94,7 @@ def test_the_grammar_holds_name_arguments_and_shape(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["hermes", "qwen-xml", "lfm2", "mistral", "mistral-args", "deepseek-r1",
-                                  "deepseek-v3", "command-r7b"])
+                                  "deepseek-v3", "command-r7b", "command-r-plus"])
 def test_parallel_calls_only_when_allowed(name: str) -> None:
     fmt = FORMATS[name]
     two = fmt.render([CALL, FoundCall("get_time", {})])
@@ -166,6 +167,8 @@ def test_lfm2_python_calls_are_parsed(text: str, content: str, calls: list) -> N
                     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     ("command-r7b", '<|START_RESPONSE|>Let me see.<|END_RESPONSE|><|START_ACTION|>[\n    {"tool_call_id": "0", '
                     '"tool_name": "get_weather", "parameters": {"city": "Rome"}}\n]<|END_ACTION|>'),
+    ("command-r-plus", 'Let me see.\nAction:\n```json\n[\n    {\n        "tool_name": "get_weather",\n'
+                       '        "parameters": {\n            "city": "Rome"\n        }\n    }\n]```'),
     ("gpt-oss", "<|channel|>final<|message|>Let me see.<|end|><|start|>assistant<|channel|>commentary "
                 'to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}<|call|>'),
     ("gpt-oss", '<|channel|>final<|message|>Let me see.<|end|><|start|>assistant to=functions.get_weather'
@@ -175,6 +178,11 @@ def test_other_families_are_parsed_with_their_text(name: str, text: str) -> None
     reply = parse_tool_calls(text, ["get_weather"], call_format=name, parameters=PARAMETERS)
     assert reply.content == "Let me see."
     assert [(c.name, json.loads(c.arguments)) for c in reply.calls] == [("get_weather", {"city": "Rome"})]
+
+
+def test_command_r_plus_directly_answer_is_no_call() -> None:
+    text = 'Action:\n```json\n[{"tool_name": "directly-answer", "parameters": {}}]\n```'
+    assert parse_tool_calls(text, ["get_weather"], call_format="command-r-plus", parameters=PARAMETERS).calls == []
 
 
 def test_a_plain_answer_in_a_known_format_stays_content() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kinetic.chat.callformats import JSON, reasoning_enders
 from kinetic.chat.reasoning import ReasoningSplitter
 from kinetic.chat.toolcalls import (
     AutoCallStream,
@@ -29,18 +30,31 @@ class Answer:
     calls: list[ParsedCall] = field(default_factory=list)
 
 
+def forced_in_json(prepared: PreparedChat) -> bool:
+    """Whether a forced call is kinetic's JSON shape (streamed as it is written) rather than the
+    template's own format (read when the answer ends)."""
+    return prepared.tool_mode == "forced" and prepared.call_format == JSON
+
+
+def reasoning_splitter(prepared: PreparedChat) -> ReasoningSplitter:
+    enders = reasoning_enders(prepared.call_format) if prepared.tool_mode != "none" else ()
+    return ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning,
+                             also_ends=enders)
+
+
 def parse_answer(text: str, prepared: PreparedChat) -> Answer:
-    splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
+    splitter = reasoning_splitter(prepared)
     reasoning, content = splitter.push(text)
     tail_reasoning, tail_content = splitter.flush()
     content += tail_content
     reasoning += tail_reasoning
-    if prepared.tool_mode == "forced":
+    if forced_in_json(prepared):
         calls = parse_forced_calls(content)
         if calls is not None:  # None: cut short by the token limit, what was generated is text
             return Answer(reasoning, None, calls)
-    elif prepared.tool_mode == "auto":
-        reply = parse_tool_calls(content, prepared.tool_names)
+    elif prepared.tool_mode != "none":
+        reply = parse_tool_calls(content, prepared.tool_names, call_format=prepared.call_format,
+                                 parameters=dict(prepared.tool_parameters))
         if reply.calls:
             return Answer(reasoning, reply.content or None, reply.calls)
     return Answer(reasoning, content)
@@ -56,16 +70,18 @@ class AnswerPiece:
 class AnswerStream:
     """Feed generated text; get the reasoning, content and call deltas that can be sent now.
 
-    Forced calls stream as soon as each piece of the forced JSON is known; with `auto`, text that
-    may be a call is held back and parsed at the end. `deepseek-legacy` streams keep the thoughts
-    inside the content, so no reasoning pieces are given for it."""
+    Forced calls in kinetic's JSON shape stream as soon as each piece is known; with `auto`, and for
+    calls forced into the template's own format, text that may be a call is held back and parsed at
+    the end. `deepseek-legacy` streams keep the thoughts inside the content, so no reasoning pieces
+    are given for it."""
 
     def __init__(self, prepared: PreparedChat):
         self.legacy = prepared.reasoning_format == "deepseek-legacy"
-        self.splitter = ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning)
-        self.forced = ForcedCallStreamer() if prepared.tool_mode == "forced" else None
+        self.splitter = reasoning_splitter(prepared)
+        self.forced = ForcedCallStreamer() if forced_in_json(prepared) else None
         self.forced_text = ""  # forced output, returned as text if it never became a call
-        self.auto = AutoCallStream(prepared.tool_names) if prepared.tool_mode == "auto" else None
+        self.auto = None if self.forced is not None or prepared.tool_mode == "none" else AutoCallStream(
+            prepared.tool_names, call_format=prepared.call_format, parameters=dict(prepared.tool_parameters))
         self.n_calls = 0
 
     def push(self, text: str) -> AnswerPiece:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kinetic.chat.callformats import FORMATS, JSON
 from kinetic.chat.toolcalls import tool_call_schema
 from kinetic.chat.types import ChatRequest, OutputConstraint, ToolMode
 from kinetic.engine.grammar import grammar_from_json_schema
@@ -25,6 +26,7 @@ class ChatConstraints:
     tool_mode: ToolMode
     tools: list[dict[str, Any]] | None  # what the template lists (None: no tools rendered)
     tool_names: tuple[str, ...] = ()
+    call_format: str = JSON
 
 
 def bounded_integers(schema: Any) -> Any:
@@ -109,7 +111,17 @@ def template_tools(req: ChatRequest) -> list[dict[str, Any]]:
     return tools
 
 
-def chat_constraints(req: ChatRequest) -> ChatConstraints:
+def forced_call_grammar(tools: list[dict[str, Any]], call_format: str, *, only: str | None,
+                        parallel: bool) -> str:
+    """The grammar of a forced call in the template's own format (kinetic's JSON shape when the
+    template names none), so the model writes the shape it was trained on."""
+    if call_format in FORMATS:
+        return FORMATS[call_format].grammar(tools, lambda schema: schema_grammar(schema, "tools"),
+                                            only=only, parallel=parallel)
+    return schema_grammar(tool_call_schema(tools, only=only, parallel=parallel), "tools")
+
+
+def chat_constraints(req: ChatRequest, call_format: str = JSON) -> ChatConstraints:
     mode, only = tool_plan(req)
     if mode != "none" and req.output.grammar is not None:
         raise InvalidRequestError("Cannot use custom grammar constraints with tools.", param="grammar")
@@ -118,9 +130,9 @@ def chat_constraints(req: ChatRequest) -> ChatConstraints:
     if mode == "forced":
         # Only an explicit true allows several calls: a small model given an array tends to go on
         # listing calls, and templates without parallel-call support never expect more than one.
-        schema = tool_call_schema(tools, only=only, parallel=req.parallel_tool_calls)
-        return ChatConstraints(schema_grammar(schema, "tools"), mode, tools, names)
+        grammar = forced_call_grammar(tools, call_format, only=only, parallel=req.parallel_tool_calls)
+        return ChatConstraints(grammar, mode, tools, names, call_format)
     # tool_choice "none": the model is not told about tools it may not call.
     if mode == "auto":
-        return ChatConstraints(output_grammar(req.output), mode, tools, names)
+        return ChatConstraints(output_grammar(req.output), mode, tools, names, call_format)
     return ChatConstraints(output_grammar(req.output), mode, None, ())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from kinetic.chat.callformats import FoundCall, rendered_calls
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
@@ -63,14 +64,24 @@ class RenderedChat:
     starts_in_reasoning: bool
 
 
-def template_message(message: Message) -> dict[str, Any]:
-    """A message as chat templates read it: text parts joined, tool-call arguments as objects."""
+def template_message(message: Message, calls_in_text: str | None = None) -> dict[str, Any]:
+    """A message as chat templates read it: text parts joined, tool-call arguments as objects.
+
+    `calls_in_text` names the call format to write an assistant's calls in, after its text, for a
+    template that does not render `tool_calls` (LFM's): otherwise the model would not see its call."""
     media = [part.kind for part in message.parts or () if isinstance(part, MediaPart)]
     if media:
         raise InvalidRequestError(f"{media[0]} input is not supported: this model reads text only", param="messages")
     data: dict[str, Any] = {**message.extra, "role": message.role}
     if message.parts is not None:
         data["content"] = message.text
+    elif message.tool_calls:
+        # a call turn's text is "", not missing: QwQ's template reads it (llama-server's requires_non_null_content)
+        data["content"] = ""
+    if calls_in_text is not None and message.tool_calls:
+        written = rendered_calls(calls_in_text, [FoundCall(c.name, c.arguments) for c in message.tool_calls])
+        data["content"] = "\n".join(text for text in (message.text, written) if text)
+        message = replace(message, tool_calls=())
     if message.name is not None:
         data["name"] = message.name
     if message.tool_call_id is not None:
@@ -86,6 +97,17 @@ def template_message(message: Message) -> dict[str, Any]:
     return data
 
 
+def close_reasoning(prompt: str) -> str:
+    """The prompt with the think block its generation prompt opened closed empty, as the thinking
+    templates write it when thinking is off (`<think>\\n\\n</think>\\n\\n`).
+
+    Constrained output (a schema, json_object, a forced call) is held by the grammar from the first
+    token: left open, the block would file the answer as reasoning. llama-server instead lets the
+    model think first and holds only what follows `</think>`; kinetic answers at once, so a client
+    with a small max_tokens still gets its JSON (docs/clients.md, the differences table)."""
+    return prompt.rstrip() + "\n\n" + CLOSE_TAG + "\n\n"
+
+
 class ChatLayer:
     """Renders and tokenizes requests for one engine and its chat template."""
 
@@ -98,13 +120,17 @@ class ChatLayer:
 
     def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-               continue_final_message: str | None = None) -> RenderedChat:
+               continue_final_message: str | None = None, constrained: bool = False) -> RenderedChat:
+        """`constrained`: a grammar holds the answer, so a think block the generation prompt opens is
+        closed first (see close_reasoning)."""
         kwargs = self.template_variables(template_kwargs)
         mode = self.continuation(messages, continue_final_message, add_generation_prompt)
         if mode is None:
-            prompt = self.template.render([template_message(m) for m in messages],
+            prompt = self.template.render([self.template_message(m) for m in messages],
                                           add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
             starts_in_reasoning = prompt.rstrip().endswith(OPEN_TAG)
+            if starts_in_reasoning and constrained:
+                prompt, starts_in_reasoning = close_reasoning(prompt), False
         else:
             prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
         return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
@@ -118,11 +144,16 @@ class ChatLayer:
         if len(messages) < 2 or self.engine.require_ready().memory_kind == "attention":
             return 0
         try:
-            earlier = self.template.render([template_message(m) for m in messages[:-1]], add_generation_prompt=False,
+            earlier = self.template.render([self.template_message(m) for m in messages[:-1]],
+                                           add_generation_prompt=False,
                                            tools=tools, kwargs=self.template_variables(template_kwargs))
         except Exception:  # a template may refuse a conversation that does not end with a user turn
             return 0
         return common_prefix(self.tokenize_prompt(earlier), tokens)
+
+    def template_message(self, message: Message) -> dict[str, Any]:
+        inline = None if self.template.renders_tool_calls else self.template.call_format
+        return template_message(message, inline)
 
     def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
@@ -167,7 +198,7 @@ class ChatLayer:
         """The conversation before the last message, the assistant's generation prompt, then the last
         message's text to continue (llama.cpp's autoparser generate_parser). A template that thinks in
         <think> tags gets the message's reasoning inside them, closed unless the reasoning is continued."""
-        head = [template_message(m) for m in messages[:-1]]
+        head = [self.template_message(m) for m in messages[:-1]]
         last = messages[-1]
         template_message(last)  # refuses media as any message does
         prompt = self.template.render(head, add_generation_prompt=False, tools=tools, kwargs=kwargs)
@@ -218,10 +249,11 @@ class ChatLayer:
     def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         if not req.messages and not req.allow_empty:
             raise field_error("messages", "must contain at least one message, but got an empty list")
-        constraints = chat_constraints(req)
+        constraints = chat_constraints(req, self.template.call_format)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
                                add_generation_prompt=req.add_generation_prompt,
-                               continue_final_message=req.continue_final_message)
+                               continue_final_message=req.continue_final_message,
+                               constrained=constraints.grammar is not None)
         generation = self.generation(rendered.tokens, req.options, constraints.grammar)
         shared = self.last_message_start(req.messages, rendered.tokens, tools=constraints.tools,
                                          template_kwargs=req.template_kwargs)
@@ -230,7 +262,9 @@ class ChatLayer:
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,
                                 reasoning_format=req.reasoning_format or self.defaults.reasoning_format,
-                                tool_mode=constraints.tool_mode, tool_names=constraints.tool_names)
+                                tool_mode=constraints.tool_mode, tool_names=constraints.tool_names,
+                                call_format=constraints.call_format,
+                                tool_parameters=tuple((tool.name, tool.parameters or {}) for tool in req.tools))
         return generation, prepared
 
     def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:

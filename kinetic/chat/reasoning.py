@@ -17,9 +17,13 @@ class ReasoningSplitter:
     `deepseek-legacy` keeps the tags in the content and also fills the reasoning.
     """
 
-    def __init__(self, reasoning_format: str = "auto", *, starts_inside: bool = False):
+    def __init__(self, reasoning_format: str = "auto", *, starts_inside: bool = False,
+                 also_ends: tuple[str, ...] = ()):
+        """`also_ends`: texts that end an open think block too and stay in the content (Qwen3.5 may
+        start its `<tool_call>` without closing the block, and llama-server reads it so)."""
         self.format = reasoning_format
         self.inside = starts_inside and reasoning_format != "none"
+        self.also_ends = also_ends
         self._buffer = ""
         self._content_started = False
         self._reasoning_started = False
@@ -32,6 +36,13 @@ class ReasoningSplitter:
         while self._buffer:
             tag = CLOSE_TAG if self.inside else OPEN_TAG
             index = self._buffer.find(tag)
+            ender = min(((i, e) for e in self.also_ends if self.inside and (i := self._buffer.find(e)) >= 0),
+                        default=None)
+            if ender is not None and (index < 0 or ender[0] < index):
+                self._route(self._buffer[:ender[0]], reasoning, content)
+                self._buffer = self._buffer[ender[0]:]  # the ender is the content's first text
+                self.inside = False
+                continue
             if index >= 0:
                 self._route(self._buffer[:index], reasoning, content)
                 if self.format == "deepseek-legacy":
@@ -39,7 +50,7 @@ class ReasoningSplitter:
                 self._buffer = self._buffer[index + len(tag):]
                 self.inside = not self.inside
                 continue
-            keep = held_suffix(self._buffer, (tag,))
+            keep = held_suffix(self._buffer, (tag, *(self.also_ends if self.inside else ())))
             self._route(self._buffer[: len(self._buffer) - keep], reasoning, content)
             self._buffer = self._buffer[len(self._buffer) - keep:]
             break

@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from kinetic.chat.callformats import detect_call_format
 from kinetic.errors import InvalidRequestError
 
 BUILTIN_NAMES = ("chatml", "gemma", "llama3")  # kinetic's Jinja built-ins (they render tools too)
@@ -70,8 +74,20 @@ class _TemplateEnvironment(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator_name, left, right)
 
 
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` (Hugging Face's mark of the assistant's own text, for
+    training masks; LFM2.5-8B-A1B's template uses it) renders its body as it is, as llama.cpp does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -124,6 +140,33 @@ class ChatTemplate:
     @property
     def thinks(self) -> bool:
         return "<think>" in self.source
+
+    @property
+    def call_format(self) -> str:
+        """The tool-call format the template speaks (kinetic.chat.callformats)."""
+        return detect_call_format(self.source)
+
+    @property
+    def renders_tool_calls(self) -> bool:
+        """Whether an assistant turn's `tool_calls` reach the prompt (llama.cpp's caps probe): LFM's
+        templates print only `content`, so a past call must be written there."""
+        cached = self.__dict__.get("_renders_tool_calls")
+        if cached is None:
+            cached = self._probe_tool_calls()
+            object.__setattr__(self, "_renders_tool_calls", cached)
+        return cached
+
+    def _probe_tool_calls(self) -> bool:
+        call = {"id": "call00001", "type": "function",
+                "function": {"name": "kinetic_probe_tool", "arguments": {"arg": "kinetic_probe_value"}}}
+        probe = [{"role": "user", "content": "User message"},
+                 {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                 {"role": "user", "content": "User message"}]
+        try:  # no tools listed, so the name can only come from the call
+            return "kinetic_probe_tool" in self.render(probe, kwargs={"enable_thinking": False})
+        except InvalidRequestError:
+            return True  # a template that refuses the probe is left to render calls its own way
 
     @property
     def supports_thinking(self) -> bool:
@@ -198,6 +241,14 @@ class LlamaBuiltinTemplate(ChatTemplate):
     @property
     def thinks(self) -> bool:
         return False
+
+    @property
+    def call_format(self) -> str:
+        return "json"
+
+    @property
+    def renders_tool_calls(self) -> bool:
+        return True  # llama.cpp's legacy renderer: roles and text only, as llama-server renders it
 
     @property
     def supports_thinking(self) -> bool:

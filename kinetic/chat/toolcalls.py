@@ -3,9 +3,10 @@
 Pure functions and small state machines, no llama_cpp: the grammar itself comes from
 `kinetic.engine.grammar.grammar_from_json_schema(tool_call_schema(...))`.
 
-Forced calls (`tool_choice` required or named) are generated as `{"name": ..., "arguments": {...}}`
-(an array of those when parallel calls are allowed). With `auto`, the model writes calls in its own
-format; `parse_tool_calls` recognises the common ones:
+Forced calls (`tool_choice` required or named) on a template of no known format are generated as
+`{"name": ..., "arguments": {...}}` (an array of those when parallel calls are allowed); a template
+of a known family gets its own format (kinetic.chat.callformats), which `parse_tool_calls` tries
+first. With `auto`, the model writes calls in its own format; the common ones are also recognised:
   Hermes / Qwen   <tool_call>{"name": ..., "arguments": {...}}</tool_call>
   Mistral         [TOOL_CALLS][{"name": ..., "arguments": {...}}]  or  [TOOL_CALLS]name[ARGS]{...}
   Llama 3         <|python_tag|>{"name": ..., "parameters": {...}}  or the bare JSON object
@@ -21,6 +22,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kinetic.chat.callformats import JSON, ParameterSchemas, format_markers, parse_in_format
 from kinetic.engine.text import held_suffix
 
 ALPHANUMERIC = string.ascii_letters + string.digits
@@ -197,12 +199,28 @@ def _llama3(text: str, names: set[str] | None) -> ParsedReply | None:
     return ParsedReply(content=text[:start].strip(), calls=calls) if calls else None
 
 
-def parse_tool_calls(text: str, tool_names: Iterable[str] | None = None) -> ParsedReply:
+def parse_in_template_format(text: str, call_format: str, parameters: ParameterSchemas) -> ParsedReply | None:
+    """The calls written in the template's own format (kinetic.chat.callformats), if any."""
+    found = parse_in_format(call_format, text, parameters)
+    if found is None or not found.calls:
+        return None
+    return ParsedReply(content=found.content, calls=[
+        ParsedCall(name=call.name, arguments=_arguments_text(call.arguments), id=call.id) for call in found.calls])
+
+
+def parse_tool_calls(text: str, tool_names: Iterable[str] | None = None, *, call_format: str = JSON,
+                     parameters: ParameterSchemas | None = None) -> ParsedReply:
     """The calls in a reply and the content around them; no calls: the text is all content.
 
-    Explicit markers are trusted whatever name they carry; a bare JSON reply only counts as a call
-    when it names one of `tool_names`, so a JSON answer is not mistaken for a call."""
+    The template's own format is tried first, then the common ones. Explicit markers are trusted
+    whatever name they carry; a bare JSON reply only counts as a call when it names one of
+    `tool_names`, so a JSON answer is not mistaken for a call."""
     names = set(tool_names) if tool_names is not None else None
+    if call_format != JSON:
+        known = parameters if parameters is not None else {name: {} for name in names or ()}
+        reply = parse_in_template_format(text, call_format, known)
+        if reply is not None:
+            return reply
     for parser in (lambda t: _hermes(t, names), _mistral, lambda t: _llama3(t, names)):
         reply = parser(text)
         if reply is not None and reply.calls:
@@ -335,8 +353,12 @@ class AutoCallStream:
     """With `tool_choice: auto`, content streams as usual until the text may be a tool call; from
     there it is held back and parsed when the generation ends."""
 
-    def __init__(self, tool_names: Iterable[str]):
+    def __init__(self, tool_names: Iterable[str], *, call_format: str = JSON,
+                 parameters: ParameterSchemas | None = None):
         self.names = list(tool_names)
+        self.call_format = call_format
+        self.parameters = parameters
+        self.markers = tuple(dict.fromkeys(format_markers(call_format) + CALL_MARKERS))
         self.text = ""
         self.released = 0
         self.hold_from: int | None = None
@@ -353,13 +375,16 @@ class AutoCallStream:
             if stripped[0] in "{[`":  # a bare JSON call is the whole reply
                 self.hold_from = 0
                 return ""
-        found = [i for i in (self.text.find(m, self.released) for m in CALL_MARKERS) if i >= 0]
+        found = [i for i in (self.text.find(m, self.released) for m in self.markers) if i >= 0]
         if found:
             self.hold_from = min(found)
             return self._release(self.hold_from)
-        return self._release(len(self.text) - held_suffix(self.text, CALL_MARKERS))
+        return self._release(len(self.text) - held_suffix(self.text, self.markers))
 
     def _release(self, end: int) -> str:
+        # trailing whitespace waits for what follows: before a call it is not content (the whole
+        # answer's parse strips it too)
+        end = len(self.text[:end].rstrip())
         if end <= self.released:
             return ""
         piece, self.released = self.text[self.released:end], end
@@ -370,7 +395,7 @@ class AutoCallStream:
         rest = self.text[self.released:]
         if self.hold_from is None:
             return rest, []
-        reply = parse_tool_calls(rest, self.names)
+        reply = parse_tool_calls(rest, self.names, call_format=self.call_format, parameters=self.parameters)
         return reply.content, reply.calls
 
 

@@ -196,4 +196,6 @@ class PreparedChat:
     reasoning_format: str
     tool_mode: ToolMode
     tool_names: tuple[str, ...]
+    call_format: str = "json"  # the template's tool-call format (kinetic.chat.callformats)
+    tool_parameters: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, parameters schema): types values
 

@@ -10,6 +10,8 @@ all the cache tests need: a cached prefix must give the very tokens a fresh eval
 - `lfm2`: LFM2 with 4 layers, short convolution / attention / short convolution / attention
   (`attention.head_count_kv` [0, 2, 0, 2]: a 0 makes that layer a convolution). llama.cpp gives it a
   hybrid memory (llama_model_is_hybrid).
+- `qwen35`: Qwen3.5 with 4 layers, three gated delta nets then one gated full attention (hybrid), the
+  layout of the lab's Qwen3.5-0.8B at a tiny width.
 - `mamba`: Mamba with 2 layers, all recurrent (llama_model_is_recurrent).
 
 The output layer shares the token embedding and the final norm is scaled so that the logits spread
@@ -96,6 +98,59 @@ def _write_lfm2(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
             writer.add_tensor(f"{block}.attn_output.weight", _random(rng, N_EMBD, head_count * head_dim))
 
 
+def _write_qwen35(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
+    """Qwen3.5's layout: three gated delta net layers, then one gated full-attention layer."""
+    n_layer, head_count, kv_heads, head_dim, n_ff = 4, 4, 2, 32, 128
+    d_conv, head_state, k_heads, v_heads = 4, 16, 2, 4  # gated delta net: 2 key heads, 4 value heads of 16
+    key_dim, value_dim = head_state * k_heads, head_state * v_heads
+    conv_dim = 2 * key_dim + value_dim
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(head_count)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(8)  # Qwen3.5 turns a quarter of each head
+    writer.add_rope_dimension_sections([2, 1, 1, 0])
+    writer.add_rope_freq_base(10_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(value_dim)
+    writer.add_ssm_state_size(head_state)
+    writer.add_ssm_time_step_rank(v_heads)
+    writer.add_ssm_group_count(k_heads)
+    writer.add_full_attention_interval(4)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tensor("token_embd.weight", _token_embedding(rng, n_vocab))
+    writer.add_tensor("output_norm.weight", np.full(N_EMBD, 12.0, dtype=np.float32))
+    for i in range(n_layer):
+        block = f"blk.{i}"
+        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{block}.post_attention_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{block}.ffn_gate.weight", _random(rng, n_ff, N_EMBD))
+        writer.add_tensor(f"{block}.ffn_up.weight", _random(rng, n_ff, N_EMBD))
+        writer.add_tensor(f"{block}.ffn_down.weight", _random(rng, N_EMBD, n_ff))
+        if (i + 1) % 4 == 0:  # full attention, its query doubled by the output gate
+            writer.add_tensor(f"{block}.attn_q.weight", _random(rng, 2 * head_count * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_k.weight", _random(rng, kv_heads * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_v.weight", _random(rng, kv_heads * head_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_output.weight", _random(rng, N_EMBD, head_count * head_dim))
+            writer.add_tensor(f"{block}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"{block}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+        else:
+            writer.add_tensor(f"{block}.attn_qkv.weight", _random(rng, conv_dim, N_EMBD))
+            writer.add_tensor(f"{block}.attn_gate.weight", _random(rng, value_dim, N_EMBD))
+            writer.add_tensor(f"{block}.ssm_conv1d.weight", _random(rng, conv_dim, d_conv, scale=0.5))
+            writer.add_tensor(f"{block}.ssm_dt.bias", np.zeros(v_heads, dtype=np.float32))
+            writer.add_tensor(f"{block}.ssm_a", -np.ones(v_heads, dtype=np.float32))
+            writer.add_tensor(f"{block}.ssm_beta.weight", _random(rng, v_heads, N_EMBD))
+            writer.add_tensor(f"{block}.ssm_alpha.weight", _random(rng, v_heads, N_EMBD))
+            writer.add_tensor(f"{block}.ssm_norm.weight", np.ones(head_state, dtype=np.float32))
+            writer.add_tensor(f"{block}.ssm_out.weight", _random(rng, N_EMBD, value_dim))
+
+
 def _write_mamba(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
     n_layer, d_conv, d_state, dt_rank = 2, 4, 16, 4
     d_inner = 2 * N_EMBD  # llama.cpp supports an expansion factor of 2 only
@@ -130,6 +185,7 @@ def _write_mamba(writer: Any, rng: np.random.Generator, n_vocab: int) -> None:
 
 ARCHITECTURES: dict[str, Callable[[Any, np.random.Generator, int], None]] = {
     "lfm2": _write_lfm2,
+    "qwen35": _write_qwen35,
     "mamba": _write_mamba,
 }
 

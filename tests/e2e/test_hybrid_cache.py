@@ -31,7 +31,7 @@ UNRELATED = [2] + [9000 + 13 * i % 4000 for i in range(60)]
 SYSTEM = [2] + [20000 + 11 * i % 3000 for i in range(150)]  # a class's shared system prompt
 STUDENTS = [SYSTEM + [30000 + 101 * s + i for i in range(20)] for s in range(4)]
 
-ARCHITECTURES = ("lfm2", "mamba")
+ARCHITECTURES = ("lfm2", "qwen35", "mamba")
 
 
 def complete(url: str, prompt: list[int], **fields: Any) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def two_streams(architecture: str, model_lock: None) -> Iterator[KineticServer]:
 
 def test_the_model_kind_is_reported(unified: KineticServer, architecture: str) -> None:
     props = httpx.get(unified.url + "/props").json()
-    expected = {"lfm2": "hybrid", "mamba": "recurrent"}[architecture]
+    expected = {"lfm2": "hybrid", "qwen35": "hybrid", "mamba": "recurrent"}[architecture]
     assert props["memory_kind"] == expected
     slots = httpx.get(unified.url + "/slots").json()
     assert len(slots) == 16 and all(slot["n_ctx"] == 4096 for slot in slots)

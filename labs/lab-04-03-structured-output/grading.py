@@ -213,10 +213,13 @@ def fingerprints(ctx: Context) -> list[Fingerprint]:
 
 
 def server_seconds(run: Run, slack: float) -> float:
-    """Seconds the server's own speeds imply, with each speed moved by `slack` (rounding)."""
+    """Seconds the server's own speeds imply, with each speed moved by `slack` (rounding). The fastest
+    reading (slack > 0) leaves the first token out: the server's generation speed may be counted over
+    the tokens after it, which weighs on answers of a few tokens."""
     prompt_tokens = max(run.prompt - run.cache_n, 0)
     prompt_s = prompt_tokens / max(run.prompt_tps + slack, 1e-3) if prompt_tokens else 0.0
-    return prompt_s + run.completion / max(run.generation_tps + slack, 1e-3)
+    generated = max(run.completion - 1, 0) if slack > 0 else run.completion
+    return prompt_s + generated / max(run.generation_tps + slack, 1e-3)
 
 
 def _call_problem(name: str, arguments: str | None) -> str | None:

@@ -108,7 +108,7 @@ def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_pa
     (folder / "bob" / "lab-04-03.md").write_text(STYLES["plain"](runs["bob"]), encoding="utf-8")
     gradebook = tmp_path / "grades.csv"
     code, report = grade(folder, ledger, keys, "--csv", str(gradebook))
-    failing = {s["student"]: [(c["name"], c["rationale"]) for c in s["checks"] if c["status"] != "pass"]
+    failing = {s["student"]: [(c["name"], c["rationale"]) for c in s["checks"] if not c["passed"]]
                for s in report["students"]}
     assert code == 0 and report["passed"], failing
     students = by_student(report)

@@ -263,7 +263,7 @@ def load_runs_in_ledger(ctx: Context) -> str:
         spans = [span for r in records if (span := _time(r)) is not None]
         at_once = max_overlap(spans)
         if at_once != min(run.clients, run.requests):
-            raise Failure(f"{run.line}: the server had {at_once} of these requests in flight at most, not "
+            raise Failure(f"{run.line}: of these requests the server had in flight at most {at_once}, not "
                           f"{min(run.clients, run.requests)}", "paste the --clients of the run you made")
         ttfts = [float(r.get("ttft_s") or 0) for r in records]
         if percentile(ttfts, 0.5) > run.p50 + 0.01 or percentile(ttfts, 0.95) > run.p95 + 0.01:

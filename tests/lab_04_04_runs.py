@@ -69,8 +69,8 @@ def plain_style(one_slot: list[str], four_slots: list[str], name: str | None = N
     return (f"{head}\nUn solo slot (-np 1):\n{runs}\n\nQuattro slot (-np 4):\n"
             + "\n".join(f"$ python load.py --clients 4\n{o.rstrip()}" for o in four_slots)
             + f"\n\nTabella:\n{table(one_slot + four_slots)}\n\n"
-            f"Perché l'aggregato cresce?\n{ANSWERS['aggregate']}\n\n"
-            f"Quanta memoria costa -np?\n{ANSWERS['memory']}\n\n"
+            f"Perché l'aggregato cresce e ogni stream rallenta:\n{ANSWERS['aggregate']}\n\n"
+            f"Quanta memoria costa -np:\n{ANSWERS['memory']}\n\n"
             f"Una classe di 30:\n{ANSWERS['class']}\n")
 
 
@@ -85,7 +85,7 @@ def _replace(text: str, pattern: str, make) -> str:
 
 def broken_variants(good: str, readme: str) -> dict[str, str]:
     """One deliberately broken deliverable per offline check, each made from the good one."""
-    start, end = good.index("## 2. -np 4"), good.index("## 3. The default")
+    start = good.index("## 7. Question")
     readme_runs = re.findall(r"\[np=.*\]\n\s*\[aggregato.*\]\n\s*\[cache.*\]\n\s*\[id: .*\]", readme)
     readme_copy = good
     block = r"\[np=.*\]\n\[aggregato.*\]\n\[cache.*\]\n\[id: .*\]"
@@ -94,8 +94,8 @@ def broken_variants(good: str, readme: str) -> dict[str, str]:
     # the table made from the copied runs, as a student who copies would make it
     readme_copy = re.sub(r"\| np \|.*(?:\n\|.*)*", lambda m: table(re.findall(block, readme_copy)), readme_copy, count=1)
     return {
-        "broken-missing-section.md": good[:start] + good[end:],
-        "broken-physics.md": _replace(good, r"per stream ([\d.]+) t/s", lambda m: "per stream 999.0 t/s"),
+        "broken-missing-section.md": good[:start],
+        "broken-physics.md": _replace(good, r"(\d+) token in", lambda m: f"{int(m[1]) + 2} token in"),
         "broken-table.md": _replace(good, r"(\n\| 1 \| 1 \| )([\d.]+)", lambda m: m[1] + "55.5"),
         "broken-answer.md": good.replace(ANSWERS["memory"], "A lot, it depends on the model."),
         "broken-readme-copy.md": readme_copy,

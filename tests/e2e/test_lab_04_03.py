@@ -122,7 +122,7 @@ def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_pa
     assert "sent its result back" in students["alice"]["tool_call_in_ledger"]["note"]
     assert students["bob"]["stream_tool_call"]["status"] == "skipped"  # the optional variant, not pasted
     rows = list(csv.DictReader(io.StringIO(gradebook.read_text(encoding="utf-8"))))
-    assert len(rows) == 2 and {row["Total"] for row in rows} == {"25"}
+    assert len(rows) == 2 and {row["Total"] for row in rows} == {"24"}
     assert [c for c in rows[0] if c in LEDGER_CHECKS] == LEDGER_CHECKS
 
     bold = tmp_path / "bold"

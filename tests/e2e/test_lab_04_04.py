@@ -87,7 +87,7 @@ def test_real_work_passes_with_the_ledger(class_runs, tmp_path: Path) -> None:
     checks = {c["name"]: c for c in report["students"][0]["checks"]}
     assert code == 0 and report["passed"], [(c["name"], c["rationale"]) for c in checks.values() if not c["passed"]]
     assert "2 requests, 1 at once; 4 requests, 1 at once; 4 requests, 4 at once" == checks["load_runs_in_ledger"]["note"]
-    assert report["students"][0]["points"] == report["students"][0]["max_points"] == 11
+    assert report["students"][0]["points"] == report["students"][0]["max_points"] == 10
 
 
 def test_copied_edited_and_example_runs_fail_with_the_reason(class_runs, tmp_path: Path) -> None:

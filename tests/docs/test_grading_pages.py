@@ -22,7 +22,7 @@ def test_lab_and_grading_pages_build(tmp_path: Path) -> None:
     concurrency = (site / "labs" / "lab-04-04" / "index.html").read_text()
     assert "load.py" in concurrency and "/slots" in concurrency and "kinetic grade lab-04-04" in concurrency
     notebooks = (site / "notebooks" / "index.html").read_text()
-    assert "pip install &quot;kinetic[notebooks]&quot;" in notebooks or 'pip install "kinetic[notebooks]"' in notebooks
+    assert "kinetic[notebooks]" in notebooks and "jupyterlab" in notebooks.lower()
     grading = (site / "grading" / "index.html").read_text()
     assert "--ledger" in grading and "SIS Login ID" in grading and "--ledger-content" in grading
     assert "Lab 04-03: what each check looks at" in grading and "Lab 04-04: what each check looks at" in grading

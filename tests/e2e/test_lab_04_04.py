@@ -43,9 +43,10 @@ def class_runs(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> tu
     with KineticServer("-np", "1", *common) as server:
         for clients, requests in RUNS_ON_ONE_SLOT:
             outputs["alice"].append(load(server.url, KEYS["alice"], clients, requests))
-        outputs["bob"].append(load(server.url, KEYS["bob"], 2, 2))
+        outputs["bob"].append(load(server.url, KEYS["bob"], 2, 4))
     with KineticServer("-np", "4", "-c", "4096", *common[2:]) as server:
         outputs["alice"].append(load(server.url, KEYS["alice"], *RUN_ON_FOUR_SLOTS))
+        outputs["bob"].append(load(server.url, KEYS["bob"], 1, 2))
         outputs["bob"].append(load(server.url, KEYS["bob"], *RUN_ON_FOUR_SLOTS))
     return outputs, keys, ledger
 
@@ -86,7 +87,7 @@ def test_real_work_passes_with_the_ledger(class_runs, tmp_path: Path) -> None:
     code, report = grade(folder, ledger, keys)
     checks = {c["name"]: c for c in report["students"][0]["checks"]}
     assert code == 0 and report["passed"], [(c["name"], c["rationale"]) for c in checks.values() if not c["passed"]]
-    assert "2 requests, 1 at once; 4 requests, 1 at once; 4 requests, 4 at once" == checks["load_runs_in_ledger"]["note"]
+    assert checks["load_runs_in_ledger"]["note"] == "2 requests, 1 at once; 4 requests, 4 at once; 4 requests, 4 at once"
     assert report["students"][0]["points"] == report["students"][0]["max_points"] == 10
 
 
@@ -98,8 +99,9 @@ def test_copied_edited_and_example_runs_fail_with_the_reason(class_runs, tmp_pat
     (folder / "alice.md").write_text(template_style(alice[:2], alice[2:], "alice"), encoding="utf-8")
     (folder / "carol.md").write_text(template_style(alice[:2], alice[2:], "carol"), encoding="utf-8")
     # bob ran two clients on one slot and says four: the physics still holds, the ledger does not
-    bob = [outputs["bob"][0].replace(", 2 client,", ", 4 client,")] + [alice[0]]
-    (folder / "bob.md").write_text(template_style(bob, outputs["bob"][1:], "bob"), encoding="utf-8")
+    bob = outputs["bob"]
+    (folder / "bob.md").write_text(template_style([bob[0].replace(", 2 client,", ", 4 client,"), bob[1]], bob[2:], "bob"),
+                                   encoding="utf-8")
     good = template_style(alice[:2], alice[2:], "dave")
     (folder / "dave.md").write_text(broken_variants(good, (LAB_DIR / "README.md").read_text(encoding="utf-8"))
                                     ["broken-readme-copy.md"], encoding="utf-8")

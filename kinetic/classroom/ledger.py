@@ -1,7 +1,8 @@
 """The request ledger: `kinetic serve --ledger FILE` appends one JSON line per finished request.
 
 Each line says who asked (the key's name, never the key), on which route, with which status, and
-what the client received: the response id, usage, the `timings` object, the finish reason, and
+what the client received: the response id, usage, the `timings` object, the finish reason, the
+id and name of each tool call the server made (a client sends the id back as `tool_call_id`), and
 for a stream the number of content chunks and when the first one left. Rejected attempts (401)
 are lines too. Prompt and answer text are written only with `--ledger-content`.
 
@@ -125,6 +126,20 @@ def content_of(obj: dict[str, Any]) -> str:
     return ""
 
 
+def tool_calls_of(obj: dict[str, Any]) -> list[dict[str, str]]:
+    """The id and name of each OpenAI tool call a body or stream frame starts (a stream's later
+    pieces of a call carry no id): what a client must send back as `tool_call_id`."""
+    choice = _first_choice(obj)
+    message = choice.get("delta") or choice.get("message") or {}
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    found = []
+    for call in calls if isinstance(calls, list) else []:
+        if isinstance(call, dict) and isinstance(call.get("id"), str) and call["id"]:
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            found.append({"id": call["id"], "name": str(function.get("name") or "")})
+    return found
+
+
 def absorb(record: dict[str, Any], obj: Any) -> None:
     """Copies what the client can see of usage, timings, id, model and finish into `record`."""
     if not isinstance(obj, dict):
@@ -147,6 +162,9 @@ def absorb(record: dict[str, Any], obj: Any) -> None:
                 record["cached_tokens"] = details["cached_tokens"]
     if isinstance(obj.get("timings"), dict):
         record["timings"] = obj["timings"]
+    calls = tool_calls_of(obj)
+    if calls:
+        record.setdefault("tool_calls", []).extend(calls)
     finish = _first_choice(obj).get("finish_reason")
     delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
     for candidate in (finish, obj.get("stop_reason"), delta.get("stop_reason"), obj.get("done_reason"),

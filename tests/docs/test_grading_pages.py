@@ -1,4 +1,4 @@
-"""The site has lab 04-01 beside 04-02, and the instructor's pages on grading and on writing checks."""
+"""The site has the four labs of module 04, and the instructor's pages on grading and on writing checks."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ def test_lab_and_grading_pages_build(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     lab = (site / "labs" / "lab-04-01" / "index.html").read_text()
     assert "request.json" in lab and "cache_n" in lab and "kinetic grade lab-04-01" in lab
+    structured = (site / "labs" / "lab-04-03" / "index.html").read_text()
+    assert "grammar.json" in structured and "tool_call_id" in structured and "kinetic grade lab-04-03" in structured
+    concurrency = (site / "labs" / "lab-04-04" / "index.html").read_text()
+    assert "load.py" in concurrency and "/slots" in concurrency and "kinetic grade lab-04-04" in concurrency
+    notebooks = (site / "notebooks" / "index.html").read_text()
+    assert "kinetic[notebooks]" in notebooks and "jupyterlab" in notebooks.lower()
     grading = (site / "grading" / "index.html").read_text()
-    assert "--ledger" in grading and "SIS Login ID" in grading
+    assert "--ledger" in grading and "SIS Login ID" in grading and "--ledger-content" in grading
+    assert "Lab 04-03: what each check looks at" in grading and "Lab 04-04: what each check looks at" in grading
     assert "The docstring is what the student reads" in (site / "labs" / "writing-checks" / "index.html").read_text()

@@ -108,3 +108,29 @@ def test_every_page_draws_its_diagrams_offline(site: str) -> None:
         page.locator(".mermaid svg").first.wait_for(timeout=30_000)
         assert "translate.py" in page.locator(".mermaid svg").first.evaluate(SVG_TEXT)
     assert outside == [], f"the site reached outside the classroom: {outside}"
+
+
+@pytest.mark.parametrize(("slug", "title", "diagram", "annotated"), [
+    ("lab-04-03", "Lab 04-03: structured output and tool calls", "tools.py (openai SDK)", "response_format=Citta"),
+    ("lab-04-04", "Lab 04-04: one server, many clients", "kinetic serve (-np 2)", "ThreadPoolExecutor"),
+])
+def test_module_04_lab_pages_render_offline(site: str, slug: str, title: str, diagram: str, annotated: str) -> None:
+    """Labs 04-03 and 04-04: one title, the annotated code of their scripts, the sequence diagram drawn."""
+    outside: list[str] = []
+    errors: list[str] = []
+    ARTIFACTS.mkdir(exist_ok=True)
+    with chromium_context() as context:
+        page = open_offline(context, site, outside)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{site}/labs/{slug}/")
+        assert page.locator("article h1").all_inner_texts() == [title]
+        page.wait_for_selector(".md-annotation", timeout=30_000)
+        block = page.locator(".highlight", has=page.locator(".md-annotation")).first
+        assert annotated in block.inner_text() and block.locator(".md-annotation__index").count() >= 3
+        svg = page.locator(".mermaid svg").first
+        svg.wait_for(timeout=30_000)
+        assert diagram in svg.evaluate(SVG_TEXT)
+        page.screenshot(path=str(ARTIFACTS / f"{slug}.png"), full_page=True)
+        assert page.locator("pre.mermaid code").count() == 0
+    assert not errors, errors
+    assert outside == [], f"the site reached outside the classroom: {outside}"

@@ -51,7 +51,7 @@ def test_students_handouts_have_no_grading_section() -> None:
         text = readme.read_text(encoding="utf-8")
         assert "For instructors" not in text and "--ledger" not in text, f"{readme.parent.name}: grading notes"
     guide = (ROOT / "docs" / "grading.md").read_text(encoding="utf-8")
-    for lab in ("lab-04-01", "lab-04-02"):
+    for lab in ("lab-04-01", "lab-04-02", "lab-04-03", "lab-04-04"):
         assert f"## {lab.capitalize().replace('-', ' ', 1)}: what each check looks at" in guide
     assert "autograding-command-grader" in guide
 

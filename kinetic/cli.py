@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Literal, Mapping, Sequence
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
+from kinetic.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags, variable_warning, warning
 from kinetic.llama_flags import by_spelling, llama_server_flags
 from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
                               load_settings)
@@ -24,8 +26,9 @@ from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, Settings
 log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
-REPEATABLE = frozenset({"upstream"})
-HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args  # flags whose every occurrence counts (the others: the last wins)
+# flags whose every occurrence counts (the others: the last wins)
+REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv"})
+HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
 def build_serve_parser(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +51,18 @@ def build_serve_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_epilog() -> str:
-    implemented = set(FLAGS_BY_SPELLING)
-    others = [f for f in llama_server_flags() if not implemented & {*f.names, *f.negations}]
-    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --mlock, -sps N,\n"
-            "--dry-multiplier N...) is accepted with its values and ignored with a one-line warning;\n"
-            "so are their LLAMA_ARG_* variables. A flag llama-server does not know either is an error.\n"
-            "A bad value stops the start with one line naming the flag or variable (exit code 2).")
+    """Which llama-server flags act (the options above) and which are ignored, by reason."""
+    acting, flags = len(acting_flags()), len(llama_server_flags())
+    lines = [f"The options above act: {acting} of llama-server's {flags} flags (-h and --version counted) and",
+             f"kinetic's own. The other {flags - acting} are accepted with their values and ignored, each with a",
+             f"warning naming its reason's row in {DIFFERENCES_PAGE} (Differences from llama-server):", ""]
+    for reason in IGNORED:
+        lines.append(f"{reason.row.removeprefix('ignored flags: ')}:")
+        lines += textwrap.wrap(" ".join(reason.flags), width=100, initial_indent="  ", subsequent_indent="  ",
+                               break_on_hyphens=False)
+    lines += ["", "A flag llama-server does not know either is an error. A bad value stops the start with one",
+              "line naming the flag or variable (exit code 2)."]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,15 +249,13 @@ def serve(settings: ServerSettings) -> int:
     from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
-        print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
+        print(warning(flag), file=sys.stderr)
     if settings.agent_features:
         print("warning: llama-server's built-in tools and MCP servers do not exist in kinetic; as llama-server "
               f"does, CORS origins are limited to {settings.cors_policy}"
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
-        what = "not a kinetic setting" if name.startswith("KINETIC_") else \
-            "a llama-server variable kinetic does not implement"
-        print(f"warning: {name} is {what}; ignored", file=sys.stderr)
+        print(variable_warning(name), file=sys.stderr)
     try:
         if settings.router_mode:
             models, loading = router_registry(settings)
@@ -320,6 +327,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
     engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
                          n_threads=settings.threads, n_batch=settings.batch_size,
                          n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
+                         options=settings.llama_options(),
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                          cache_ram_mib=settings.cache_ram,
@@ -339,6 +347,18 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     names = ", ".join(spec.name for spec in specs)
     return (ModelRegistry(settings, specs, service_factory(settings), router=True),
             f"router mode, {len(specs)} model(s): {names}")
+
+
+def list_devices() -> int:
+    """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
+    import llama_cpp
+
+    print("Available devices:")
+    if not llama_cpp.llama_supports_gpu_offload():
+        print("  (none: this llama.cpp build runs on the CPU only)")
+    else:
+        print("  (this build can offload, but llama-cpp-python binds no call that lists the devices)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -363,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in str(exc).splitlines():
                 print(f"error: {line}", file=sys.stderr)
             return 2
+        if settings.list_devices:
+            return list_devices()
         if settings.verbose:
             logging.getLogger().setLevel(logging.DEBUG)
         else:

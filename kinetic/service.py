@@ -28,6 +28,7 @@ from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.models import cache_dir
+from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
 
@@ -90,6 +91,7 @@ class Service:
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))
     _model_file: "asyncio.Future[ModelFile] | None" = field(default=None, init=False, repr=False)
+    _defaults: ServerDefaults | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
@@ -119,10 +121,14 @@ class Service:
         self._start_reading_model_file()
 
     def defaults(self) -> ServerDefaults:
-        return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
-                              n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
-                              template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
-                              prefill_assistant=self.settings.prefill_assistant)
+        """What every request leaves out; built once (a --json-schema is compiled to a grammar here)."""
+        if self._defaults is None:
+            self._defaults = ServerDefaults(
+                sampler=default_sampling(self.settings), stop=default_stops(self.settings),
+                n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
+                template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
+                prefill_assistant=self.settings.prefill_assistant)
+        return self._defaults
 
     @property
     def ready(self) -> bool:

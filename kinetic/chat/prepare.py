@@ -7,7 +7,7 @@ runs them in a worker thread, never on the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kinetic.chat.constraints import chat_constraints, output_grammar
@@ -42,8 +42,8 @@ EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "x
 class ServerDefaults:
     """What a request gets for the fields it leaves out (the server's flags)."""
 
-    temperature: float = 0.8
-    seed: int = -1
+    sampler: SamplingParams = field(default_factory=SamplingParams)  # --temp, --top-k... (kinetic.sampling_defaults)
+    stop: tuple[str, ...] = ()  # -r: the stop strings of a request that sends none
     n_predict: int = -1
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -52,7 +52,7 @@ class ServerDefaults:
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
-        return SamplingParams(temperature=self.temperature, seed=self.seed)
+        return self.sampler
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,8 @@ class ChatLayer:
     def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
         max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
         return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
-                                 max_tokens=max_tokens, stop=options.stop, n_probs=options.n_probs,
+                                 max_tokens=max_tokens, stop=options.stop or self.defaults.stop,
+                                 n_probs=options.n_probs,
                                  cache_prompt=options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
                                  post_sampling_probs=options.post_sampling_probs,
                                  return_progress=options.return_progress)
@@ -246,8 +247,13 @@ class ChatLayer:
             ("repeat_last_n", options.repeat_last_n), ("presence_penalty", options.presence_penalty),
             ("frequency_penalty", options.frequency_penalty), ("seed", options.seed),
             *((name, getattr(options, name)) for name in EXTRA_SAMPLER_FIELDS)) if value is not None}
-        return SamplingParams(**{**base.__dict__, **chosen, "grammar": grammar, "ignore_eos": options.ignore_eos,
-                                 "logit_bias": self.logit_bias(options.logit_bias)})
+        if grammar:  # an empty grammar asks for nothing: the server's stays (llama-server's rule)
+            chosen["grammar"] = grammar
+        if options.ignore_eos is not None:
+            chosen["ignore_eos"] = options.ignore_eos
+        if options.logit_bias is not None:
+            chosen["logit_bias"] = self.logit_bias(options.logit_bias)
+        return replace(base, **chosen)
 
     def logit_bias(self, raw: dict[int | str, float]) -> dict[int, float]:
         """Token-id keys as they are; text keys give every token of the text the bias."""

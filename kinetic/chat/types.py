@@ -99,8 +99,8 @@ class SamplingOptions:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    ignore_eos: bool = False
-    logit_bias: dict[int | str, float] = field(default_factory=dict)
+    ignore_eos: bool | None = None
+    logit_bias: dict[int | str, float] | None = None  # None: the server's; a request's own (even {}) replaces it
     # llama.cpp's further samplers (llama-server's field names and meanings)
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None

@@ -20,6 +20,7 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
 from kinetic.engine.inflight import InFlight
+from kinetic.engine.options import LlamaOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -76,6 +77,7 @@ class LlamaEngine:
         max_in_flight_per_client: int = 0,
         cache_ram_mib: int = 0,
         pooling: str | None = None,
+        options: LlamaOptions = LlamaOptions(),
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
@@ -83,7 +85,8 @@ class LlamaEngine:
         self.model_path = model_path
         self.requested_ctx = n_ctx
         self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
-        self.kv_unified = n_parallel < 0
+        self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
+        self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
         self.n_threads = default_threads() if n_threads <= 0 else n_threads
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -112,7 +115,7 @@ class LlamaEngine:
         return self._scheduler is not None or self._embeddings is not None
 
     def load(self) -> None:
-        model = LoadedModel(self.model_path, verbose=self.verbose)
+        model = LoadedModel(self.model_path, verbose=self.verbose, options=self.options)
         if is_embedding_only(model):
             self._load_embedding_only(model)
             return

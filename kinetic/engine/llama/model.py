@@ -16,6 +16,8 @@ import llama_cpp
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
+from kinetic.engine.llama.params import init_numa, model_params
+from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import ModelInfo
 from kinetic.errors import ModelLoadError
 
@@ -23,14 +25,17 @@ from kinetic.errors import ModelLoadError
 class LoadedModel:
     """llama.cpp's model and vocabulary handles plus the tokenizer calls kinetic makes."""
 
-    def __init__(self, path: Path, *, verbose: bool = False):
+    def __init__(self, path: Path, *, verbose: bool = False, options: LlamaOptions = LlamaOptions()):
         llama_logger.set_verbose(verbose)
         llama_cpp.llama_backend_init()
+        init_numa(options)
         self.path = path
         self.verbose = verbose
+        self.options = options
+        self.special = options.special  # --special: generated special tokens show as their text (<end_of_turn>...)
+        built = model_params(options)
         try:
-            self.model = _internals.LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
-                                               verbose=verbose)
+            self.model = _internals.LlamaModel(path_model=str(path), params=built.params, verbose=verbose)
         except ValueError as exc:
             raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc
@@ -78,10 +83,11 @@ class LoadedModel:
         return list(buffer[:n])
 
     def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        """A token's text; special tokens render as text when asked, or always with --special."""
         if not special:
             piece = self._pieces.get(token)
             if piece is None:
-                piece = self._pieces[token] = self._piece(token, special=False)
+                piece = self._pieces[token] = self._piece(token, special=self.special)
             return piece
         return self._piece(token, special=True)
 

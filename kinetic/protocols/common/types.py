@@ -90,7 +90,7 @@ class SamplingFields(WireModel):
     json_schema: dict[str, Any] | None = None
     cache_prompt: bool | None = True
     id_slot: int | None = -1
-    ignore_eos: bool | None = False
+    ignore_eos: bool | None = None
     n_probs: int | None = None
     user: str | None = None
     # llama.cpp's further samplers (validated in common.translate.sampling_options)

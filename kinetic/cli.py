@@ -27,7 +27,8 @@ log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
 # flags whose every occurrence counts (the others: the last wins)
-REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv"})
+REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora",
+                        "lora_scaled"})
 HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
@@ -245,6 +246,7 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 def serve(settings: ServerSettings) -> int:
     import uvicorn
 
+    from kinetic.api_prefix import ApiPrefix
     from kinetic.app import create_app, error_response
     from kinetic.transport import TransportConfig, TransportLimits
 
@@ -290,7 +292,8 @@ def serve(settings: ServerSettings) -> int:
     addresses = []
     for sock in sockets:
         host, port = sock.getsockname()[:2]
-        addresses.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+        scheme = "https" if settings.ssl_cert_file else "http"
+        addresses.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
 
     def announce() -> None:
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
@@ -299,7 +302,9 @@ def serve(settings: ServerSettings) -> int:
     app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
-    config = TransportConfig(app, limits=limits, error_response=error_response,
+    served = ApiPrefix(app, settings.api_prefix, error_response) if settings.api_prefix else app
+    config = TransportConfig(served, limits=limits, error_response=error_response,
+                             ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                              timeout_keep_alive=30, server_header=False)
     server = uvicorn.Server(config)
@@ -349,6 +354,28 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
             f"router mode, {len(specs)} model(s): {names}")
 
 
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(settings: ServerSettings, root: logging.Logger | None = None) -> None:
+    """-v, --log-file, --log-timestamps and --log-disable on the root logger (which main() set up)."""
+    root = root or logging.getLogger()
+    if settings.verbose:
+        root.setLevel(logging.DEBUG)
+    else:
+        # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    if settings.log_file:
+        root.addHandler(logging.FileHandler(settings.log_file, encoding="utf-8"))
+    if settings.log_timestamps:
+        formatter = logging.Formatter("%(asctime)s " + LOG_FORMAT)
+        for handler in root.handlers:
+            handler.setFormatter(formatter)
+    if settings.log_disable:
+        root.setLevel(logging.CRITICAL + 1)  # nothing logs; the start and error lines still print
+
+
 def list_devices() -> int:
     """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
     import llama_cpp
@@ -363,7 +390,7 @@ def list_devices() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if argv and argv[0] == "serve":
         missing = missing_server_dependency()
         if missing is not None:
@@ -385,12 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if settings.list_devices:
             return list_devices()
-        if settings.verbose:
-            logging.getLogger().setLevel(logging.DEBUG)
-        else:
-            # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
-            for name in ("httpx", "httpx2"):
-                logging.getLogger(name).setLevel(logging.WARNING)
+        configure_logging(settings)
         return serve(settings)
     parser = build_parser()
     args = parser.parse_args(argv)

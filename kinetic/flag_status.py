@@ -61,26 +61,26 @@ IGNORED: tuple[Ignored, ...] = (
             "they need ggml's device and buffer-type handles, which llama-cpp-python does not bind; on a CPU build "
             "every tensor already sits in host memory, where -ot ...=CPU and --cpu-moe would put it",
             ("-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "--rpc", "-fit", "-fitt", "-fitc")),
-    Ignored("ignored flags: adapters",
-            "LoRA adapters and control vectors are not loaded yet (issue 23, part 5)",
-            ("--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
-             "--control-vector-layer-range")),
-    Ignored("ignored flags: reasoning budget and effort",
-            "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row); `--reasoning` and "
-            "`--reasoning-format` act",
-            ("--reasoning-effort", "--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve",
-             "--skip-chat-parsing")),
+    Ignored("ignored flags: control vectors",
+            "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
+            "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
+            ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range")),
+    Ignored("ignored flags: reasoning budget",
+            "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row), and its chat layer "
+            "has no switch for how it parses reasoning and tool calls; `--reasoning`, `--reasoning-format` and "
+            "`--reasoning-effort` act",
+            ("--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")),
     Ignored("ignored flags: HTTP server options",
             "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
             "--body-timeout, --max-connections...) cover timeouts and limits",
-            ("--reuse-port", "--path", "--cors-methods", "--cors-headers", "--cors-credentials", "--api-prefix",
-             "--ui-config", "--ui-config-file", "--rerank", "--ssl-key-file", "--ssl-cert-file", "-to",
-             "--sse-ping-interval", "--threads-http", "-sps", "--sleep-idle-seconds", "--embd-normalize")),
+            ("--reuse-port", "--path", "--cors-methods", "--cors-headers", "--cors-credentials", "--ui-config",
+             "--ui-config-file", "--rerank", "--sse-ping-interval", "--threads-http", "-sps",
+             "--sleep-idle-seconds")),
     Ignored("ignored flags: logging",
-            "kinetic logs through Python's logging: -v logs every request, the rest is one line per event on "
-            "stderr",
-            ("--log-disable", "--log-file", "--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv",
-             "--log-prefix", "--log-timestamps", "--perf")),
+            "kinetic logs through Python's logging, one line per event with its level and source, without "
+            "colours; -v logs every request (llama-server's -lv levels, JSON lines, prompt dumps and perf "
+            "counters have no counterpart); --log-file, --log-timestamps and --log-disable act",
+            ("--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--log-prefix", "--perf")),
     Ignored("ignored flags: model downloads other than -hf",
             "kinetic downloads from the Hugging Face hub only (-hf), the one network source a classroom allows; "
             "the presets download a set model: give -hf and its flags instead",

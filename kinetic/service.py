@@ -97,9 +97,8 @@ class Service:
     def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
         aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
         name = aliases[0] if aliases else resolved_name
-        kwargs = json.loads(settings.chat_template_kwargs) if settings.chat_template_kwargs else {}
         return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
-                   default_template_kwargs=kwargs)
+                   default_template_kwargs=settings.template_kwargs())
 
     @classmethod
     def for_model(cls, settings: ServerSettings, engine: Engine, name: str, aliases: tuple[str, ...]) -> "Service":
@@ -215,6 +214,17 @@ class Service:
         if self._model_file is None:
             self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
         return await asyncio.shield(self._model_file)
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """GET /lora-adapters: llama-server's list (a model with no adapters, or not local: empty)."""
+        listed = getattr(self.engine, "lora_adapters", None)  # only the llama engine loads adapters
+        return [{"id": i, "path": str(path), "scale": scale, "task_name": "", "prompt_prefix": ""}
+                for i, (path, scale) in enumerate(listed() if listed else [])]
+
+    async def set_lora_scales(self, scales: dict[int, float]) -> None:
+        setter = getattr(self.engine, "set_lora_scales", None)
+        if setter is not None:
+            await anyio.to_thread.run_sync(setter, scales)  # waits for the current decode step
 
     def require_infill(self) -> None:
         """llama-server's 501 when the model has no fill-in-the-middle tokens (checked before the body)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -195,6 +195,20 @@ FLAGS: tuple[Flag, ...] = (
     Flag("yarn_beta_fast", ("--yarn-beta-fast",), "YaRN: low correction dim or beta (-1 = the model's)",
          metavar="N"),
     Flag("list_devices", ("--list-devices",), "print the devices llama.cpp can offload to, and exit"),
+    Flag("lora", ("--lora",), "LoRA adapter to apply at scale 1 (comma list, or repeat the flag)", metavar="FNAME"),
+    Flag("lora_scaled", ("--lora-scaled",), "LoRA adapter with its scale, FNAME:SCALE (comma list, or repeat the "
+         "flag)", metavar="FNAME:SCALE"),
+    Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
+         "/lora-adapters sets their scales"),
+    Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
+    Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
+    Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
+    Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
+         "--body-timeout when they are not given", metavar="N"),
+    Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
+         "absolute int16, 1 taxicab, 2 euclidean, >2 p-norm", metavar="N"),
+    Flag("reasoning_effort", ("--reasoning-effort",), "reasoning effort given to the chat template (default: the "
+         "template's own)", metavar="LEVEL"),
     Flag("host", ("--host",), "address(es) to listen on, comma list (e.g. 127.0.0.1,::1)"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
@@ -246,6 +260,10 @@ FLAGS: tuple[Flag, ...] = (
          "timings)", metavar="FNAME"),
     Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),
     Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
+    Flag("log_file", ("--log-file",), "also write the log to this file", metavar="FNAME"),
+    Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",
+         negations=("--no-log-timestamps",)),
+    Flag("log_disable", ("--log-disable",), "log nothing (the start line and errors still print)"),
 )
 
 FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -395,6 +413,15 @@ class ServerSettings(BaseSettings):
     yarn_beta_slow: float = -1.0
     yarn_beta_fast: float = -1.0
     list_devices: bool = False
+    lora: tuple[str, ...] = ()
+    lora_scaled: tuple[str, ...] = ()
+    lora_init_without_apply: bool = False
+    api_prefix: str | None = None
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    embd_normalize: int = 2
+    reasoning_effort: str = "default"
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     port: Port = 8080
     api_key: str | None = None
@@ -431,6 +458,9 @@ class ServerSettings(BaseSettings):
     props: bool = False
     slot_save_path: str | None = None
     verbose: bool = False
+    log_file: str | None = None
+    log_timestamps: bool = False
+    log_disable: bool = False
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.
     model_args: tuple[tuple[str, str | None], ...] = ()
@@ -510,10 +540,33 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"{spec!r}: expected NAME=URL[,key=KEY] with an http(s) URL")
         return value
 
-    @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", mode="before")
+    @field_validator("lora", "lora_scaled")
+    @classmethod
+    def _lora_files(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        for item in value:
+            for part in item.split(","):
+                path = part.rpartition(":")[0] if info.field_name == "lora_scaled" else part
+                if info.field_name == "lora_scaled":
+                    try:
+                        float(part.rpartition(":")[2])
+                    except ValueError:
+                        raise ValueError(f"{part!r}: expected FNAME:SCALE, e.g. adapter.gguf:0.5") from None
+                if not path or not Path(path).expanduser().is_file():
+                    raise ValueError(f"{path or part!r}: no such file")
+        return value
+
+    @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora", "lora_scaled",
+                     mode="before")
     @classmethod
     def _one_from_a_variable(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
+
+    @field_validator("log_file")
+    @classmethod
+    def _log_folder(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().parent.is_dir():
+            raise ValueError("its folder does not exist")
+        return value
 
     @field_validator("dry_base")
     @classmethod
@@ -597,12 +650,26 @@ class ServerSettings(BaseSettings):
             raise ValueError("no such folder" if not Path(value).expanduser().exists() else "not a folder")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_sets_the_read_timeouts(cls, data: Any) -> Any:
+        """-to N is llama-server's socket read timeout: kinetic's two read timeouts, unless given themselves."""
+        if isinstance(data, dict) and data.get("timeout") is not None:
+            data = {"header_timeout": data["timeout"], "body_timeout": data["timeout"], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _ssl_pair(self) -> "ServerSettings":
+        if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
+            raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
+        return self
+
     @property
     def router_mode(self) -> bool:
         """Several models at one address: a models folder, a preset file, upstreams, or more than one -m/-hf."""
         return bool(self.models_dir or self.models_preset or self.upstream or len(self.model_args) > 1)
 
-    @field_validator("chat_template_file", "api_key_file", "models_preset")
+    @field_validator("chat_template_file", "api_key_file", "models_preset", "ssl_key_file", "ssl_cert_file")
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
         # Checked now, so a typo stops the start before the model loads, naming the flag.
@@ -655,6 +722,13 @@ class ServerSettings(BaseSettings):
         """GET/POST /cors-proxy forwards requests (--ui-mcp-proxy, or --agent)."""
         return self.ui_mcp_proxy or self.agent
 
+    def lora_adapters(self) -> tuple[tuple[str, float], ...]:
+        """--lora (scale 1) then --lora-scaled adapters, in the order given: their ids in /lora-adapters."""
+        plain = [(part, 1.0) for item in self.lora for part in item.split(",")]
+        scaled = [(part.rpartition(":")[0], float(part.rpartition(":")[2]))
+                  for item in self.lora_scaled for part in item.split(",")]
+        return tuple(plain + scaled)
+
     def llama_options(self) -> LlamaOptions:
         """What the model and context flags ask of llama.cpp."""
         load_mode = self.load_mode
@@ -667,7 +741,8 @@ class ServerSettings(BaseSettings):
             tensor_split=tuple(float(p) for p in re.split(r"[,/]+", self.tensor_split or "") if p.strip()),
             kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
             check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
-            special=self.special, threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
+            special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
+            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
             op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,
@@ -675,7 +750,9 @@ class ServerSettings(BaseSettings):
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
 
     def template_kwargs(self) -> dict[str, Any]:
-        return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
+        """--chat-template-kwargs over --reasoning-effort: the variables every chat template gets by default."""
+        effort = {} if self.reasoning_effort == "default" else {"reasoning_effort": self.reasoning_effort}
+        return {**effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""

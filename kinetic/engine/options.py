@@ -66,6 +66,8 @@ class LlamaOptions:
     no_host: bool = False
     numa: str | None = None  # distribute, isolate, numactl
     special: bool = False  # generated special tokens show as text
+    lora: tuple[tuple[str, float], ...] = ()  # --lora / --lora-scaled: (path, scale), in order (their ids)
+    lora_init_without_apply: bool = False  # loaded at scale 0 until POST /lora-adapters sets one
     # context (llama_context_params)
     threads_batch: int = 0  # 0: same as the generation threads
     flash_attn: str = "auto"  # on, off, auto
@@ -89,4 +91,5 @@ class LlamaOptions:
         shown["kv_overrides"] = [f"{o.key}={o.type}:{str(o.value).lower() if o.type == 'bool' else o.value}"
                                  for o in self.kv_overrides]
         shown["tensor_split"] = list(self.tensor_split)
+        shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
         return shown

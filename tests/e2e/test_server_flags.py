@@ -9,6 +9,8 @@ metadata override. Both save a slot, so their KV caches' sizes can be compared.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -18,7 +20,8 @@ import ollama
 import pytest
 from openai import OpenAI
 
-from tests.server import KineticServer
+from tests.lora_model import write_lora
+from tests.server import KineticServer, wait_until
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 START_OF_TURN = 105  # Gemma's <start_of_turn>, a special (control) token
@@ -143,3 +146,92 @@ def test_a_q8_0_kv_cache_takes_about_half_the_memory(constrained: KineticServer,
 
     q8, f16 = bytes_per_token(constrained), bytes_per_token(special)
     assert 0.45 < q8 / f16 < 0.65  # q8_0 stores 34 bytes per 32 values, f16 64
+
+
+# --- server flags: --api-prefix, --ssl-*, --embd-normalize, --reasoning-effort ---------------------------
+
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}effort={{ reasoning_effort }}\n"
+
+
+@pytest.fixture(scope="module")
+def https(model_lock: None, special: KineticServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """HTTPS under /llama, with a self-signed certificate made by openssl; yields the base URL."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert, template = folder / "key.pem", folder / "cert.pem", folder / "t.jinja"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    template.write_text(TEMPLATE)
+    server = KineticServer("-c", "512", "-np", "1", "--api-prefix", "/llama", "--ssl-key-file", str(key),
+                           "--ssl-cert-file", str(cert), "--embeddings", "--embd-normalize", "1",
+                           "--reasoning-effort", "high", "--chat-template-file", str(template))
+    command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(server.port),
+               *server.args]
+    log = server.log_path.open("w")
+    server.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=server.env)
+    base = f"https://127.0.0.1:{server.port}/llama"
+    try:
+        wait_until(lambda: "listening on https://127.0.0.1:" in server.log() or not server.alive(), "https start")
+        assert server.alive(), server.log()
+        yield base
+    finally:
+        server.stop()
+
+
+def test_https_under_an_api_prefix(https: str) -> None:
+    assert httpx.get(https + "/health", verify=False).status_code == 200
+    outside = httpx.get(https.removesuffix("/llama") + "/health", verify=False)
+    assert outside.status_code == 404 and outside.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(https.replace("https://", "http://") + "/health", timeout=5)  # no plain HTTP on that port
+    openai = OpenAI(base_url=https + "/v1", api_key="none", max_retries=0, http_client=httpx.Client(verify=False))
+    assert openai.completions.create(model="any", prompt="Hello", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_embd_normalize_sets_the_native_default(https: str) -> None:
+    def vector(**body: object) -> list[float]:
+        answer = httpx.post(https + "/embedding", json={"content": "hello world", **body}, verify=False, timeout=60)
+        return answer.json()[0]["embedding"][0]
+
+    assert sum(abs(v) for v in vector()) == pytest.approx(1.0, abs=1e-4)  # 1: taxicab
+    assert sum(v * v for v in vector(embd_normalize=2)) == pytest.approx(1.0, abs=1e-4)  # the request's own wins
+
+
+def test_reasoning_effort_reaches_the_template(https: str) -> None:
+    def prompt(**body: object) -> str:
+        answer = httpx.post(https + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}], **body},
+                            verify=False, timeout=30)
+        return answer.json()["prompt"]
+
+    assert prompt().endswith("effort=high")
+    assert prompt(chat_template_kwargs={"reasoning_effort": "low"}).endswith("effort=low")
+
+
+# --- LoRA: --lora and /lora-adapters ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora(model_lock: None, https: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
+    adapter = write_lora(tmp_path_factory.mktemp("lora") / "lora.gguf")
+    with KineticServer("-c", "512", "-np", "1", "--lora", str(adapter)) as server:
+        yield server
+
+
+def greedy(url: str, **client: object) -> str:
+    body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "cache_prompt": False}
+    answer = httpx.post(url + "/completion", json=body, timeout=120, **client)  # type: ignore[arg-type]
+    assert answer.status_code == 200, answer.text
+    return answer.json()["content"]
+
+
+def test_a_lora_adapter_changes_greedy_output_and_scale_0_restores_it(lora: KineticServer, https: str) -> None:
+    (listed,) = httpx.get(lora.url + "/lora-adapters").json()
+    assert listed["id"] == 0 and listed["path"].endswith("lora.gguf") and listed["scale"] == 1.0
+    base = greedy(https, verify=False)  # the same model and context size, no adapter
+    adapted = greedy(lora.url)
+    assert adapted != base
+    assert httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 0}]).json() == {"success": True}
+    assert httpx.get(lora.url + "/lora-adapters").json()[0]["scale"] == 0.0
+    assert greedy(lora.url) == base
+    httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 1}])
+    assert greedy(lora.url) == adapted
+    assert httpx.post(lora.url + "/lora-adapters", json={"id": 0}).status_code == 400

@@ -135,3 +135,11 @@ def test_the_engine_takes_the_options() -> None:
     engine = LlamaEngine(Path("none.gguf"), n_parallel=2, options=chosen)
     assert engine.kv_unified and engine.options is chosen
     assert not LlamaEngine(Path("none.gguf"), n_parallel=2).kv_unified
+
+
+def test_list_devices_prints_and_exits(capsys: pytest.CaptureFixture[str]) -> None:
+    from kinetic.cli import main
+
+    assert main(["serve", "--list-devices", "-m", "/no/such.gguf"]) == 0  # exits before any model is read
+    out = capsys.readouterr().out
+    assert out.startswith("Available devices:\n") and ("CPU only" in out) != llama_cpp.llama_supports_gpu_offload()

@@ -273,6 +273,25 @@ class LlamaEngine:
                 time.sleep(SLOT_POLL_S)
 
 
+    # ---------------------------------------------------------------- LoRA adapters
+
+    def lora_adapters(self) -> list[tuple[Path, float]]:
+        """The server's adapters (their ids are their positions) and their current scales."""
+        return [(adapter.path, adapter.scale) for adapter in self._require_model().lora]
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """Blocking: the adapters' new scales by id, applied between two decode steps; as in llama-server an
+        adapter left out gets 0 and an unknown id is ignored. A prefix cached before the change is still
+        reused by a later prompt that starts the same way."""
+        model = self._require_model()
+        with self._decode_lock:
+            for index, adapter in enumerate(model.lora):
+                adapter.scale = scales.get(index, 0.0)
+            for context in (self._scheduler.ctx if self._scheduler else None,
+                            self._embeddings.ctx if self._embeddings else None):
+                if context is not None:
+                    model.apply_lora(context)
+
     # ---------------------------------------------------------------- state
 
     def slot_states(self) -> list[SlotState]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,15 @@ from kinetic.engine.llama.params import init_numa, model_params
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import ModelInfo
 from kinetic.errors import ModelLoadError
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter loaded for the model (--lora), and the scale every context applies it at."""
+
+    path: Path
+    handle: Any  # llama_adapter_lora pointer, freed with the model
+    scale: float
 
 
 class LoadedModel:
@@ -39,6 +49,8 @@ class LoadedModel:
         except ValueError as exc:
             raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc
+        self.lora = [self._load_lora(Path(adapter), 0.0 if options.lora_init_without_apply else scale)
+                     for adapter, scale in options.lora]
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
         self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
@@ -64,8 +76,28 @@ class LoadedModel:
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
         )
 
+    def _load_lora(self, path: Path, scale: float) -> "LoraAdapter":
+        handle = llama_cpp.llama_adapter_lora_init(self.model.model, str(path).encode("utf-8"))
+        if not handle:
+            raise ModelLoadError(f"cannot load LoRA adapter {path}: llama.cpp rejected it (not a LoRA GGUF, or made "
+                                 f"for another base model than {self.path.name})")
+        return LoraAdapter(path=path, handle=handle, scale=scale)
+
     def new_context(self, params: Any) -> _internals.LlamaContext:
-        return _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        """A context with the server's LoRA adapters applied at their scales."""
+        ctx = _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        self.apply_lora(ctx)
+        return ctx
+
+    def apply_lora(self, ctx: _internals.LlamaContext) -> None:
+        """Sets the adapters' current scales on a context (a scale of 0 leaves the adapter out)."""
+        if not self.lora:
+            return
+        active = [adapter for adapter in self.lora if adapter.scale != 0.0]
+        handles = (llama_cpp.llama_adapter_lora_p_ctypes * len(active))(*[a.handle for a in active])
+        scales = (ctypes.c_float * len(active))(*[a.scale for a in active])
+        if llama_cpp.llama_set_adapters_lora(ctx.ctx, handles, len(active), scales) != 0:
+            raise RuntimeError("llama.cpp refused the LoRA adapters for a context")
 
     def pooling_type(self) -> int:
         """The pooling the GGUF declares for embeddings, or -1 when it declares none."""

@@ -1,0 +1,99 @@
+"""llama-server's server flags kinetic acts on: --api-prefix, --ssl-key-file/--ssl-cert-file,
+--embd-normalize, --reasoning-effort (their e2e tests: tests/e2e/test_server_flags.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.responses import JSONResponse
+
+from kinetic.api_prefix import ApiPrefix
+from kinetic.app import error_response
+from kinetic.cli import parse_serve_args
+from kinetic.settings import SettingsError
+
+
+async def echo_path(scope, receive, send) -> None:
+    await JSONResponse({"path": scope["path"]})(scope, receive, send)
+
+
+@pytest.mark.anyio
+async def test_api_prefix_serves_inside_and_404s_outside() -> None:
+    app = ApiPrefix(echo_path, "/llama/", error_response)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        assert (await client.get("/llama/v1/models")).json() == {"path": "/v1/models"}
+        assert (await client.get("/llama")).json() == {"path": "/"}
+        outside = await client.get("/llamas/health")
+        assert outside.status_code == 404 and "--api-prefix" in outside.json()["error"]["message"]
+        assert (await client.get("/api/tags")).status_code == 404  # Ollama's path, outside the prefix too
+
+
+@pytest.fixture()
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_ssl_files_go_together_and_must_exist(tmp_path: Path) -> None:
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    s = parse_serve_args(["--ssl-key-file", str(key), "--ssl-cert-file", str(cert)], environ={})
+    assert (s.ssl_key_file, s.ssl_cert_file) == (str(key), str(cert))
+    with pytest.raises(SettingsError, match="go together"):
+        parse_serve_args(["--ssl-key-file", str(key)], environ={})
+    with pytest.raises(SettingsError, match="for --ssl-cert-file: no such file"):
+        parse_serve_args(["--ssl-key-file", str(key), "--ssl-cert-file", str(tmp_path / "none.pem")], environ={})
+
+
+def test_reasoning_effort_is_a_default_template_variable() -> None:
+    assert parse_serve_args([], environ={}).template_kwargs() == {}
+    assert parse_serve_args(["--reasoning-effort", "high"], environ={}).template_kwargs() == {"reasoning_effort": "high"}
+    both = parse_serve_args(["--reasoning-effort", "high", "--chat-template-kwargs", '{"reasoning_effort": "low"}'],
+                            environ={})
+    assert both.template_kwargs() == {"reasoning_effort": "low"}
+    assert parse_serve_args([], environ={"LLAMA_ARG_REASONING_EFFORT": "max"}).template_kwargs() == \
+        {"reasoning_effort": "max"}
+
+
+def test_embd_normalize_is_the_native_default() -> None:
+    from kinetic.protocols.llamacpp.types import EmbeddingRequest
+
+    assert parse_serve_args([], environ={}).embd_normalize == 2
+    assert parse_serve_args(["--embd-normalize", "-1"], environ={}).embd_normalize == -1
+    assert EmbeddingRequest(content="x").embd_normalize is None  # not sent: the server's applies
+
+
+def test_timeout_sets_both_read_timeouts_unless_they_are_given() -> None:
+    s = parse_serve_args(["-to", "5"], environ={})
+    assert (s.timeout, s.header_timeout, s.body_timeout) == (5, 5, 5)
+    s = parse_serve_args(["--timeout", "5", "--header-timeout", "2"], environ={})
+    assert (s.header_timeout, s.body_timeout) == (2, 5)
+    assert parse_serve_args([], environ={"LLAMA_ARG_TIMEOUT": "7"}).body_timeout == 7
+    defaults = parse_serve_args([], environ={})
+    assert (defaults.header_timeout, defaults.body_timeout) == (30, 30)
+
+
+def test_log_flags_configure_the_log(tmp_path: Path) -> None:
+    import logging
+
+    from kinetic.cli import LOG_FORMAT, configure_logging
+
+    root = logging.getLogger("kinetic-test-root")
+    root.propagate = False
+    stream = logging.StreamHandler()
+    stream.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(stream)
+    log_file = tmp_path / "server.log"
+    configure_logging(parse_serve_args(["--log-file", str(log_file), "--log-timestamps"], environ={}), root)
+    root.warning("hello")
+    assert len(root.handlers) == 2 and log_file.read_text().endswith(" WARNING kinetic-test-root: hello\n")
+    assert log_file.read_text()[:4].isdigit()  # the time comes first
+    configure_logging(parse_serve_args(["--log-disable"], environ={}), root)
+    root.critical("nothing")
+    assert "nothing" not in log_file.read_text()
+    for handler in root.handlers:
+        handler.close()
+    with pytest.raises(SettingsError, match="for --log-file: its folder does not exist"):
+        parse_serve_args(["--log-file", str(tmp_path / "no" / "x.log")], environ={})

@@ -187,11 +187,13 @@ def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
                          ignored_env=ignored_variables(environ))
 
 
-def bind_socket(host: str, port: int, *, v6only: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, *, v6only: bool = False, reuse_port: bool = False) -> socket.socket:
     host = host.removeprefix("[").removesuffix("]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port and hasattr(socket, "SO_REUSEPORT"):  # --reuse-port; Windows has no such option
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6 and v6only:  # with several addresses, [::] must not also claim 0.0.0.0
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind((host, port))
@@ -199,7 +201,7 @@ def bind_socket(host: str, port: int, *, v6only: bool = False) -> socket.socket:
     return sock
 
 
-def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
+def bind_sockets(hosts: Sequence[str], port: int, *, reuse_port: bool = False) -> list[socket.socket]:
     """One listening socket per --host address (llama-server takes a comma list). Raises OSError
     naming the address that failed; the ones bound before it are closed."""
     if port == 0 and len(hosts) > 1:
@@ -207,7 +209,7 @@ def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     for host in hosts:
         try:
-            sockets.append(bind_socket(host, port, v6only=len(hosts) > 1))
+            sockets.append(bind_socket(host, port, v6only=len(hosts) > 1, reuse_port=reuse_port))
         except OSError as exc:
             for sock in sockets:
                 sock.close()
@@ -285,7 +287,7 @@ def serve(settings: ServerSettings) -> int:
         config_holder["server"].should_exit = True
 
     try:
-        sockets = bind_sockets(settings.hosts, settings.port)
+        sockets = bind_sockets(settings.hosts, settings.port, reuse_port=settings.reuse_port)
     except OSError as exc:
         print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1

@@ -51,7 +51,7 @@ IGNORED: tuple[Ignored, ...] = (
             "they change how a slot's KV cache is kept between steps, which the decode loop's rewrite owns "
             "(issue 20); until then a prompt longer than a slot is a 400 and a full slot stops with `length`",
             ("--context-shift", "--keep", "--cache-reuse", "-ctxcp", "-cms", "--kv-unified-per-slot",
-             "--cache-idle-slots", "--cache-prompt")),
+             "--cache-idle-slots")),
     Ignored("ignored flags: CPU affinity and priority",
             "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
             "the threads are llama.cpp's own, -t and -tb set how many",
@@ -73,7 +73,7 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("ignored flags: HTTP server options",
             "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
             "--body-timeout, --max-connections...) cover timeouts and limits",
-            ("--reuse-port", "--path", "--cors-methods", "--cors-headers", "--cors-credentials", "--ui-config",
+            ("--path", "--cors-methods", "--cors-headers", "--cors-credentials", "--ui-config",
              "--ui-config-file", "--rerank", "--sse-ping-interval", "--threads-http", "-sps",
              "--sleep-idle-seconds")),
     Ignored("ignored flags: logging",

@@ -203,6 +203,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
     Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
     Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
+    Flag("cache_prompt", ("--cache-prompt",), "requests that do not send cache_prompt reuse a cached prefix",
+         negations=("--no-cache-prompt",)),
+    Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
     Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
          "--body-timeout when they are not given", metavar="N"),
     Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
@@ -419,6 +422,8 @@ class ServerSettings(BaseSettings):
     api_prefix: str | None = None
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
+    cache_prompt: bool = True
+    reuse_port: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
     embd_normalize: int = 2
     reasoning_effort: str = "default"

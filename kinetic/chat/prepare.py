@@ -49,6 +49,7 @@ class ServerDefaults:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: str = "auto"  # --reasoning on|off|auto: the `enable_thinking` templates get when nobody set it
     prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
+    cache_prompt: bool = True  # --no-cache-prompt: requests that do not say reuse no cached prefix
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
@@ -235,7 +236,8 @@ class ChatLayer:
         return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
                                  max_tokens=max_tokens, stop=options.stop or self.defaults.stop,
                                  n_probs=options.n_probs,
-                                 cache_prompt=options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
+                                 cache_prompt=self.defaults.cache_prompt if options.cache_prompt is None
+                                 else options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
                                  post_sampling_probs=options.post_sampling_probs,
                                  return_progress=options.return_progress)
 

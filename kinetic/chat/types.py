@@ -129,7 +129,7 @@ class GenerationOptions:
     max_tokens: int | None = None  # None: the server's -n
     stop: tuple[str, ...] = ()
     n_probs: int = 0
-    cache_prompt: bool = True
+    cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on by default)
     id_slot: int = -1
     n_keep: int = 0  # echoed: kinetic never shifts the context (llama-server's default too)
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities

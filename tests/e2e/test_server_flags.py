@@ -163,7 +163,7 @@ def https(model_lock: None, special: KineticServer, tmp_path_factory: pytest.Tem
     template.write_text(TEMPLATE)
     server = KineticServer("-c", "512", "-np", "1", "--api-prefix", "/llama", "--ssl-key-file", str(key),
                            "--ssl-cert-file", str(cert), "--embeddings", "--embd-normalize", "1",
-                           "--reasoning-effort", "high", "--chat-template-file", str(template))
+                           "--reasoning-effort", "high", "--chat-template-file", str(template), "--no-cache-prompt")
     command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(server.port),
                *server.args]
     log = server.log_path.open("w")
@@ -204,6 +204,18 @@ def test_reasoning_effort_reaches_the_template(https: str) -> None:
 
     assert prompt().endswith("effort=high")
     assert prompt(chat_template_kwargs={"reasoning_effort": "low"}).endswith("effort=low")
+
+
+def test_no_cache_prompt_is_the_default_a_request_can_override(https: str) -> None:
+    def cached(**body: object) -> int:
+        request = {"prompt": PROMPT, "n_predict": 1, **body}
+        answer = httpx.post(https + "/completion", json=request, verify=False, timeout=60)
+        return answer.json()["timings"]["cache_n"]
+
+    cached(), cached()
+    assert cached() == 0  # --no-cache-prompt: the prefix is evaluated again
+    cached(cache_prompt=True)
+    assert cached(cache_prompt=True) > 0  # the request's own field wins
 
 
 # --- LoRA: --lora and /lora-adapters ----------------------------------------------------------------------

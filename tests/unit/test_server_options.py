@@ -97,3 +97,36 @@ def test_log_flags_configure_the_log(tmp_path: Path) -> None:
         handler.close()
     with pytest.raises(SettingsError, match="for --log-file: its folder does not exist"):
         parse_serve_args(["--log-file", str(tmp_path / "no" / "x.log")], environ={})
+
+
+def test_reuse_port_lets_two_sockets_listen_on_one_port() -> None:
+    import socket
+
+    from kinetic.cli import bind_socket
+
+    first = bind_socket("127.0.0.1", 0, reuse_port=True)
+    try:
+        port = first.getsockname()[1]
+        if hasattr(socket, "SO_REUSEPORT"):
+            bind_socket("127.0.0.1", port, reuse_port=True).close()
+        with pytest.raises(OSError):
+            bind_socket("127.0.0.1", port).close()  # without it, the port is taken
+    finally:
+        first.close()
+
+
+def test_cache_prompt_is_the_servers_default_for_requests_that_do_not_say() -> None:
+    from kinetic.chat.prepare import ChatLayer, ServerDefaults
+    from kinetic.chat.templates import ChatTemplate, builtin_template
+    from kinetic.chat.types import GenerationOptions, PromptRequest
+    from tests.scripted import ScriptedEngine
+
+    engine = ScriptedEngine([])
+    engine.loaded.set()
+    engine.load()
+    layer = ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"),
+                      ServerDefaults(cache_prompt=parse_serve_args(["--no-cache-prompt"], environ={}).cache_prompt))
+    assert layer.prepare_prompt(PromptRequest(prompt="hi")).cache_prompt is False
+    own = PromptRequest(prompt="hi", options=GenerationOptions(cache_prompt=True))
+    assert layer.prepare_prompt(own).cache_prompt is True
+    assert parse_serve_args([], environ={}).cache_prompt is True

@@ -188,7 +188,7 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         max_tokens=max_tokens,
         stop=stop_list(body.stop),
         n_probs=n_probs,
-        cache_prompt=body.cache_prompt is not False,
+        cache_prompt=body.cache_prompt,
         id_slot=body.id_slot if body.id_slot is not None else -1,
         n_keep=n_keep(getattr(body, "n_keep", None)),
         post_sampling_probs=bool(getattr(body, "post_sampling_probs", False)),

@@ -203,6 +203,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
     Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
     Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
+    Flag("ui_config", ("--ui-config", "--webui-config"), "JSON object of default web UI settings (GET /props "
+         "ui_settings)", metavar="JSON"),
+    Flag("ui_config_file", ("--ui-config-file", "--webui-config-file"), "file with the JSON of --ui-config",
+         metavar="PATH"),
     Flag("cache_prompt", ("--cache-prompt",), "requests that do not send cache_prompt reuse a cached prefix",
          negations=("--no-cache-prompt",)),
     Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
@@ -304,6 +308,16 @@ def _read_text(path: str) -> str:
         return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read it ({exc})") from None
+
+
+def _json_object_text(text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object")
+    return parsed
 
 
 def schema_grammar_or_error(text: str) -> str:
@@ -422,6 +436,8 @@ class ServerSettings(BaseSettings):
     api_prefix: str | None = None
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
+    ui_config: str | None = None
+    ui_config_file: str | None = None
     cache_prompt: bool = True
     reuse_port: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
@@ -565,6 +581,20 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _one_from_a_variable(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
+
+    @field_validator("ui_config")
+    @classmethod
+    def _ui_config(cls, value: str | None) -> str | None:
+        if value is not None:
+            _json_object_text(value)
+        return value
+
+    @field_validator("ui_config_file")
+    @classmethod
+    def _ui_config_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            _json_object_text(_read_text(value))
+        return value
 
     @field_validator("log_file")
     @classmethod
@@ -726,6 +756,12 @@ class ServerSettings(BaseSettings):
     def cors_proxy(self) -> bool:
         """GET/POST /cors-proxy forwards requests (--ui-mcp-proxy, or --agent)."""
         return self.ui_mcp_proxy or self.agent
+
+    def ui_settings(self) -> dict[str, Any]:
+        """GET /props `ui_settings`: --ui-config-file's JSON, else --ui-config's, else {}."""
+        if self.ui_config_file is not None:
+            return _json_object_text(Path(self.ui_config_file).expanduser().read_text(encoding="utf-8"))
+        return _json_object_text(self.ui_config) if self.ui_config is not None else {}
 
     def lora_adapters(self) -> tuple[tuple[str, float], ...]:
         """--lora (scale 1) then --lora-scaled adapters, in the order given: their ids in /lora-adapters."""

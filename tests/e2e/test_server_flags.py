@@ -45,7 +45,7 @@ def special(model_lock: None, constrained: KineticServer,
     slots = tmp_path_factory.mktemp("slots-f16")
     with KineticServer("-c", "1024", "-np", "2", "-kvu", "-n", "3", "--temp", "0", "--special", "--ignore-eos",
                        "-l", f"{START_OF_TURN}+100", "--no-mmap",
-                       "--override-kv", "tokenizer.ggml.add_bos_token=bool:false",
+                       "--override-kv", "tokenizer.ggml.add_bos_token=bool:false", "--ui-config", '{"theme": "dark"}',
                        "--slot-save-path", str(slots)) as server:
         yield server
 
@@ -118,6 +118,7 @@ def test_special_tokens_ignore_eos_and_logit_bias_act(special: KineticServer) ->
 def test_kv_unified_gives_each_slot_the_whole_context(special: KineticServer) -> None:
     props = httpx.get(special.url + "/props").json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024  # not 1024 / 2
+    assert props["ui_settings"] == {"theme": "dark"}  # --ui-config
 
 
 def test_override_kv_changes_the_models_metadata(constrained: KineticServer, special: KineticServer) -> None:

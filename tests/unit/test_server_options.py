@@ -130,3 +130,12 @@ def test_cache_prompt_is_the_servers_default_for_requests_that_do_not_say() -> N
     own = PromptRequest(prompt="hi", options=GenerationOptions(cache_prompt=True))
     assert layer.prepare_prompt(own).cache_prompt is True
     assert parse_serve_args([], environ={}).cache_prompt is True
+
+
+def test_ui_config_from_text_or_file(tmp_path: Path) -> None:
+    assert parse_serve_args([], environ={}).ui_settings() == {}
+    assert parse_serve_args(["--webui-config", '{"theme": "dark"}'], environ={}).ui_settings() == {"theme": "dark"}
+    (tmp_path / "ui.json").write_text('{"a": 1}')
+    assert parse_serve_args(["--ui-config-file", str(tmp_path / "ui.json")], environ={}).ui_settings() == {"a": 1}
+    with pytest.raises(SettingsError, match="for --ui-config: expected a JSON object"):
+        parse_serve_args(["--ui-config", "[1]"], environ={})

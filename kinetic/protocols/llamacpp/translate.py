@@ -293,6 +293,7 @@ def props(service: Service) -> dict[str, Any]:
         "eos_token": info.eos_token,
         "build_info": service.system_fingerprint,
         "is_sleeping": False,
+        "ui_settings": service.settings.ui_settings(),
         # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
         "llama_params": service.settings.llama_options().describe(),
     }

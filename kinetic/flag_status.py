@@ -89,10 +89,9 @@ IGNORED: tuple[Ignored, ...] = (
              "--vision-gemma-12b-default")),
     Ignored("ignored flags: llama-server internals",
             "what they switch is fixed in kinetic: batching is always continuous, there is no warm-up decode, "
-            "infill follows the model's own token order, KV defragmentation is automatic (deprecated in "
-            "llama-server too), agent tools run nowhere (see the --tools row), and there is no shell completion "
+            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere (see the --tools row), and there is no shell completion "
             "or cache listing",
-            ("-cb", "--warmup", "--spm-infill", "-dt", "--tools-runtime", "--mcp-servers-config",
+            ("-cb", "--warmup", "-dt", "--tools-runtime", "--mcp-servers-config",
              "--mcp-servers-json", "-cl", "--completion-bash")),
 )
 

@@ -126,7 +126,8 @@ class Service:
                 sampler=default_sampling(self.settings), stop=default_stops(self.settings),
                 n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
                 template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
-                prefill_assistant=self.settings.prefill_assistant, cache_prompt=self.settings.cache_prompt)
+                prefill_assistant=self.settings.prefill_assistant, cache_prompt=self.settings.cache_prompt,
+                spm_infill=self.settings.spm_infill)
         return self._defaults
 
     @property

@@ -50,6 +50,7 @@ class ServerDefaults:
     reasoning: str = "auto"  # --reasoning on|off|auto: the `enable_thinking` templates get when nobody set it
     prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
     cache_prompt: bool = True  # --no-cache-prompt: requests that do not say reuse no cached prefix
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
@@ -228,7 +229,7 @@ class ChatLayer:
             prefix=req.prefix, suffix=req.suffix, extra=req.extra,
             prompt=self.engine.tokenize(req.prompt, add_special=False, parse_special=True) if req.prompt else [],
             n_batch=getattr(self.engine, "n_batch", 2048), n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
-            bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None)
+            bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None, spm=self.defaults.spm_infill)
         return self.generation(tokens, req.options, output_grammar(req.output))
 
     def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:

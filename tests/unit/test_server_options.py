@@ -139,3 +139,14 @@ def test_ui_config_from_text_or_file(tmp_path: Path) -> None:
     assert parse_serve_args(["--ui-config-file", str(tmp_path / "ui.json")], environ={}).ui_settings() == {"a": 1}
     with pytest.raises(SettingsError, match="for --ui-config: expected a JSON object"):
         parse_serve_args(["--ui-config", "[1]"], environ={})
+
+
+def test_spm_infill_puts_the_suffix_first() -> None:
+    """--spm-infill: llama-server's Suffix/Prefix/Middle order (format_prompt_infill), BOS still leading."""
+    from kinetic.chat.infill import infill_tokens
+
+    fim = {"pre": 1001, "suf": 1002, "mid": 1003, "rep": -1, "sep": -1}
+    tokens = infill_tokens(lambda text: [ord(c) for c in text], fim, prefix="ab", suffix="cd", extra=(), prompt=[7],
+                           n_batch=2048, n_predict=-1, n_ctx=4096, bos=2, spm=True)
+    assert tokens == [2, 1002, ord("c"), ord("d"), 1001, ord("a"), ord("b"), 7, 1003]
+    assert parse_serve_args(["--spm-infill"], environ={}).spm_infill

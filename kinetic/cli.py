@@ -217,6 +217,15 @@ def bind_sockets(hosts: Sequence[str], port: int, *, reuse_port: bool = False) -
     return sockets
 
 
+def limit_worker_threads(n: int) -> None:
+    """--threads-http N: the worker threads requests' blocking work (templates, tokenizing, grammars) runs
+    in, anyio's default pool (40) otherwise. Call it on the server's event loop."""
+    if n > 0:
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = n
+
+
 def missing_server_dependency() -> str | None:
     """The first of the serve extra's modules that is not installed (`pip install kinetic` alone is
     the grader), or None."""
@@ -298,6 +307,8 @@ def serve(settings: ServerSettings) -> int:
         addresses.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
 
     def announce() -> None:
+        # called on the event loop, before the first request is let through
+        limit_worker_threads(settings.threads_http)
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
         print(f"listening on {', '.join(addresses)}", flush=True)
 

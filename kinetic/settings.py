@@ -210,6 +210,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cache_prompt", ("--cache-prompt",), "requests that do not send cache_prompt reuse a cached prefix",
          negations=("--no-cache-prompt",)),
     Flag("spm_infill", ("--spm-infill",), "/infill lays out suffix, prefix, middle (some models were trained so)"),
+    Flag("threads_http", ("--threads-http",), "worker threads for requests' blocking work (default: anyio's 40)",
+         metavar="N"),
     Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
     Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
          "--body-timeout when they are not given", metavar="N"),
@@ -441,6 +443,7 @@ class ServerSettings(BaseSettings):
     ui_config_file: str | None = None
     cache_prompt: bool = True
     reuse_port: bool = False
+    threads_http: int = -1
     spm_infill: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
     embd_normalize: int = 2

@@ -164,7 +164,8 @@ def https(model_lock: None, special: KineticServer, tmp_path_factory: pytest.Tem
     template.write_text(TEMPLATE)
     server = KineticServer("-c", "512", "-np", "1", "--api-prefix", "/llama", "--ssl-key-file", str(key),
                            "--ssl-cert-file", str(cert), "--embeddings", "--embd-normalize", "1",
-                           "--reasoning-effort", "high", "--chat-template-file", str(template), "--no-cache-prompt")
+                           "--reasoning-effort", "high", "--chat-template-file", str(template), "--no-cache-prompt",
+                           "--threads-http", "2")
     command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(server.port),
                *server.args]
     log = server.log_path.open("w")

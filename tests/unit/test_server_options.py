@@ -150,3 +150,18 @@ def test_spm_infill_puts_the_suffix_first() -> None:
                            n_batch=2048, n_predict=-1, n_ctx=4096, bos=2, spm=True)
     assert tokens == [2, 1002, ord("c"), ord("d"), 1001, ord("a"), ord("b"), 7, 1003]
     assert parse_serve_args(["--spm-infill"], environ={}).spm_infill
+
+
+def test_threads_http_caps_the_worker_threads() -> None:
+    import anyio
+    import anyio.to_thread
+
+    from kinetic.cli import limit_worker_threads
+
+    async def limits(n: int) -> float:
+        limit_worker_threads(n)
+        return anyio.to_thread.current_default_thread_limiter().total_tokens
+
+    assert anyio.run(limits, 3) == 3
+    assert anyio.run(limits, -1) == 40  # not given: anyio's default
+    assert parse_serve_args(["--threads-http", "6"], environ={}).threads_http == 6

@@ -301,9 +301,9 @@ def serve(settings: ServerSettings) -> int:
         print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
     addresses = []
+    scheme = "https" if settings.ssl_cert_file else "http"
     for sock in sockets:
         host, port = sock.getsockname()[:2]
-        scheme = "https" if settings.ssl_cert_file else "http"
         addresses.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
 
     def announce() -> None:
@@ -380,7 +380,9 @@ def configure_logging(settings: ServerSettings, root: logging.Logger | None = No
         for name in ("httpx", "httpx2"):
             logging.getLogger(name).setLevel(logging.WARNING)
     if settings.log_file:
-        root.addHandler(logging.FileHandler(settings.log_file, encoding="utf-8"))
+        to_file = logging.FileHandler(settings.log_file, encoding="utf-8")
+        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(to_file)
     if settings.log_timestamps:
         formatter = logging.Formatter("%(asctime)s " + LOG_FORMAT)
         for handler in root.handlers:

@@ -86,10 +86,14 @@ def test_log_flags_configure_the_log(tmp_path: Path) -> None:
     stream.setFormatter(logging.Formatter(LOG_FORMAT))
     root.addHandler(stream)
     log_file = tmp_path / "server.log"
-    configure_logging(parse_serve_args(["--log-file", str(log_file), "--log-timestamps"], environ={}), root)
+    configure_logging(parse_serve_args(["--log-file", str(log_file)], environ={}), root)
+    root.warning("plain")
+    assert log_file.read_text() == "WARNING kinetic-test-root: plain\n"
+    configure_logging(parse_serve_args(["--log-timestamps"], environ={}), root)
     root.warning("hello")
-    assert len(root.handlers) == 2 and log_file.read_text().endswith(" WARNING kinetic-test-root: hello\n")
-    assert log_file.read_text()[:4].isdigit()  # the time comes first
+    last = log_file.read_text().splitlines()[-1]
+    assert len(root.handlers) == 2 and last.endswith(" WARNING kinetic-test-root: hello")
+    assert last[:4].isdigit()  # the time comes first
     configure_logging(parse_serve_args(["--log-disable"], environ={}), root)
     root.critical("nothing")
     assert "nothing" not in log_file.read_text()

@@ -228,6 +228,11 @@ FLAGS: tuple[Flag, ...] = (
          "the key file)", metavar="KEY"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list "
          "(default: *; localhost with --tools/--agent)", metavar="ORIGINS"),
+    Flag("cors_methods", ("--cors-methods",), "methods a CORS preflight allows", metavar="METHODS"),
+    Flag("cors_headers", ("--cors-headers",), "headers a CORS preflight allows (default: the ones it asks for)",
+         metavar="HEADERS"),
+    Flag("cors_credentials", ("--cors-credentials",), "CORS requests may carry credentials (off: and * stays *)",
+         negations=("--no-cors-credentials",)),
     Flag("ui_mcp_proxy", ("--ui-mcp-proxy", "--webui-mcp-proxy"), "serve /cors-proxy (untrusted networks: no)",
          negations=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy")),
     Flag("tools", ("--tools",), "llama-server's agent tools: none run; limits CORS to localhost", metavar="LIST"),
@@ -454,6 +459,9 @@ class ServerSettings(BaseSettings):
     api_key_file: str | None = None
     admin_key: str | None = None
     cors_origins: str | None = None  # None: "*", or "localhost" with tools, agent or MCP servers (llama-server's rule)
+    cors_methods: Annotated[str, Field(min_length=1)] = "GET, POST, DELETE, OPTIONS"  # llama-server's
+    cors_headers: str | None = None  # llama-server's is *, which a browser never lets cover Authorization
+    cors_credentials: bool = True
     ui_mcp_proxy: bool = False
     tools: str | None = None
     agent: bool = False

@@ -169,3 +169,26 @@ def test_threads_http_caps_the_worker_threads() -> None:
     assert anyio.run(limits, 3) == 3
     assert anyio.run(limits, -1) == 40  # not given: anyio's default
     assert parse_serve_args(["--threads-http", "6"], environ={}).threads_http == 6
+
+
+def test_cors_methods_headers_and_credentials_reach_the_preflight() -> None:
+    from fastapi.testclient import TestClient
+
+    from kinetic.app import create_app
+    from kinetic.engine.llama import LlamaEngine
+    from kinetic.service import Service
+
+    def preflight(*argv: str) -> httpx.Headers:
+        service = Service.create(parse_serve_args(list(argv), environ={}), LlamaEngine(Path("unused.gguf")), "x")
+        client = TestClient(create_app(service))  # not entered: the model never loads, the gate still answers
+        return client.options("/v1/chat/completions", headers={
+            "Origin": "http://example.org", "Access-Control-Request-Headers": "authorization"}).headers
+
+    default = preflight()
+    assert default["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert default["access-control-allow-headers"] == "authorization"  # kinetic's default (a differences row)
+    assert (default["access-control-allow-credentials"], default["access-control-allow-origin"]) == \
+        ("true", "http://example.org")
+    chosen = preflight("--cors-methods", "GET, POST", "--cors-headers", "*", "--no-cors-credentials")
+    assert (chosen["access-control-allow-methods"], chosen["access-control-allow-headers"]) == ("GET, POST", "*")
+    assert (chosen["access-control-allow-credentials"], chosen["access-control-allow-origin"]) == ("false", "*")

@@ -258,6 +258,7 @@ def serve(settings: ServerSettings) -> int:
     import uvicorn
 
     from kinetic.api_prefix import ApiPrefix
+    from kinetic.static_path import StaticPath
     from kinetic.app import create_app, error_response
     from kinetic.transport import TransportConfig, TransportLimits
 
@@ -315,7 +316,8 @@ def serve(settings: ServerSettings) -> int:
     app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
-    served = ApiPrefix(app, settings.api_prefix, error_response) if settings.api_prefix else app
+    served = StaticPath(app, settings.path) if settings.path else app
+    served = ApiPrefix(served, settings.api_prefix, error_response) if settings.api_prefix else served
     config = TransportConfig(served, limits=limits, error_response=error_response,
                              ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,

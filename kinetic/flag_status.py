@@ -73,7 +73,7 @@ IGNORED: tuple[Ignored, ...] = (
     Ignored("ignored flags: HTTP server options",
             "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
             "--body-timeout, --max-connections...) cover timeouts and limits",
-            ("--path", "--rerank", "--sse-ping-interval", "-sps",
+            ("--rerank", "--sse-ping-interval", "-sps",
              "--sleep-idle-seconds")),
     Ignored("ignored flags: logging",
             "kinetic logs through Python's logging, one line per event with its level and source, without "

@@ -200,6 +200,8 @@ FLAGS: tuple[Flag, ...] = (
          "flag)", metavar="FNAME:SCALE"),
     Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
          "/lora-adapters sets their scales"),
+    Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
+         metavar="PATH"),
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
     Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
     Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
@@ -441,6 +443,7 @@ class ServerSettings(BaseSettings):
     lora: tuple[str, ...] = ()
     lora_scaled: tuple[str, ...] = ()
     lora_init_without_apply: bool = False
+    path: str | None = None
     api_prefix: str | None = None
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
@@ -689,6 +692,13 @@ class ServerSettings(BaseSettings):
             word = value.strip().lower()
             return "on" if word in TRUE_WORDS else "off" if word in FALSE_WORDS else "auto" if word in ("auto", "-1") \
                 else value
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _static_folder(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError("no such folder" if not Path(value).expanduser().exists() else "not a folder")
         return value
 
     @field_validator("models_dir")

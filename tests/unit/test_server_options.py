@@ -192,3 +192,21 @@ def test_cors_methods_headers_and_credentials_reach_the_preflight() -> None:
     chosen = preflight("--cors-methods", "GET, POST", "--cors-headers", "*", "--no-cors-credentials")
     assert (chosen["access-control-allow-methods"], chosen["access-control-allow-headers"]) == ("GET, POST", "*")
     assert (chosen["access-control-allow-credentials"], chosen["access-control-allow-origin"]) == ("false", "*")
+
+
+@pytest.mark.anyio
+async def test_path_serves_a_folder_ahead_of_the_routes(tmp_path: Path) -> None:
+    from kinetic.static_path import StaticPath
+
+    (tmp_path / "index.html").write_text("<h1>my ui</h1>")
+    (tmp_path / "app.js").write_text("console.log(1)")
+    (tmp_path.parent / "secret.txt").write_text("no")
+    app = StaticPath(echo_path, str(tmp_path))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        assert (await client.get("/")).text == "<h1>my ui</h1>"
+        assert (await client.get("/app.js")).text == "console.log(1)"
+        assert (await client.get("/v1/models")).json() == {"path": "/v1/models"}  # no such file: the routes
+        assert app.file_for("/../secret.txt") is None  # never outside the folder (a raw path a client may send)
+        assert (await client.post("/app.js")).json() == {"path": "/app.js"}
+    with pytest.raises(SettingsError, match="for --path: no such folder"):
+        parse_serve_args(["--path", str(tmp_path / "none")], environ={})

@@ -162,10 +162,12 @@ def https(model_lock: None, special: KineticServer, tmp_path_factory: pytest.Tem
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
     template.write_text(TEMPLATE)
+    (folder / "static").mkdir()
+    (folder / "static" / "index.html").write_text("<h1>a class's own page</h1>")
     server = KineticServer("-c", "512", "-np", "1", "--api-prefix", "/llama", "--ssl-key-file", str(key),
                            "--ssl-cert-file", str(cert), "--embeddings", "--embd-normalize", "1",
                            "--reasoning-effort", "high", "--chat-template-file", str(template), "--no-cache-prompt",
-                           "--threads-http", "2")
+                           "--threads-http", "2", "--path", str(folder / "static"))
     command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(server.port),
                *server.args]
     log = server.log_path.open("w")
@@ -187,6 +189,7 @@ def test_https_under_an_api_prefix(https: str) -> None:
         httpx.get(https.replace("https://", "http://") + "/health", timeout=5)  # no plain HTTP on that port
     openai = OpenAI(base_url=https + "/v1", api_key="none", max_retries=0, http_client=httpx.Client(verify=False))
     assert openai.completions.create(model="any", prompt="Hello", max_tokens=2).usage.completion_tokens == 2
+    assert httpx.get(https + "/", verify=False).text == "<h1>a class's own page</h1>"  # --path, under the prefix
 
 
 def test_embd_normalize_sets_the_native_default(https: str) -> None:

@@ -82,16 +82,20 @@ class RequestGate:
     """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
 
     def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, cors_origins: str,
-                 body_timeout: float):
+                 body_timeout: float, cors_methods: str = CORS_METHODS, cors_headers: str | None = None,
+                 cors_credentials: bool = True):
         self.app = app
         self.registry = registry
         self.keys = keys
         self.cors_origins = cors_origins
         self.body_timeout = body_timeout
+        self.cors_methods = cors_methods  # --cors-methods
+        self.cors_headers = cors_headers  # --cors-headers; None: the headers the preflight asks for
+        self.cors_credentials = cors_credentials  # --no-cors-credentials: "false", and * stays * (llama-server)
 
     def _allow_origin(self, origin: str) -> str | None:
         if self.cors_origins == "*":
-            return origin or "*"
+            return (origin or "*") if self.cors_credentials else "*"
         if self.cors_origins == "localhost":
             host = origin.split("://", 1)[-1].rsplit(":", 1)[0] if origin else ""
             if origin.split("://", 1)[-1].startswith("[::1]"):
@@ -110,7 +114,7 @@ class RequestGate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         allow_origin = self._allow_origin(headers.get("origin", ""))
-        cors = [(b"access-control-allow-credentials", b"true")]
+        cors = [(b"access-control-allow-credentials", b"true" if self.cors_credentials else b"false")]
         if allow_origin:
             cors.insert(0, (b"access-control-allow-origin", allow_origin.encode("latin-1")))
 
@@ -127,8 +131,9 @@ class RequestGate:
             scope.setdefault("state", {})["client_name"] = client_name
         if scope["method"] == "OPTIONS":
             response: Response = Response(status_code=200, headers={
-                "Access-Control-Allow-Methods": CORS_METHODS,
-                "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "*") or "*"})
+                "Access-Control-Allow-Methods": self.cors_methods,
+                "Access-Control-Allow-Headers": self.cors_headers or headers.get("access-control-request-headers", "*")
+                or "*"})
         elif is_public_page(scope["method"], path):  # no key, and served while loading (the page says so)
             await self._call_app(scope, receive, send_with_cors)
             return
@@ -282,7 +287,9 @@ def create_app(
     keys = settings.key_ring()
     app.state.keys = keys
     app.add_middleware(RequestGate, registry=registry, keys=keys,
-                       cors_origins=settings.cors_policy, body_timeout=settings.body_timeout)
+                       cors_origins=settings.cors_policy, body_timeout=settings.body_timeout,
+                       cors_methods=settings.cors_methods, cors_headers=settings.cors_headers,
+                       cors_credentials=settings.cors_credentials)
     # The request recorder, added last: outermost, so it also sees the gate's 401s. Its records feed
     # the dashboard always, and the ledger file with --ledger.
     app.state.class_stats = ClassStats()

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Literal, Mapping, Sequence
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
+from kinetic.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags, variable_warning, warning
 from kinetic.llama_flags import by_spelling, llama_server_flags
 from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
                               load_settings)
@@ -24,8 +26,10 @@ from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, Settings
 log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
-REPEATABLE = frozenset({"upstream"})
-HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args  # flags whose every occurrence counts (the others: the last wins)
+# flags whose every occurrence counts (the others: the last wins)
+REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora",
+                        "lora_scaled"})
+HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
 def build_serve_parser(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +52,18 @@ def build_serve_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_epilog() -> str:
-    implemented = set(FLAGS_BY_SPELLING)
-    others = [f for f in llama_server_flags() if not implemented & {*f.names, *f.negations}]
-    return (f"Every other llama-server flag ({len(others)} more: -ngl N, -fa on, -kvu, --mlock, -sps N,\n"
-            "--dry-multiplier N...) is accepted with its values and ignored with a one-line warning;\n"
-            "so are their LLAMA_ARG_* variables. A flag llama-server does not know either is an error.\n"
-            "A bad value stops the start with one line naming the flag or variable (exit code 2).")
+    """Which llama-server flags act (the options above) and which are ignored, by reason."""
+    acting, flags = len(acting_flags()), len(llama_server_flags())
+    lines = [f"The options above act: {acting} of llama-server's {flags} flags (-h and --version counted) and",
+             f"kinetic's own. The other {flags - acting} are accepted with their values and ignored, each with a",
+             f"warning naming its reason's row in {DIFFERENCES_PAGE} (Differences from llama-server):", ""]
+    for reason in IGNORED:
+        lines.append(f"{reason.row.removeprefix('ignored flags: ')}:")
+        lines += textwrap.wrap(" ".join(reason.flags), width=100, initial_indent="  ", subsequent_indent="  ",
+                               break_on_hyphens=False)
+    lines += ["", "A flag llama-server does not know either is an error. A bad value stops the start with one",
+              "line naming the flag or variable (exit code 2)."]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,11 +187,13 @@ def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
                          ignored_env=ignored_variables(environ))
 
 
-def bind_socket(host: str, port: int, *, v6only: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, *, v6only: bool = False, reuse_port: bool = False) -> socket.socket:
     host = host.removeprefix("[").removesuffix("]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port and hasattr(socket, "SO_REUSEPORT"):  # --reuse-port; Windows has no such option
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6 and v6only:  # with several addresses, [::] must not also claim 0.0.0.0
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind((host, port))
@@ -189,7 +201,7 @@ def bind_socket(host: str, port: int, *, v6only: bool = False) -> socket.socket:
     return sock
 
 
-def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
+def bind_sockets(hosts: Sequence[str], port: int, *, reuse_port: bool = False) -> list[socket.socket]:
     """One listening socket per --host address (llama-server takes a comma list). Raises OSError
     naming the address that failed; the ones bound before it are closed."""
     if port == 0 and len(hosts) > 1:
@@ -197,12 +209,21 @@ def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     for host in hosts:
         try:
-            sockets.append(bind_socket(host, port, v6only=len(hosts) > 1))
+            sockets.append(bind_socket(host, port, v6only=len(hosts) > 1, reuse_port=reuse_port))
         except OSError as exc:
             for sock in sockets:
                 sock.close()
             raise OSError(exc.errno, exc.strerror, host) from exc
     return sockets
+
+
+def limit_worker_threads(n: int) -> None:
+    """--threads-http N: the worker threads requests' blocking work (templates, tokenizing, grammars) runs
+    in, anyio's default pool (40) otherwise. Call it on the server's event loop."""
+    if n > 0:
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = n
 
 
 def missing_server_dependency() -> str | None:
@@ -236,19 +257,19 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 def serve(settings: ServerSettings) -> int:
     import uvicorn
 
+    from kinetic.api_prefix import ApiPrefix
+    from kinetic.static_path import StaticPath
     from kinetic.app import create_app, error_response
     from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
-        print(f"warning: {flag} is a llama-server flag kinetic does not implement; ignored", file=sys.stderr)
+        print(warning(flag), file=sys.stderr)
     if settings.agent_features:
         print("warning: llama-server's built-in tools and MCP servers do not exist in kinetic; as llama-server "
               f"does, CORS origins are limited to {settings.cors_policy}"
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
-        what = "not a kinetic setting" if name.startswith("KINETIC_") else \
-            "a llama-server variable kinetic does not implement"
-        print(f"warning: {name} is {what}; ignored", file=sys.stderr)
+        print(variable_warning(name), file=sys.stderr)
     try:
         if settings.router_mode:
             models, loading = router_registry(settings)
@@ -276,23 +297,29 @@ def serve(settings: ServerSettings) -> int:
         config_holder["server"].should_exit = True
 
     try:
-        sockets = bind_sockets(settings.hosts, settings.port)
+        sockets = bind_sockets(settings.hosts, settings.port, reuse_port=settings.reuse_port)
     except OSError as exc:
         print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
         return 1
     addresses = []
+    scheme = "https" if settings.ssl_cert_file else "http"
     for sock in sockets:
         host, port = sock.getsockname()[:2]
-        addresses.append(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+        addresses.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
 
     def announce() -> None:
+        # called on the event loop, before the first request is let through
+        limit_worker_threads(settings.threads_http)
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
         print(f"listening on {', '.join(addresses)}", flush=True)
 
     app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
-    config = TransportConfig(app, limits=limits, error_response=error_response,
+    served = StaticPath(app, settings.path) if settings.path else app
+    served = ApiPrefix(served, settings.api_prefix, error_response) if settings.api_prefix else served
+    config = TransportConfig(served, limits=limits, error_response=error_response,
+                             ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                              timeout_keep_alive=30, server_header=False)
     server = uvicorn.Server(config)
@@ -320,6 +347,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
     engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
                          n_threads=settings.threads, n_batch=settings.batch_size,
                          n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
+                         options=settings.llama_options(),
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                          cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
@@ -341,9 +369,45 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
             f"router mode, {len(specs)} model(s): {names}")
 
 
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(settings: ServerSettings, root: logging.Logger | None = None) -> None:
+    """-v, --log-file, --log-timestamps and --log-disable on the root logger (which main() set up)."""
+    root = root or logging.getLogger()
+    if settings.verbose:
+        root.setLevel(logging.DEBUG)
+    else:
+        # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
+        for name in ("httpx", "httpx2"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    if settings.log_file:
+        to_file = logging.FileHandler(settings.log_file, encoding="utf-8")
+        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(to_file)
+    if settings.log_timestamps:
+        formatter = logging.Formatter("%(asctime)s " + LOG_FORMAT)
+        for handler in root.handlers:
+            handler.setFormatter(formatter)
+    if settings.log_disable:
+        root.setLevel(logging.CRITICAL + 1)  # nothing logs; the start and error lines still print
+
+
+def list_devices() -> int:
+    """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
+    import llama_cpp
+
+    print("Available devices:")
+    if not llama_cpp.llama_supports_gpu_offload():
+        print("  (none: this llama.cpp build runs on the CPU only)")
+    else:
+        print("  (this build can offload, but llama-cpp-python binds no call that lists the devices)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if argv and argv[0] == "serve":
         missing = missing_server_dependency()
         if missing is not None:
@@ -363,12 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in str(exc).splitlines():
                 print(f"error: {line}", file=sys.stderr)
             return 2
-        if settings.verbose:
-            logging.getLogger().setLevel(logging.DEBUG)
-        else:
-            # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
-            for name in ("httpx", "httpx2"):
-                logging.getLogger(name).setLevel(logging.WARNING)
+        if settings.list_devices:
+            return list_devices()
+        configure_logging(settings)
         return serve(settings)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -17,7 +17,7 @@ from typing import Literal
 VALUE_COUNT = {"switch": 0, "value": 1, "value2": 2}
 # Switches older llama-server versions took and many command lines still carry; the vendored llama.cpp
 # replaced them with --load-mode, so they are not in its table. Accepted (and ignored) all the same.
-LEGACY_SWITCHES = ("--mlock", "--mmap", "--no-mmap")
+LEGACY_SWITCHES = ((("--mlock",), ()), (("--mmap",), ("--no-mmap",)))  # (names, negations)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ def llama_server_flags() -> tuple[LlamaFlag, ...]:
 @lru_cache(maxsize=1)
 def by_spelling() -> dict[str, LlamaFlag]:
     """Every spelling (names and negations, legacy switches too) -> its flag."""
-    spellings = {name: LlamaFlag((name,), (), "switch", None, None, False) for name in LEGACY_SWITCHES}
+    spellings = {name: LlamaFlag(names, negations, "switch", None, None, False)
+                 for names, negations in LEGACY_SWITCHES for name in (*names, *negations)}
     spellings.update({name: flag for flag in llama_server_flags() for name in (*flag.names, *flag.negations)})
     return spellings

@@ -28,6 +28,7 @@ from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.models import cache_dir
+from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
 
@@ -90,14 +91,14 @@ class Service:
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))
     _model_file: "asyncio.Future[ModelFile] | None" = field(default=None, init=False, repr=False)
+    _defaults: ServerDefaults | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
         aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
         name = aliases[0] if aliases else resolved_name
-        kwargs = json.loads(settings.chat_template_kwargs) if settings.chat_template_kwargs else {}
         return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
-                   default_template_kwargs=kwargs)
+                   default_template_kwargs=settings.template_kwargs())
 
     @classmethod
     def for_model(cls, settings: ServerSettings, engine: Engine, name: str, aliases: tuple[str, ...]) -> "Service":
@@ -119,10 +120,15 @@ class Service:
         self._start_reading_model_file()
 
     def defaults(self) -> ServerDefaults:
-        return ServerDefaults(temperature=self.settings.temp, seed=self.settings.seed,
-                              n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
-                              template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
-                              prefill_assistant=self.settings.prefill_assistant)
+        """What every request leaves out; built once (a --json-schema is compiled to a grammar here)."""
+        if self._defaults is None:
+            self._defaults = ServerDefaults(
+                sampler=default_sampling(self.settings), stop=default_stops(self.settings),
+                n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
+                template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
+                prefill_assistant=self.settings.prefill_assistant, cache_prompt=self.settings.cache_prompt,
+                spm_infill=self.settings.spm_infill)
+        return self._defaults
 
     @property
     def ready(self) -> bool:
@@ -209,6 +215,17 @@ class Service:
         if self._model_file is None:
             self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
         return await asyncio.shield(self._model_file)
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """GET /lora-adapters: llama-server's list (a model with no adapters, or not local: empty)."""
+        listed = getattr(self.engine, "lora_adapters", None)  # only the llama engine loads adapters
+        return [{"id": i, "path": str(path), "scale": scale, "task_name": "", "prompt_prefix": ""}
+                for i, (path, scale) in enumerate(listed() if listed else [])]
+
+    async def set_lora_scales(self, scales: dict[int, float]) -> None:
+        setter = getattr(self.engine, "set_lora_scales", None)
+        if setter is not None:
+            await anyio.to_thread.run_sync(setter, scales)  # waits for the current decode step
 
     def require_infill(self) -> None:
         """llama-server's 501 when the model has no fill-in-the-middle tokens (checked before the body)."""

@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, parse_kv_override
 from kinetic.llama_flags import LlamaFlag, by_spelling
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp's common/chat.cpp names
 # llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
 FALSE_WORDS = frozenset({"off", "disabled", "false", "0", "no"})
+SWITCH_TYPES = (bool, bool | None)  # a switch that may also be left unset (None: kinetic decides)
 
 from kinetic.classroom.keys import KeyRing
 
@@ -59,7 +61,7 @@ class Flag:
 
     @property
     def is_switch(self) -> bool:
-        return ServerSettings.model_fields[self.dest].annotation is bool
+        return ServerSettings.model_fields[self.dest].annotation in SWITCH_TYPES
 
     @property
     def default(self) -> Any:
@@ -98,6 +100,127 @@ FLAGS: tuple[Flag, ...] = (
          "default max tokens to generate (-1 = until the end of the context)", metavar="N"),
     Flag("temp", ("--temp", "--temperature"), "default sampling temperature", metavar="T"),
     Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", metavar="N"),
+    # Server-wide sampling defaults: what every request on every protocol gets for a field it leaves out
+    Flag("top_k", ("--top-k",), "default top-k sampling (0 = off)", metavar="N"),
+    Flag("top_p", ("--top-p",), "default top-p sampling (1.0 = off)", metavar="N"),
+    Flag("min_p", ("--min-p",), "default min-p sampling (0.0 = off)", metavar="N"),
+    Flag("top_n_sigma", ("--top-nsigma", "--top-n-sigma"), "default top-n-sigma sampling (-1 = off)", metavar="N"),
+    Flag("typical_p", ("--typical", "--typical-p"), "default locally typical sampling p (1.0 = off)", metavar="N"),
+    Flag("xtc_probability", ("--xtc-probability",), "default XTC probability (0.0 = off)", metavar="N"),
+    Flag("xtc_threshold", ("--xtc-threshold",), "default XTC threshold (above 0.5 = off)", metavar="N"),
+    Flag("repeat_last_n", ("--repeat-last-n",), "default tokens the repetition penalties look back on (0 = off)",
+         metavar="N"),
+    Flag("repeat_penalty", ("--repeat-penalty",), "default repetition penalty (1.0 = off)", metavar="N"),
+    Flag("presence_penalty", ("--presence-penalty",), "default presence penalty (0.0 = off)", metavar="N"),
+    Flag("frequency_penalty", ("--frequency-penalty",), "default frequency penalty (0.0 = off)", metavar="N"),
+    Flag("dry_multiplier", ("--dry-multiplier",), "default DRY multiplier (0.0 = off)", metavar="N"),
+    Flag("dry_base", ("--dry-base",), "default DRY base (below 1.0: kept at the default)", metavar="N"),
+    Flag("dry_allowed_length", ("--dry-allowed-length",), "default DRY allowed length", metavar="N"),
+    Flag("dry_penalty_last_n", ("--dry-penalty-last-n",), "default tokens DRY scans (0 = off)", metavar="N"),
+    Flag("dry_sequence_breaker", ("--dry-sequence-breaker",), "a DRY sequence breaker (repeat the flag; replaces "
+         "the defaults \\n : \" *; none = no breaker)", metavar="STRING"),
+    Flag("adaptive_target", ("--adaptive-target",), "default adaptive-p target (negative = off)", metavar="N"),
+    Flag("adaptive_decay", ("--adaptive-decay",), "default adaptive-p decay (0.0 to 0.99)", metavar="N"),
+    Flag("dynatemp_range", ("--dynatemp-range",), "default dynamic temperature range (0.0 = off)", metavar="N"),
+    Flag("dynatemp_exp", ("--dynatemp-exp",), "default dynamic temperature exponent", metavar="N"),
+    Flag("mirostat", ("--mirostat",), "default Mirostat (0 = off, 1 = Mirostat, 2 = Mirostat 2.0)", metavar="N"),
+    Flag("mirostat_lr", ("--mirostat-lr",), "default Mirostat learning rate, eta", metavar="N"),
+    Flag("mirostat_ent", ("--mirostat-ent",), "default Mirostat target entropy, tau", metavar="N"),
+    Flag("samplers", ("--samplers",), "default sampler chain, names separated by ';' (e.g. top_k;temperature)",
+         metavar="SAMPLERS"),
+    Flag("sampling_seq", ("--sampler-seq", "--sampling-seq"), "default sampler chain as letters (e.g. kt); "
+         "--samplers wins when both are given", metavar="SEQUENCE"),
+    Flag("logit_bias", ("-l", "--logit-bias"), "default logit bias TOKEN_ID(+/-)BIAS, e.g. 15043+1 (repeat the "
+         "flag; a request's own logit_bias replaces them all)", metavar="TOKEN_ID(+/-)BIAS"),
+    Flag("ignore_eos", ("--ignore-eos",), "by default, generate past end-of-generation tokens"),
+    Flag("grammar", ("--grammar",), "default GBNF grammar every answer must follow", metavar="GRAMMAR"),
+    Flag("grammar_file", ("--grammar-file",), "file with the default GBNF grammar", metavar="FNAME"),
+    Flag("json_schema", ("-j", "--json-schema"), "default JSON schema every answer must follow", metavar="SCHEMA"),
+    Flag("json_schema_file", ("-jf", "--json-schema-file"), "file with the default JSON schema", metavar="FILE"),
+    Flag("reverse_prompt", ("-r", "--reverse-prompt"), "default stop string (repeat the flag for several; a "
+         "request's own non-empty stop replaces them)", metavar="PROMPT"),
+    Flag("escape", ("-e", "--escape"), "process escapes (\\n, \\t, \\x7d...) in -r and --dry-sequence-breaker",
+         negations=("--no-escape",)),
+    Flag("special", ("-sp", "--special"), "special tokens appear in the generated text"),
+    Flag("backend_sampling", ("-bs", "--backend-sampling"), "llama-server's backend sampling (the CPU build "
+         "samples on the CPU either way; shown in /props)"),
+    # What llama.cpp is asked when the model loads and the context is made (kinetic.engine.llama.params)
+    Flag("gpu_layers", ("-ngl", "--gpu-layers", "--n-gpu-layers"), "layers to store in VRAM: a number, auto or all "
+         "(a CPU build has no GPU: passed on, no effect)", metavar="N"),
+    Flag("split_mode", ("-sm", "--split-mode"), "how to split the model across GPUs: none, layer, row, tensor",
+         metavar="MODE"),
+    Flag("tensor_split", ("-ts", "--tensor-split"), "fraction of the model for each GPU, e.g. 3,1", metavar="N0,N1,..."),
+    Flag("main_gpu", ("-mg", "--main-gpu"), "the GPU for the model (split mode none) or for intermediate results",
+         metavar="INDEX"),
+    Flag("load_mode", ("-lm", "--load-mode"), "model loading: auto, none, mmap, mlock, mmap+mlock, dio", metavar="MODE"),
+    Flag("mmap", ("--mmap",), "older llama-server spelling: --no-mmap reads the model into memory (--load-mode none)",
+         negations=("--no-mmap",)),
+    Flag("mlock", ("--mlock",), "older llama-server spelling: keep the model in RAM (--load-mode mmap+mlock)"),
+    Flag("lazy_mode", ("-lzm", "--lazy-mode"), "on-demand reading of tensors the architecture marks: on, auto, off",
+         metavar="MODE"),
+    Flag("numa", ("--numa",), "NUMA strategy: distribute, isolate, numactl", metavar="TYPE"),
+    Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
+         "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
+    Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
+    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels", negations=("-nr", "--no-repack")),
+    Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),
+    Flag("op_offload", ("--op-offload",), "offload host tensor operations to the device",
+         negations=("--no-op-offload",)),
+    Flag("threads_batch", ("-tb", "--threads-batch"), "threads for prompt processing (default: same as -t)",
+         metavar="N"),
+    Flag("flash_attn", ("-fa", "--flash-attn"), "flash attention: on, off, auto", metavar="on|off|auto"),
+    Flag("cache_type_k", ("-ctk", "--cache-type-k"), "KV cache type for K: " + ", ".join(KV_CACHE_TYPES),
+         metavar="TYPE"),
+    Flag("cache_type_v", ("-ctv", "--cache-type-v"), "KV cache type for V (quantized V needs flash attention)",
+         metavar="TYPE"),
+    Flag("kv_offload", ("-kvo", "--kv-offload"), "KV cache offloading to the GPU",
+         negations=("-nkvo", "--no-kv-offload")),
+    Flag("kv_unified", ("-kvu", "--kv-unified"), "one KV buffer shared by all slots, each may use the whole context "
+         "(default: on when -np is auto)", negations=("-no-kvu", "--no-kv-unified")),
+    Flag("swa_full", ("--swa-full",), "full-size sliding-window cache (always on in kinetic: a slot's cached prefix "
+         "stays reusable)"),
+    Flag("rope_scaling", ("--rope-scaling",), "RoPE frequency scaling: none, linear, yarn (default: the model's)",
+         metavar="TYPE"),
+    Flag("rope_scale", ("--rope-scale",), "RoPE context scaling factor: expands the context by N", metavar="N"),
+    Flag("rope_freq_base", ("--rope-freq-base",), "RoPE base frequency (default: the model's)", metavar="N"),
+    Flag("rope_freq_scale", ("--rope-freq-scale",), "RoPE frequency scaling factor: expands the context by 1/N",
+         metavar="N"),
+    Flag("yarn_orig_ctx", ("--yarn-orig-ctx",), "YaRN: the model's original context (0 = its training context)",
+         metavar="N"),
+    Flag("yarn_ext_factor", ("--yarn-ext-factor",), "YaRN: extrapolation mix factor (-1 = the model's)", metavar="N"),
+    Flag("yarn_attn_factor", ("--yarn-attn-factor",), "YaRN: attention magnitude scale (-1 = the model's)",
+         metavar="N"),
+    Flag("yarn_beta_slow", ("--yarn-beta-slow",), "YaRN: high correction dim or alpha (-1 = the model's)",
+         metavar="N"),
+    Flag("yarn_beta_fast", ("--yarn-beta-fast",), "YaRN: low correction dim or beta (-1 = the model's)",
+         metavar="N"),
+    Flag("list_devices", ("--list-devices",), "print the devices llama.cpp can offload to, and exit"),
+    Flag("lora", ("--lora",), "LoRA adapter to apply at scale 1 (comma list, or repeat the flag)", metavar="FNAME"),
+    Flag("lora_scaled", ("--lora-scaled",), "LoRA adapter with its scale, FNAME:SCALE (comma list, or repeat the "
+         "flag)", metavar="FNAME:SCALE"),
+    Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
+         "/lora-adapters sets their scales"),
+    Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
+         metavar="PATH"),
+    Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
+    Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
+    Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
+    Flag("ui_config", ("--ui-config", "--webui-config"), "JSON object of default web UI settings (GET /props "
+         "ui_settings)", metavar="JSON"),
+    Flag("ui_config_file", ("--ui-config-file", "--webui-config-file"), "file with the JSON of --ui-config",
+         metavar="PATH"),
+    Flag("cache_prompt", ("--cache-prompt",), "requests that do not send cache_prompt reuse a cached prefix",
+         negations=("--no-cache-prompt",)),
+    Flag("spm_infill", ("--spm-infill",), "/infill lays out suffix, prefix, middle (some models were trained so)"),
+    Flag("threads_http", ("--threads-http",), "worker threads for requests' blocking work (default: anyio's 40)",
+         metavar="N"),
+    Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
+    Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
+         "--body-timeout when they are not given", metavar="N"),
+    Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
+         "absolute int16, 1 taxicab, 2 euclidean, >2 p-norm", metavar="N"),
+    Flag("reasoning_effort", ("--reasoning-effort",), "reasoning effort given to the chat template (default: the "
+         "template's own)", metavar="LEVEL"),
     Flag("host", ("--host",), "address(es) to listen on, comma list (e.g. 127.0.0.1,::1)"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
@@ -107,6 +230,11 @@ FLAGS: tuple[Flag, ...] = (
          "the key file)", metavar="KEY"),
     Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list "
          "(default: *; localhost with --tools/--agent)", metavar="ORIGINS"),
+    Flag("cors_methods", ("--cors-methods",), "methods a CORS preflight allows", metavar="METHODS"),
+    Flag("cors_headers", ("--cors-headers",), "headers a CORS preflight allows (default: the ones it asks for)",
+         metavar="HEADERS"),
+    Flag("cors_credentials", ("--cors-credentials",), "CORS requests may carry credentials (off: and * stays *)",
+         negations=("--no-cors-credentials",)),
     Flag("ui_mcp_proxy", ("--ui-mcp-proxy", "--webui-mcp-proxy"), "serve /cors-proxy (untrusted networks: no)",
          negations=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy")),
     Flag("tools", ("--tools",), "llama-server's agent tools: none run; limits CORS to localhost", metavar="LIST"),
@@ -151,6 +279,10 @@ FLAGS: tuple[Flag, ...] = (
          "timings)", metavar="FNAME"),
     Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),
     Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
+    Flag("log_file", ("--log-file",), "also write the log to this file", metavar="FNAME"),
+    Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",
+         negations=("--no-log-timestamps",)),
+    Flag("log_disable", ("--log-disable",), "log nothing (the start line and errors still print)"),
 )
 
 FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -173,6 +305,44 @@ def byte_size(value: Any) -> Any:
 
 
 ByteSize = Annotated[int, BeforeValidator(byte_size), Field(ge=1)]
+
+
+LOGIT_BIAS_ENTRY = re.compile(r"\s*(-?\d+)\s*([+-])\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+|inf)\s*",
+                              re.IGNORECASE)
+
+
+def _read_text(path: str) -> str:
+    """A file a flag names, read now so a typo stops the start naming the flag."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError("no such file" if not file.exists() else "not a file")
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read it ({exc})") from None
+
+
+def _json_object_text(text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object")
+    return parsed
+
+
+def schema_grammar_or_error(text: str) -> str:
+    """The GBNF of a JSON schema given as text; ValueError saying why not."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(schema, dict):
+        raise ValueError('expected a JSON schema object, like \'{"type": "object"}\'')
+    from kinetic.engine.grammar import grammar_from_json_schema
+
+    return grammar_from_json_schema(schema)
 
 
 class SettingsError(ValueError):
@@ -204,12 +374,99 @@ class ServerSettings(BaseSettings):
     n_predict: Annotated[int, Field(ge=-2)] = -1
     temp: float = 0.8
     seed: int = -1
+    # sampling defaults: llama-server's own (common_params_sampling)
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    repeat_last_n: Annotated[int, Field(ge=0)] = 64
+    repeat_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    presence_penalty: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    frequency_penalty: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: Annotated[int, Field(ge=0)] = 64
+    dry_sequence_breaker: tuple[str, ...] = ()  # empty: the defaults (DEFAULT_DRY_BREAKERS)
+    adaptive_target: float = -1.0
+    adaptive_decay: Annotated[float, Field(ge=0, le=0.99)] = 0.9
+    dynatemp_range: float = 0.0
+    dynatemp_exp: float = 1.0
+    mirostat: Annotated[int, Field(ge=0, le=2)] = 0
+    mirostat_lr: float = 0.1
+    mirostat_ent: float = 5.0
+    samplers: str | None = None
+    sampling_seq: str | None = None
+    logit_bias: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    grammar: str | None = None
+    grammar_file: str | None = None
+    json_schema: str | None = None
+    json_schema_file: str | None = None
+    reverse_prompt: tuple[str, ...] = ()
+    escape: bool = True
+    special: bool = False
+    backend_sampling: bool = False
+    # model and context parameters (kinetic.engine.options.LlamaOptions): llama.cpp's defaults
+    gpu_layers: str = "auto"
+    split_mode: Literal["none", "layer", "row", "tensor"] = "layer"
+    tensor_split: str | None = None
+    main_gpu: int = 0
+    load_mode: Literal["auto", "none", "mmap", "mlock", "mmap+mlock", "dio"] = "auto"
+    mmap: bool | None = None
+    mlock: bool = False
+    lazy_mode: Literal["on", "auto", "off"] = "auto"
+    numa: Literal["distribute", "isolate", "numactl"] | None = None
+    override_kv: tuple[str, ...] = ()
+    check_tensors: bool = False
+    repack: bool = True
+    no_host: bool = False
+    op_offload: bool = True
+    threads_batch: int = 0
+    flash_attn: Literal["on", "off", "auto"] = "auto"
+    cache_type_k: Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] = "f16"
+    cache_type_v: Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] = "f16"
+    kv_offload: bool = True
+    kv_unified: bool | None = None
+    swa_full: bool = False
+    rope_scaling: Literal["none", "linear", "yarn"] | None = None
+    rope_scale: Annotated[float, Field(gt=0)] | None = None
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    yarn_orig_ctx: Annotated[int, Field(ge=0)] = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
+    list_devices: bool = False
+    lora: tuple[str, ...] = ()
+    lora_scaled: tuple[str, ...] = ()
+    lora_init_without_apply: bool = False
+    path: str | None = None
+    api_prefix: str | None = None
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
+    ui_config: str | None = None
+    ui_config_file: str | None = None
+    cache_prompt: bool = True
+    reuse_port: bool = False
+    threads_http: int = -1
+    spm_infill: bool = False
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    embd_normalize: int = 2
+    reasoning_effort: str = "default"
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     port: Port = 8080
     api_key: str | None = None
     api_key_file: str | None = None
     admin_key: str | None = None
     cors_origins: str | None = None  # None: "*", or "localhost" with tools, agent or MCP servers (llama-server's rule)
+    cors_methods: Annotated[str, Field(min_length=1)] = "GET, POST, DELETE, OPTIONS"  # llama-server's
+    cors_headers: str | None = None  # llama-server's is *, which a browser never lets cover Authorization
+    cors_credentials: bool = True
     ui_mcp_proxy: bool = False
     tools: str | None = None
     agent: bool = False
@@ -241,6 +498,9 @@ class ServerSettings(BaseSettings):
     props: bool = False
     slot_save_path: str | None = None
     verbose: bool = False
+    log_file: str | None = None
+    log_timestamps: bool = False
+    log_disable: bool = False
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.
     model_args: tuple[tuple[str, str | None], ...] = ()
@@ -261,7 +521,7 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _llama_bool(cls, value: Any, info: ValidationInfo) -> Any:
         """Switches read from variables take llama.cpp's words (enabled/disabled too)."""
-        if isinstance(value, str) and cls.model_fields[info.field_name].annotation is bool:
+        if isinstance(value, str) and cls.model_fields[info.field_name].annotation in SWITCH_TYPES:
             word = value.strip().lower()
             if word in TRUE_WORDS:
                 return True
@@ -320,6 +580,130 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"{spec!r}: expected NAME=URL[,key=KEY] with an http(s) URL")
         return value
 
+    @field_validator("lora", "lora_scaled")
+    @classmethod
+    def _lora_files(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        for item in value:
+            for part in item.split(","):
+                path = part.rpartition(":")[0] if info.field_name == "lora_scaled" else part
+                if info.field_name == "lora_scaled":
+                    try:
+                        float(part.rpartition(":")[2])
+                    except ValueError:
+                        raise ValueError(f"{part!r}: expected FNAME:SCALE, e.g. adapter.gguf:0.5") from None
+                if not path or not Path(path).expanduser().is_file():
+                    raise ValueError(f"{path or part!r}: no such file")
+        return value
+
+    @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora", "lora_scaled",
+                     mode="before")
+    @classmethod
+    def _one_from_a_variable(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
+
+    @field_validator("ui_config")
+    @classmethod
+    def _ui_config(cls, value: str | None) -> str | None:
+        if value is not None:
+            _json_object_text(value)
+        return value
+
+    @field_validator("ui_config_file")
+    @classmethod
+    def _ui_config_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            _json_object_text(_read_text(value))
+        return value
+
+    @field_validator("log_file")
+    @classmethod
+    def _log_folder(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().parent.is_dir():
+            raise ValueError("its folder does not exist")
+        return value
+
+    @field_validator("dry_base")
+    @classmethod
+    def _dry_base(cls, value: float) -> float:
+        return value if value >= 1.0 else 1.75  # llama-server keeps its default for a base below 1
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if LOGIT_BIAS_ENTRY.fullmatch(entry) is None:
+                raise ValueError(f"{entry!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-1")
+        return value
+
+    @field_validator("json_schema")
+    @classmethod
+    def _json_schema(cls, value: str | None) -> str | None:
+        if value is not None:
+            schema_grammar_or_error(value)
+        return value
+
+    @field_validator("json_schema_file")
+    @classmethod
+    def _json_schema_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            schema_grammar_or_error(_read_text(value))
+        return value
+
+    @field_validator("grammar_file")
+    @classmethod
+    def _grammar_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            _read_text(value)
+        return value
+
+    @field_validator("gpu_layers")
+    @classmethod
+    def _gpu_layers(cls, value: str) -> str:
+        word = value.strip().lower()
+        if word not in ("auto", "all"):
+            try:
+                int(word)
+            except ValueError:
+                raise ValueError("expected a number of layers, auto or all") from None
+        return word
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _tensor_split(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = [p for p in re.split(r"[,/]+", value) if p.strip()]
+            try:
+                [float(p) for p in parts]
+            except ValueError:
+                raise ValueError("expected proportions separated by commas, e.g. 3,1") from None
+            if len(parts) >= 16:
+                raise ValueError(f"got {len(parts)} proportions, but llama.cpp takes at most 15")
+        return value
+
+    @field_validator("override_kv")
+    @classmethod
+    def _override_kv(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            for part in item.split(","):
+                parse_kv_override(part)
+        return value
+
+    @field_validator("flash_attn", mode="before")
+    @classmethod
+    def _flash_attn_word(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            word = value.strip().lower()
+            return "on" if word in TRUE_WORDS else "off" if word in FALSE_WORDS else "auto" if word in ("auto", "-1") \
+                else value
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _static_folder(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_dir():
+            raise ValueError("no such folder" if not Path(value).expanduser().exists() else "not a folder")
+        return value
+
     @field_validator("models_dir")
     @classmethod
     def _existing_dir(cls, value: str | None) -> str | None:
@@ -327,12 +711,26 @@ class ServerSettings(BaseSettings):
             raise ValueError("no such folder" if not Path(value).expanduser().exists() else "not a folder")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_sets_the_read_timeouts(cls, data: Any) -> Any:
+        """-to N is llama-server's socket read timeout: kinetic's two read timeouts, unless given themselves."""
+        if isinstance(data, dict) and data.get("timeout") is not None:
+            data = {"header_timeout": data["timeout"], "body_timeout": data["timeout"], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _ssl_pair(self) -> "ServerSettings":
+        if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
+            raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
+        return self
+
     @property
     def router_mode(self) -> bool:
         """Several models at one address: a models folder, a preset file, upstreams, or more than one -m/-hf."""
         return bool(self.models_dir or self.models_preset or self.upstream or len(self.model_args) > 1)
 
-    @field_validator("chat_template_file", "api_key_file", "models_preset")
+    @field_validator("chat_template_file", "api_key_file", "models_preset", "ssl_key_file", "ssl_cert_file")
     @classmethod
     def _existing_file(cls, value: str | None) -> str | None:
         # Checked now, so a typo stops the start before the model loads, naming the flag.
@@ -385,8 +783,43 @@ class ServerSettings(BaseSettings):
         """GET/POST /cors-proxy forwards requests (--ui-mcp-proxy, or --agent)."""
         return self.ui_mcp_proxy or self.agent
 
+    def ui_settings(self) -> dict[str, Any]:
+        """GET /props `ui_settings`: --ui-config-file's JSON, else --ui-config's, else {}."""
+        if self.ui_config_file is not None:
+            return _json_object_text(Path(self.ui_config_file).expanduser().read_text(encoding="utf-8"))
+        return _json_object_text(self.ui_config) if self.ui_config is not None else {}
+
+    def lora_adapters(self) -> tuple[tuple[str, float], ...]:
+        """--lora (scale 1) then --lora-scaled adapters, in the order given: their ids in /lora-adapters."""
+        plain = [(part, 1.0) for item in self.lora for part in item.split(",")]
+        scaled = [(part.rpartition(":")[0], float(part.rpartition(":")[2]))
+                  for item in self.lora_scaled for part in item.split(",")]
+        return tuple(plain + scaled)
+
+    def llama_options(self) -> LlamaOptions:
+        """What the model and context flags ask of llama.cpp."""
+        load_mode = self.load_mode
+        if self.mmap is False or self.mlock:  # the older switches, when given, say it
+            load_mode = ("mlock" if self.mmap is False else "mmap+mlock") if self.mlock else "none"
+        rope_freq_scale = 1.0 / self.rope_scale if self.rope_scale else self.rope_freq_scale
+        return LlamaOptions(
+            n_gpu_layers={"auto": -1, "all": -2}.get(self.gpu_layers) or int(self.gpu_layers),
+            split_mode=self.split_mode, main_gpu=self.main_gpu, load_mode=load_mode, lazy_mode=self.lazy_mode,
+            tensor_split=tuple(float(p) for p in re.split(r"[,/]+", self.tensor_split or "") if p.strip()),
+            kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
+            check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
+            special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
+            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
+            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
+            op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
+            rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,
+            yarn_ext_factor=self.yarn_ext_factor, yarn_attn_factor=self.yarn_attn_factor,
+            yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
+
     def template_kwargs(self) -> dict[str, Any]:
-        return json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
+        """--chat-template-kwargs over --reasoning-effort: the variables every chat template gets by default."""
+        effort = {} if self.reasoning_effort == "default" else {"reasoning_effort": self.reasoning_effort}
+        return {**effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""

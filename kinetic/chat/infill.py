@@ -24,8 +24,9 @@ def check_fim(fim: dict[str, int]) -> None:
 
 def infill_tokens(tokenize: Callable[[str], list[int]], fim: dict[str, int], *, prefix: str, suffix: str,
                   extra: tuple[tuple[str, str], ...], prompt: list[int], n_batch: int, n_predict: int,
-                  n_ctx: int, bos: int | None) -> list[int]:
-    """`tokenize` is the plain tokenizer (no BOS, no special parsing); `bos` the token to lead with, if any."""
+                  n_ctx: int, bos: int | None, spm: bool = False) -> list[int]:
+    """`tokenize` is the plain tokenizer (no BOS, no special parsing); `bos` the token to lead with, if any;
+    `spm` (--spm-infill): suffix before prefix, the order some models were trained on."""
     rep, sep = fim.get("rep", -1), fim.get("sep", -1)
     extra_tokens: list[int] = []
     if rep >= 0:
@@ -46,4 +47,5 @@ def infill_tokens(tokenize: Callable[[str], list[int]], fim: dict[str, int], *, 
     head = [fim["pre"], *prefix_tokens[len(prefix_tokens) - n_prefix:], *prompt]
     tail = [fim["suf"], *suffix_tokens[:n_suffix]]
     lead = [bos] if bos is not None else []
-    return [*(extra_tokens[len(extra_tokens) - n_extra:] if n_extra else []), *lead, *head, *tail, fim["mid"]]
+    first, second = (tail, head) if spm else (head, tail)
+    return [*(extra_tokens[len(extra_tokens) - n_extra:] if n_extra else []), *lead, *first, *second, fim["mid"]]

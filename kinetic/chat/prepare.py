@@ -44,17 +44,19 @@ EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "x
 class ServerDefaults:
     """What a request gets for the fields it leaves out (the server's flags)."""
 
-    temperature: float = 0.8
-    seed: int = -1
+    sampler: SamplingParams = field(default_factory=SamplingParams)  # --temp, --top-k... (kinetic.sampling_defaults)
+    stop: tuple[str, ...] = ()  # -r: the stop strings of a request that sends none
     n_predict: int = -1
     reasoning_format: str = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning: str = "auto"  # --reasoning on|off|auto: the `enable_thinking` templates get when nobody set it
     prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
+    cache_prompt: bool = True  # --no-cache-prompt: requests that do not say reuse no cached prefix
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
-        return SamplingParams(temperature=self.temperature, seed=self.seed)
+        return self.sampler
 
 
 @dataclass(frozen=True)
@@ -280,14 +282,16 @@ class ChatLayer:
             prefix=req.prefix, suffix=req.suffix, extra=req.extra,
             prompt=self.engine.tokenize(req.prompt, add_special=False, parse_special=True) if req.prompt else [],
             n_batch=getattr(self.engine, "n_batch", 2048), n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
-            bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None)
+            bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None, spm=self.defaults.spm_infill)
         return self.generation(tokens, req.options, output_grammar(req.output))
 
     def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
         max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
         return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
-                                 max_tokens=max_tokens, stop=options.stop, n_probs=options.n_probs,
-                                 cache_prompt=options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
+                                 max_tokens=max_tokens, stop=options.stop or self.defaults.stop,
+                                 n_probs=options.n_probs,
+                                 cache_prompt=self.defaults.cache_prompt if options.cache_prompt is None
+                                 else options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
                                  post_sampling_probs=options.post_sampling_probs,
                                  return_progress=options.return_progress)
 
@@ -299,8 +303,13 @@ class ChatLayer:
             ("repeat_last_n", options.repeat_last_n), ("presence_penalty", options.presence_penalty),
             ("frequency_penalty", options.frequency_penalty), ("seed", options.seed),
             *((name, getattr(options, name)) for name in EXTRA_SAMPLER_FIELDS)) if value is not None}
-        return SamplingParams(**{**base.__dict__, **chosen, "grammar": grammar, "ignore_eos": options.ignore_eos,
-                                 "logit_bias": self.logit_bias(options.logit_bias)})
+        if grammar:  # an empty grammar asks for nothing: the server's stays (llama-server's rule)
+            chosen["grammar"] = grammar
+        if options.ignore_eos is not None:
+            chosen["ignore_eos"] = options.ignore_eos
+        if options.logit_bias is not None:
+            chosen["logit_bias"] = self.logit_bias(options.logit_bias)
+        return replace(base, **chosen)
 
     def logit_bias(self, raw: dict[int | str, float]) -> dict[int, float]:
         """Token-id keys as they are; text keys give every token of the text the bias."""

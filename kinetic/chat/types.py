@@ -99,8 +99,8 @@ class SamplingOptions:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    ignore_eos: bool = False
-    logit_bias: dict[int | str, float] = field(default_factory=dict)
+    ignore_eos: bool | None = None
+    logit_bias: dict[int | str, float] | None = None  # None: the server's; a request's own (even {}) replaces it
     # llama.cpp's further samplers (llama-server's field names and meanings)
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
@@ -129,7 +129,7 @@ class GenerationOptions:
     max_tokens: int | None = None  # None: the server's -n
     stop: tuple[str, ...] = ()
     n_probs: int = 0
-    cache_prompt: bool = True
+    cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on by default)
     id_slot: int = -1
     n_keep: int = 0  # echoed: kinetic never shifts the context (llama-server's default too)
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities

@@ -49,6 +49,7 @@ class SamplingParams:
     adaptive_decay: float = 0.9
     min_keep: int = 0
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    backend_sampling: bool = False  # llama-server's GPU-side sampling; the CPU build samples on the CPU anyway
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from kinetic.chat.types import (
     ToolChoice,
     ToolSpec,
 )
+from kinetic.engine.types import SamplingParams
 from kinetic.errors import InvalidRequestError
 from tests.scripted import ScriptedEngine
 
@@ -31,7 +32,7 @@ def layer() -> ChatLayer:
     engine.loaded.set()
     engine.load()
     template = ChatTemplate(builtin_template("gemma"), "builtin:gemma")
-    return ChatLayer(engine, template, ServerDefaults(temperature=0.3, seed=5, n_predict=77,
+    return ChatLayer(engine, template, ServerDefaults(sampler=SamplingParams(temperature=0.3, seed=5), n_predict=77,
                                                       template_kwargs={"enable_thinking": False}))
 
 

@@ -20,6 +20,7 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
 from kinetic.engine.inflight import InFlight
+from kinetic.engine.options import LlamaOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -77,6 +78,7 @@ class LlamaEngine:
         cache_ram_mib: int = 0,
         ctx_checkpoints: int = 32,
         pooling: str | None = None,
+        options: LlamaOptions = LlamaOptions(),
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
@@ -84,7 +86,8 @@ class LlamaEngine:
         self.model_path = model_path
         self.requested_ctx = n_ctx
         self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
-        self.kv_unified = n_parallel < 0
+        self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
+        self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
         self.n_threads = default_threads() if n_threads <= 0 else n_threads
         self.n_batch = n_batch
         self.n_ubatch = n_ubatch
@@ -114,7 +117,7 @@ class LlamaEngine:
         return self._scheduler is not None or self._embeddings is not None
 
     def load(self) -> None:
-        model = LoadedModel(self.model_path, verbose=self.verbose)
+        model = LoadedModel(self.model_path, verbose=self.verbose, options=self.options)
         if is_embedding_only(model):
             self._load_embedding_only(model)
             return
@@ -271,6 +274,25 @@ class LlamaEngine:
             except SlotBusyError:
                 time.sleep(SLOT_POLL_S)
 
+
+    # ---------------------------------------------------------------- LoRA adapters
+
+    def lora_adapters(self) -> list[tuple[Path, float]]:
+        """The server's adapters (their ids are their positions) and their current scales."""
+        return [(adapter.path, adapter.scale) for adapter in self._require_model().lora]
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """Blocking: the adapters' new scales by id, applied between two decode steps; as in llama-server an
+        adapter left out gets 0 and an unknown id is ignored. A prefix cached before the change is still
+        reused by a later prompt that starts the same way."""
+        model = self._require_model()
+        with self._decode_lock:
+            for index, adapter in enumerate(model.lora):
+                adapter.scale = scales.get(index, 0.0)
+            for context in (self._scheduler.ctx if self._scheduler else None,
+                            self._embeddings.ctx if self._embeddings else None):
+                if context is not None:
+                    model.apply_lora(context)
 
     # ---------------------------------------------------------------- state
 

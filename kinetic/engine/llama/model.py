@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,43 +17,40 @@ import llama_cpp
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
+from kinetic.engine.llama.params import init_numa, model_params
+from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
 
 
-def cpu_has_amx() -> bool:
-    """Whether this CPU has Intel AMX (Linux tells; elsewhere assume not)."""
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter loaded for the model (--lora), and the scale every context applies it at."""
 
-
-def default_model_params() -> Any:
-    """llama.cpp's defaults, except on a CPU with AMX: llama-cpp-python builds for the machine it is
-    installed on, and there ggml's AMX kernels take the weights of the quantized matrices and crash the
-    process (SIGSEGV in ggml_backend_amx_mul_mat on the bundled Gemma's first decode, measured on a Xeon
-    with amx_int8). Without the extra buffer types the same weights run on the AVX kernels."""
-    params = llama_cpp.llama_model_default_params()
-    if cpu_has_amx():
-        params.use_extra_bufts = False
-    return params
+    path: Path
+    handle: Any  # llama_adapter_lora pointer, freed with the model
+    scale: float
 
 
 class LoadedModel:
     """llama.cpp's model and vocabulary handles plus the tokenizer calls kinetic makes."""
 
-    def __init__(self, path: Path, *, verbose: bool = False):
+    def __init__(self, path: Path, *, verbose: bool = False, options: LlamaOptions = LlamaOptions()):
         llama_logger.set_verbose(verbose)
         llama_cpp.llama_backend_init()
+        init_numa(options)
         self.path = path
         self.verbose = verbose
+        self.options = options
+        self.special = options.special  # --special: generated special tokens show as their text (<end_of_turn>...)
+        built = model_params(options)
         try:
-            self.model = _internals.LlamaModel(path_model=str(path), params=default_model_params(),
-                                               verbose=verbose)
+            self.model = _internals.LlamaModel(path_model=str(path), params=built.params, verbose=verbose)
         except ValueError as exc:
             raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc
+        self.lora = [self._load_lora(Path(adapter), 0.0 if options.lora_init_without_apply else scale)
+                     for adapter, scale in options.lora]
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
         self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
@@ -86,8 +84,28 @@ class LoadedModel:
             return "recurrent"
         return "attention"
 
+    def _load_lora(self, path: Path, scale: float) -> "LoraAdapter":
+        handle = llama_cpp.llama_adapter_lora_init(self.model.model, str(path).encode("utf-8"))
+        if not handle:
+            raise ModelLoadError(f"cannot load LoRA adapter {path}: llama.cpp rejected it (not a LoRA GGUF, or made "
+                                 f"for another base model than {self.path.name})")
+        return LoraAdapter(path=path, handle=handle, scale=scale)
+
     def new_context(self, params: Any) -> _internals.LlamaContext:
-        return _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        """A context with the server's LoRA adapters applied at their scales."""
+        ctx = _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        self.apply_lora(ctx)
+        return ctx
+
+    def apply_lora(self, ctx: _internals.LlamaContext) -> None:
+        """Sets the adapters' current scales on a context (a scale of 0 leaves the adapter out)."""
+        if not self.lora:
+            return
+        active = [adapter for adapter in self.lora if adapter.scale != 0.0]
+        handles = (llama_cpp.llama_adapter_lora_p_ctypes * len(active))(*[a.handle for a in active])
+        scales = (ctypes.c_float * len(active))(*[a.scale for a in active])
+        if llama_cpp.llama_set_adapters_lora(ctx.ctx, handles, len(active), scales) != 0:
+            raise RuntimeError("llama.cpp refused the LoRA adapters for a context")
 
     def pooling_type(self) -> int:
         """The pooling the GGUF declares for embeddings, or -1 when it declares none."""
@@ -105,10 +123,11 @@ class LoadedModel:
         return list(buffer[:n])
 
     def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        """A token's text; special tokens render as text when asked, or always with --special."""
         if not special:
             piece = self._pieces.get(token)
             if piece is None:
-                piece = self._pieces[token] = self._piece(token, special=False)
+                piece = self._pieces[token] = self._piece(token, special=self.special)
             return piece
         return self._piece(token, special=True)
 

@@ -42,6 +42,7 @@ from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.params import context_params
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
 from kinetic.engine.text import TextAssembler, common_prefix
@@ -131,17 +132,8 @@ class Scheduler:
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
                  ctx_checkpoints: int = 32, in_flight: InFlight | None = None):
         self.model = model
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = min(n_batch, n_ctx)
-        params.n_ubatch = min(n_ubatch, params.n_batch)
-        params.n_seq_max = n_slots
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.kv_unified = kv_unified
-        # Full-size sliding-window cache, so a slot's cached prefix stays reusable (Gemma 3 uses SWA).
-        params.swa_full = True
-        params.no_perf = True
+        params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
+                                n_threads=n_threads, kv_unified=kv_unified)
         self.ctx = model.new_context(params)
         self.n_ctx = self.ctx.n_ctx()
         self.n_batch = params.n_batch

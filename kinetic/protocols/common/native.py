@@ -38,7 +38,7 @@ def generation_settings(request: GenerationRequest, *, stream: bool = False, tim
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
         "reasoning_in_content": False, "generation_prompt": "", "samplers": list(s.samplers),
         "speculative.types": "none", "timings_per_token": timings_per_token,
-        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": False, "lora": [],
+        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": s.backend_sampling, "lora": [],
     }
     if short:
         for key in LONG_ONLY:

@@ -64,9 +64,12 @@ def max_tokens_from(candidates: Iterable[tuple[str, int | None]], *, minimum: in
     return None
 
 
-def logit_bias_from(raw: dict[str, Any] | list[Any] | None) -> dict[int | str, float]:
+def logit_bias_from(raw: dict[str, Any] | list[Any] | None) -> dict[int | str, float] | None:
     """OpenAI object form ({"15043": -100}) or llama.cpp array form ([[15043, -100], ["Hello", 2]]).
-    Keys that are not integers are text, tokenized by the server. `false` bans the token."""
+    Keys that are not integers are text, tokenized by the server. `false` bans the token. None (not
+    sent): the server's --logit-bias; anything sent, even empty, replaces it, as in llama-server."""
+    if raw is None:
+        return None
     if not raw:
         return {}
     items = raw.items() if isinstance(raw, dict) else [tuple(pair) for pair in raw if isinstance(pair, list) and len(pair) == 2]
@@ -157,7 +160,7 @@ def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOpti
         presence_penalty=get("presence_penalty"),
         frequency_penalty=get("frequency_penalty"),
         seed=get("seed"),
-        ignore_eos=bool(get("ignore_eos")),
+        ignore_eos=get("ignore_eos"),
         logit_bias=logit_bias_from(get("logit_bias")),
         dynatemp_range=get("dynatemp_range"),
         dynatemp_exponent=get("dynatemp_exponent"),
@@ -185,7 +188,7 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         max_tokens=max_tokens,
         stop=stop_list(body.stop),
         n_probs=n_probs,
-        cache_prompt=body.cache_prompt is not False,
+        cache_prompt=body.cache_prompt,
         id_slot=body.id_slot if body.id_slot is not None else -1,
         n_keep=n_keep(getattr(body, "n_keep", None)),
         post_sampling_probs=bool(getattr(body, "post_sampling_probs", False)),

@@ -88,9 +88,9 @@ class SamplingFields(WireModel):
     stream_options: StreamOptions | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
-    cache_prompt: bool | None = True
+    cache_prompt: bool | None = None
     id_slot: int | None = -1
-    ignore_eos: bool | None = False
+    ignore_eos: bool | None = None
     n_probs: int | None = None
     user: str | None = None
     # llama.cpp's further samplers (validated in common.translate.sampling_options)

@@ -176,7 +176,23 @@ async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[st
     inputs = await service.embedding_inputs(items, params)
     vectors = await service.embed_all(inputs)
     return translate.to_native_embeddings(vectors, pooling=service.engine.embedding_pooling,
-                                          embd_normalize=body.embd_normalize)
+                                          embd_normalize=body.embd_normalize if body.embd_normalize is not None
+                                          else service.settings.embd_normalize)
+
+
+@router.get("/lora-adapters")
+async def lora_adapters(service: ServiceDep) -> list[dict[str, Any]]:
+    return service.lora_adapters()
+
+
+@router.post("/lora-adapters")
+async def set_lora_adapters(request: Request, service: ServiceDep) -> dict[str, bool]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise InvalidRequestError("Invalid JSON body: expected an array of {id, scale}", param="body") from None
+    await service.set_lora_scales(translate.lora_scales(body))
+    return {"success": True}
 
 
 @router.post("/tokenize")

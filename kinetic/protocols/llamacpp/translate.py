@@ -295,7 +295,26 @@ def props(service: Service) -> dict[str, Any]:
         "eos_token": info.eos_token,
         "build_info": service.system_fingerprint,
         "is_sleeping": False,
+        "ui_settings": service.settings.ui_settings(),
+        # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
+        "llama_params": service.settings.llama_options().describe(),
     }
+
+
+def lora_scales(body: Any) -> dict[int, float]:
+    """POST /lora-adapters: `[{"id": 0, "scale": 0.5}, ...]` (llama-server's parse_lora_request)."""
+    if not isinstance(body, list):
+        raise InvalidRequestError("Request body must be an array", param="body")
+    scales: dict[int, float] = {}
+    for entry in body:
+        if not isinstance(entry, dict):
+            raise InvalidRequestError("each entry must be an object with `id` and `scale`", param="body")
+        index, scale = entry.get("id", -1), entry.get("scale", 0.0)
+        if isinstance(index, bool) or not isinstance(index, int) or isinstance(scale, bool) \
+                or not isinstance(scale, (int, float)):
+            raise InvalidRequestError("`id` must be an integer and `scale` a number", param="id")
+        scales[index] = float(scale)
+    return scales
 
 
 def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ class EmbeddingRequest(WireModel):
 
     content: Any = None
     input: Any = None
-    embd_normalize: int = 2
+    embd_normalize: int | None = None  # None: the server's --embd-normalize
 
 
 class SlotActionRequest(WireModel):

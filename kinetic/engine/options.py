@@ -1,0 +1,95 @@
+"""What llama-server's model and context flags (-ngl, -fa, -ctk, --override-kv...) ask of llama.cpp.
+
+Pure data: kinetic.engine.llama.params turns it into llama_model_params and llama_context_params, and
+/props reports it. Defaults are llama.cpp's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# llama.cpp's KV cache types (common/arg.cpp kv_cache_types) and their ggml_type values
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6,
+                  "q5_1": 7}
+KV_OVERRIDE_TYPES = ("int", "float", "bool", "str")
+
+
+@dataclass(frozen=True)
+class KvOverride:
+    """--override-kv KEY=TYPE:VALUE: one GGUF metadata value replaced at load."""
+
+    key: str
+    type: str  # int, float, bool, str
+    value: int | float | bool | str
+
+
+def parse_kv_override(text: str) -> KvOverride:
+    """llama.cpp's string_parse_kv_override; ValueError saying what is wrong."""
+    key, sep, rest = text.partition("=")
+    if not sep or not key or len(key) >= 128:
+        raise ValueError(f"{text!r}: expected KEY=TYPE:VALUE (types: {', '.join(KV_OVERRIDE_TYPES)})")
+    kind, sep, raw = rest.partition(":")
+    if not sep or kind not in KV_OVERRIDE_TYPES:
+        raise ValueError(f"{text!r}: the type must be one of {', '.join(KV_OVERRIDE_TYPES)}")
+    value: int | float | bool | str
+    try:
+        if kind == "int":
+            value = int(raw)
+        elif kind == "float":
+            value = float(raw)
+        elif kind == "bool":
+            if raw not in ("true", "false"):
+                raise ValueError
+            value = raw == "true"
+        else:
+            if len(raw.encode("utf-8")) > 127:
+                raise ValueError
+            value = raw
+    except ValueError:
+        raise ValueError(f"{text!r}: {raw!r} is not a {kind} value") from None
+    return KvOverride(key=key, type=kind, value=value)
+
+
+@dataclass(frozen=True)
+class LlamaOptions:
+    # model (llama_model_params)
+    n_gpu_layers: int = -1  # -ngl: -1 auto, -2 all, else a count
+    split_mode: str = "layer"  # none, layer, row, tensor
+    tensor_split: tuple[float, ...] = ()
+    main_gpu: int = 0
+    load_mode: str = "auto"  # auto, none, mmap, mlock, mmap+mlock, dio
+    lazy_mode: str = "auto"  # off, auto, on
+    kv_overrides: tuple[KvOverride, ...] = ()
+    check_tensors: bool = False
+    repack: bool = True  # llama.cpp's use_extra_bufts
+    no_host: bool = False
+    numa: str | None = None  # distribute, isolate, numactl
+    special: bool = False  # generated special tokens show as text
+    lora: tuple[tuple[str, float], ...] = ()  # --lora / --lora-scaled: (path, scale), in order (their ids)
+    lora_init_without_apply: bool = False  # loaded at scale 0 until POST /lora-adapters sets one
+    # context (llama_context_params)
+    threads_batch: int = 0  # 0: same as the generation threads
+    flash_attn: str = "auto"  # on, off, auto
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    kv_offload: bool = True
+    op_offload: bool = True
+    kv_unified: bool | None = None  # None: unified when the slot count is auto (-np -1)
+    rope_scaling: str | None = None  # none, linear, yarn; None: the model's
+    rope_freq_base: float = 0.0  # 0: the model's
+    rope_freq_scale: float = 0.0  # 0: the model's
+    yarn_orig_ctx: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for /props: every value as the flags set it."""
+        shown = asdict(self)
+        shown["kv_overrides"] = [f"{o.key}={o.type}:{str(o.value).lower() if o.type == 'bool' else o.value}"
+                                 for o in self.kv_overrides]
+        shown["tensor_split"] = list(self.tensor_split)
+        shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
+        return shown

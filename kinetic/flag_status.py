@@ -1,0 +1,182 @@
+"""Which of llama-server's flags act in kinetic, and why each other one is ignored.
+
+One table, read by `kinetic serve --help`, the start-up warning, docs/reference/cli.md (its flag list is
+generated from here by scripts/gen_cli_reference.py) and the tests. Each reason is a row of the
+"Differences from llama-server" table in docs/reference/http-llamacpp.md; the warning names that row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kinetic.llama_flags import LlamaFlag, llama_server_flags
+from kinetic.settings import FLAGS_BY_SPELLING
+
+CLI_ACTIONS = ("-h", "--version")  # handled by the command line itself: help, version
+DIFFERENCES_PAGE = "docs/reference/http-llamacpp.md"
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """Flags kinetic accepts and ignores for one reason: `row` names their row in the differences table."""
+
+    row: str
+    why: str
+    flags: tuple[str, ...]  # each flag by its first spelling in llama-server's table
+
+
+IGNORED: tuple[Ignored, ...] = (
+    Ignored("ignored flags: image, audio and video input",
+            "they need llama.cpp's multimodal library (mtmd), which kinetic's llama-cpp-python build leaves out "
+            "(LLAVA_BUILD=OFF: a 5-minute build instead of 14); a media part gets a 400 naming the message",
+            ("-mm", "-mmu", "--mmproj-auto", "--mmproj-offload", "-mmdev", "--image-min-tokens", "--image-max-tokens",
+             "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
+             "--media-path")),
+    Ignored("ignored flags: speculative decoding",
+            "speculation changes the decode loop, which is being rewritten (issue 20); it comes after that",
+            ("-lcs", "-lcd", "--spec-draft-hf", "--spec-draft-threads", "--spec-draft-threads-batch",
+             "--spec-draft-cpu-mask", "--spec-draft-cpu-range", "--spec-draft-cpu-strict", "--spec-draft-prio",
+             "--spec-draft-poll", "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-strict-batch",
+             "--spec-draft-prio-batch", "--spec-draft-poll-batch", "--spec-draft-type-k", "--spec-draft-type-v",
+             "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-n-max",
+             "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates", "--spec-draft-p-split",
+             "--spec-draft-p-min", "--spec-draft-backend-sampling", "--spec-draft-device", "--spec-draft-ngl",
+             "--spec-draft-model", "--spec-type", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max",
+             "--spec-ngram-mod-n-match", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
+             "--spec-ngram-simple-min-hits", "--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m",
+             "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
+             "--spec-ngram-map-k4v-min-hits", "--draft", "--draft-min", "--spec-ngram-size-n", "--spec-ngram-size-m",
+             "--spec-ngram-min-hits", "--spec-default")),
+    Ignored("ignored flags: context shift and cache reuse",
+            "kinetic's decode loop neither shifts a full slot's KV cells nor moves cached chunks after a changed "
+            "prefix, and spaces no checkpoints (docs/models.md): a prompt longer than a slot is a 400 and a full "
+            "slot stops with `length`",
+            ("--context-shift", "--keep", "--cache-reuse", "-cms", "--kv-unified-per-slot",
+             "--cache-idle-slots")),
+    Ignored("ignored flags: CPU affinity and priority",
+            "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
+            "the threads are llama.cpp's own, -t and -tb set how many",
+            ("-C", "-Cr", "--cpu-strict", "--prio", "--poll", "-Cb", "-Crb", "--cpu-strict-batch", "--prio-batch",
+             "--poll-batch")),
+    Ignored("ignored flags: devices and tensor placement",
+            "they need ggml's device and buffer-type handles, which llama-cpp-python does not bind; on a CPU build "
+            "every tensor already sits in host memory, where -ot ...=CPU and --cpu-moe would put it",
+            ("-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "--rpc", "-fit", "-fitt", "-fitc")),
+    Ignored("ignored flags: control vectors",
+            "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
+            "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
+            ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range")),
+    Ignored("ignored flags: reasoning budget",
+            "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row), and its chat layer "
+            "has no switch for how it parses reasoning and tool calls; `--reasoning`, `--reasoning-format` and "
+            "`--reasoning-effort` act",
+            ("--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")),
+    Ignored("ignored flags: HTTP server options",
+            "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
+            "--body-timeout, --max-connections...) cover timeouts and limits",
+            ("--rerank", "--sse-ping-interval", "-sps",
+             "--sleep-idle-seconds")),
+    Ignored("ignored flags: logging",
+            "kinetic logs through Python's logging, one line per event with its level and source, without "
+            "colours; -v logs every request (llama-server's -lv levels, JSON lines, prompt dumps and perf "
+            "counters have no counterpart); --log-file, --log-timestamps and --log-disable act",
+            ("--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--log-prefix", "--perf")),
+    Ignored("ignored flags: model downloads other than -hf",
+            "kinetic downloads from the Hugging Face hub only (-hf), the one network source a classroom allows; "
+            "the presets download a set model: give -hf and its flags instead",
+            ("-mu", "-dr", "--embd-gemma-default", "--fim-qwen-1.5b-default", "--fim-qwen-3b-default",
+             "--fim-qwen-7b-default", "--fim-qwen-7b-spec", "--fim-qwen-14b-spec", "--fim-qwen-30b-default",
+             "--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default",
+             "--vision-gemma-12b-default")),
+    Ignored("ignored flags: llama-server internals",
+            "what they switch is fixed in kinetic: batching is always continuous, there is no warm-up decode, "
+            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere (see the --tools row), and there is no shell completion "
+            "or cache listing",
+            ("-cb", "--warmup", "-dt", "--tools-runtime", "--mcp-servers-config",
+             "--mcp-servers-json", "-cl", "--completion-bash")),
+)
+
+
+def _first(flag: LlamaFlag) -> str:
+    return flag.names[0]
+
+
+def acts(flag: LlamaFlag) -> bool:
+    """Wired to a setting kinetic uses, or handled by the command line (help, version)."""
+    spellings = {*flag.names, *flag.negations}
+    return bool(spellings & set(FLAGS_BY_SPELLING)) or flag.names[0] in CLI_ACTIONS
+
+
+def acting_flags() -> tuple[LlamaFlag, ...]:
+    return tuple(flag for flag in llama_server_flags() if acts(flag))
+
+
+def ignored_by_flag() -> dict[str, Ignored]:
+    """First spelling -> its reason."""
+    return {name: reason for reason in IGNORED for name in reason.flags}
+
+
+def reason_for(spelling: str) -> Ignored | None:
+    """The reason a spelling (any of a flag's) is ignored, or None when it acts or is unknown."""
+    table = ignored_by_flag()
+    for flag in llama_server_flags():
+        if spelling in (*flag.names, *flag.negations):
+            return table.get(_first(flag))
+    return None
+
+
+def variable_warning(name: str) -> str:
+    """The start-up line for a set variable that sets nothing."""
+    if name.startswith("KINETIC_"):
+        return f"warning: {name} is not a kinetic setting; ignored"
+    flag = next((f for f in llama_server_flags() if name in (f.env, f.negative_env)), None)
+    reason = ignored_by_flag().get(_first(flag)) if flag is not None else None
+    if reason is None:
+        return f"warning: {name} is a llama-server variable kinetic does not implement; ignored"
+    return (f"warning: {name} ({_first(flag)}) is ignored: see \"{reason.row}\" under Differences from "
+            f"llama-server ({DIFFERENCES_PAGE})")
+
+
+def warning(spelling: str) -> str:
+    """The start-up line for an ignored flag: what it is and the row that says why."""
+    reason = reason_for(spelling)
+    if reason is None:
+        return f"warning: {spelling} is a llama-server flag kinetic does not implement; ignored"
+    return (f"warning: {spelling} is ignored: see \"{reason.row}\" under Differences from llama-server "
+            f"({DIFFERENCES_PAGE})")
+
+
+TABLE_START = "<!-- flag table: generated by scripts/gen_cli_reference.py from kinetic/flag_status.py -->"
+TABLE_END = "<!-- end of the flag table -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def reference_table() -> str:
+    """docs/reference/cli.md's list of every llama-server flag: acts, or ignored and why."""
+    reasons = ignored_by_flag()
+    rows = [TABLE_START, "", "| llama-server flag | in kinetic | what it does, or why it is ignored |", "|---|---|---|"]
+    for flag in llama_server_flags():
+        spellings = ", ".join(f"`{name}`" for name in (*flag.names, *flag.negations))
+        if acts(flag):
+            own = next((FLAGS_BY_SPELLING[n] for n in (*flag.names, *flag.negations) if n in FLAGS_BY_SPELLING), None)
+            what = own.help if own is not None else ("this help" if flag.names[0] == "-h" else "print the version")
+            rows.append(f"| {spellings} | acts | {_cell(what)} |")
+        else:
+            reason = reasons[_first(flag)]
+            rows.append(f"| {spellings} | ignored | {_cell(reason.row.removeprefix('ignored flags: '))}: "
+                        f"{_cell(reason.why)} |")
+    rows += ["", TABLE_END]
+    return "\n".join(rows)
+
+
+DIFFERENCES_TEST = "tests/unit/test_flag_status.py::test_ignored_flags_warn_naming_their_row"
+
+
+def difference_rows() -> list[str]:
+    """One row of the differences table per reason kinetic ignores flags for."""
+    return [f"| {reason.row} ({len(reason.flags)}: {_cell(', '.join(f'`{name}`' for name in reason.flags))}) | act "
+            f"| accepted with their values and ignored; the warning at start names this row | {_cell(reason.why)} "
+            f"| `{DIFFERENCES_TEST}` |" for reason in IGNORED]

@@ -1,0 +1,254 @@
+"""llama-server's flags act on what a request gets (issue 23): sampling flags become every protocol's
+defaults (a request's own field wins), and model and context flags change what llama.cpp loads.
+
+Two servers of the bundled model: `constrained` with sampling defaults, a JSON schema, a stop string
+and a q8_0 KV cache; `special` with --special, --ignore-eos, a logit bias, -kvu, --no-mmap and a
+metadata override. Both save a slot, so their KV caches' sizes can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import anthropic
+import httpx
+import ollama
+import pytest
+from openai import OpenAI
+
+from tests.lora_model import write_lora
+from tests.server import KineticServer, wait_until
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+START_OF_TURN = 105  # Gemma's <start_of_turn>, a special (control) token
+BOS = 2
+PROMPT = "The weather in Rome today is sunny and the people walk along the river"
+
+
+@pytest.fixture(scope="module")
+def constrained(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
+    slots = tmp_path_factory.mktemp("slots-q8")
+    with KineticServer("-a", "flagged", "-c", "1024", "-np", "1", "-n", "48", "--temp", "0", "--top-k", "1", "--seed", "3",
+                       "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1", "--samplers", "top_k;temperature",
+                       "--json-schema", json.dumps(SCHEMA), "-r", r"\x7d", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
+                       "-ngl", "99", "-tb", "1", "--slot-save-path", str(slots)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def special(model_lock: None, constrained: KineticServer,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
+    slots = tmp_path_factory.mktemp("slots-f16")
+    with KineticServer("-c", "1024", "-np", "2", "-kvu", "-n", "3", "--temp", "0", "--special", "--ignore-eos",
+                       "-l", f"{START_OF_TURN}+100", "--no-mmap",
+                       "--override-kv", "tokenizer.ggml.add_bos_token=bool:false", "--ui-config", '{"theme": "dark"}',
+                       "--slot-save-path", str(slots)) as server:
+        yield server
+
+
+def completion(server: KineticServer, **body: object) -> dict:
+    response = httpx.post(server.url + "/completion", json={"prompt": PROMPT, **body}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_props_shows_the_sampling_flags(constrained: KineticServer) -> None:
+    props = httpx.get(constrained.url + "/props").json()
+    params = props["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["seed"], params["top_p"], params["min_p"]) == \
+        (0.0, 1, 3, 0.5, 0.1)
+    assert params["repeat_penalty"] == pytest.approx(1.1) and params["samplers"] == ["top_k", "temperature"]
+    assert params["n_predict"] == 48
+    llama = props["llama_params"]
+    assert (llama["flash_attn"], llama["cache_type_k"], llama["cache_type_v"], llama["n_gpu_layers"]) == \
+        ("on", "q8_0", "q8_0", 99)
+    assert llama["threads_batch"] == 1
+
+
+def test_a_request_without_fields_is_held_to_the_servers_schema_and_stop(constrained: KineticServer) -> None:
+    result = completion(constrained)
+    settings = result["generation_settings"]
+    assert settings["stop"] == ["}"] and "root ::=" in settings["grammar"]  # -r '\x7d', escapes processed
+    assert result["stop_type"] == "word" and result["stopping_word"] == "}"
+    assert json.loads(result["content"] + "}").keys() == {"ok"}  # the schema's object, cut at the stop
+
+
+def test_a_requests_own_fields_win(constrained: KineticServer) -> None:
+    own_stop = completion(constrained, stop=["zzz"])
+    assert own_stop["generation_settings"]["stop"] == ["zzz"]
+    assert isinstance(json.loads(own_stop["content"])["ok"], bool)
+    own_grammar = completion(constrained, grammar='root ::= "yes" | "no"', temperature=0.5, top_k=5)
+    assert own_grammar["content"] in ("yes", "no")
+    assert (own_grammar["generation_settings"]["temperature"], own_grammar["generation_settings"]["top_k"]) == (0.5, 5)
+    own_schema = completion(constrained, json_schema={"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+                            stop=["zzz"])
+    assert isinstance(json.loads(own_schema["content"]), list)
+
+
+def test_every_protocol_gets_the_servers_defaults(constrained: KineticServer) -> None:
+    openai = OpenAI(base_url=constrained.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    chat = openai.chat.completions.create(model="flagged", messages=[{"role": "user", "content": "Is it sunny?"}],
+                                          stop=["zzz"])
+    assert isinstance(json.loads(chat.choices[0].message.content or "")["ok"], bool)
+    cut = openai.completions.create(model="flagged", prompt=PROMPT)  # no stop: the server's "}" ends it
+    assert cut.choices[0].finish_reason == "stop" and json.loads(cut.choices[0].text + "}").keys() == {"ok"}
+    response = openai.responses.create(model="flagged", input="Is it sunny?")
+    assert json.loads(response.output_text + "}").keys() == {"ok"}  # Responses has no stop field of its own
+    message = anthropic.Anthropic(base_url=constrained.url, api_key="none", max_retries=0).messages.create(
+        model="flagged", max_tokens=48, messages=[{"role": "user", "content": "Is it sunny?"}], stop_sequences=["zzz"])
+    assert isinstance(json.loads(message.content[0].text)["ok"], bool)  # type: ignore[union-attr]
+    generated = ollama.Client(host=constrained.url).generate(model="flagged", prompt=PROMPT, options={"stop": ["zzz"]})
+    assert isinstance(json.loads(generated.response)["ok"], bool)
+
+
+def test_special_tokens_ignore_eos_and_logit_bias_act(special: KineticServer) -> None:
+    params = httpx.get(special.url + "/props").json()["default_generation_settings"]["params"]
+    assert params["ignore_eos"] is True
+    forced = completion(special, return_tokens=True)
+    assert forced["tokens"] == [START_OF_TURN] * 3 and forced["content"] == "<start_of_turn>" * 3  # --special
+    assert forced["generation_settings"]["logit_bias"] == [{"bias": 100.0, "token": START_OF_TURN}]
+    own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)  # the request's own (empty) bias replaces the server's
+    assert own["generation_settings"]["logit_bias"] == [] and own["tokens"] != [START_OF_TURN] * 3
+
+
+def test_kv_unified_gives_each_slot_the_whole_context(special: KineticServer) -> None:
+    props = httpx.get(special.url + "/props").json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024  # not 1024 / 2
+    assert props["ui_settings"] == {"theme": "dark"}  # --ui-config
+
+
+def test_override_kv_changes_the_models_metadata(constrained: KineticServer, special: KineticServer) -> None:
+    def tokens(server: KineticServer) -> list[int]:
+        body = {"content": "hello", "add_special": True}
+        return httpx.post(server.url + "/tokenize", json=body, timeout=30).json()["tokens"]
+
+    assert tokens(constrained)[0] == BOS and BOS not in tokens(special)  # add_bos_token=bool:false
+    assert completion(special)["tokens_evaluated"] == completion(constrained)["tokens_evaluated"] - 1
+
+
+def test_no_mmap_reads_the_model_into_memory(constrained: KineticServer, special: KineticServer) -> None:
+    def mapped(server: KineticServer) -> bool:
+        assert server.proc is not None
+        maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+        return ".gguf" in maps
+
+    assert mapped(constrained) and not mapped(special)
+
+
+def test_a_q8_0_kv_cache_takes_about_half_the_memory(constrained: KineticServer, special: KineticServer) -> None:
+    def bytes_per_token(server: KineticServer) -> float:
+        completion(server, n_predict=1, cache_prompt=True, id_slot=0)
+        saved = httpx.post(server.url + "/slots/0?action=save", json={"filename": "s.bin"}, timeout=60).json()
+        return saved["n_written"] / saved["n_saved"]
+
+    q8, f16 = bytes_per_token(constrained), bytes_per_token(special)
+    assert 0.45 < q8 / f16 < 0.65  # q8_0 stores 34 bytes per 32 values, f16 64
+
+
+# --- server flags: --api-prefix, --ssl-*, --embd-normalize, --reasoning-effort ---------------------------
+
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}effort={{ reasoning_effort }}\n"
+
+
+@pytest.fixture(scope="module")
+def https(model_lock: None, special: KineticServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """HTTPS under /llama, with a self-signed certificate made by openssl; yields the base URL."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert, template = folder / "key.pem", folder / "cert.pem", folder / "t.jinja"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    template.write_text(TEMPLATE)
+    (folder / "static").mkdir()
+    (folder / "static" / "index.html").write_text("<h1>a class's own page</h1>")
+    server = KineticServer("-c", "512", "-np", "1", "--api-prefix", "/llama", "--ssl-key-file", str(key),
+                           "--ssl-cert-file", str(cert), "--embeddings", "--embd-normalize", "1",
+                           "--reasoning-effort", "high", "--chat-template-file", str(template), "--no-cache-prompt",
+                           "--threads-http", "2", "--path", str(folder / "static"))
+    command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(server.port),
+               *server.args]
+    log = server.log_path.open("w")
+    server.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=server.env)
+    base = f"https://127.0.0.1:{server.port}/llama"
+    try:
+        wait_until(lambda: "listening on https://127.0.0.1:" in server.log() or not server.alive(), "https start")
+        assert server.alive(), server.log()
+        yield base
+    finally:
+        server.stop()
+
+
+def test_https_under_an_api_prefix(https: str) -> None:
+    assert httpx.get(https + "/health", verify=False).status_code == 200
+    outside = httpx.get(https.removesuffix("/llama") + "/health", verify=False)
+    assert outside.status_code == 404 and outside.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(https.replace("https://", "http://") + "/health", timeout=5)  # no plain HTTP on that port
+    openai = OpenAI(base_url=https + "/v1", api_key="none", max_retries=0, http_client=httpx.Client(verify=False))
+    assert openai.completions.create(model="any", prompt="Hello", max_tokens=2).usage.completion_tokens == 2
+    assert httpx.get(https + "/", verify=False).text == "<h1>a class's own page</h1>"  # --path, under the prefix
+
+
+def test_embd_normalize_sets_the_native_default(https: str) -> None:
+    def vector(**body: object) -> list[float]:
+        answer = httpx.post(https + "/embedding", json={"content": "hello world", **body}, verify=False, timeout=60)
+        return answer.json()[0]["embedding"][0]
+
+    assert sum(abs(v) for v in vector()) == pytest.approx(1.0, abs=1e-4)  # 1: taxicab
+    assert sum(v * v for v in vector(embd_normalize=2)) == pytest.approx(1.0, abs=1e-4)  # the request's own wins
+
+
+def test_reasoning_effort_reaches_the_template(https: str) -> None:
+    def prompt(**body: object) -> str:
+        answer = httpx.post(https + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}], **body},
+                            verify=False, timeout=30)
+        return answer.json()["prompt"]
+
+    assert prompt().endswith("effort=high")
+    assert prompt(chat_template_kwargs={"reasoning_effort": "low"}).endswith("effort=low")
+
+
+def test_no_cache_prompt_is_the_default_a_request_can_override(https: str) -> None:
+    def cached(**body: object) -> int:
+        request = {"prompt": PROMPT, "n_predict": 1, **body}
+        answer = httpx.post(https + "/completion", json=request, verify=False, timeout=60)
+        return answer.json()["timings"]["cache_n"]
+
+    cached(), cached()
+    assert cached() == 0  # --no-cache-prompt: the prefix is evaluated again
+    cached(cache_prompt=True)
+    assert cached(cache_prompt=True) > 0  # the request's own field wins
+
+
+# --- LoRA: --lora and /lora-adapters ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora(model_lock: None, https: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
+    adapter = write_lora(tmp_path_factory.mktemp("lora") / "lora.gguf")
+    with KineticServer("-c", "512", "-np", "1", "--lora", str(adapter)) as server:
+        yield server
+
+
+def greedy(url: str, **client: object) -> str:
+    body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "cache_prompt": False}
+    answer = httpx.post(url + "/completion", json=body, timeout=120, **client)  # type: ignore[arg-type]
+    assert answer.status_code == 200, answer.text
+    return answer.json()["content"]
+
+
+def test_a_lora_adapter_changes_greedy_output_and_scale_0_restores_it(lora: KineticServer, https: str) -> None:
+    (listed,) = httpx.get(lora.url + "/lora-adapters").json()
+    assert listed["id"] == 0 and listed["path"].endswith("lora.gguf") and listed["scale"] == 1.0
+    base = greedy(https, verify=False)  # the same model and context size, no adapter
+    adapted = greedy(lora.url)
+    assert adapted != base
+    assert httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 0}]).json() == {"success": True}
+    assert httpx.get(lora.url + "/lora-adapters").json()[0]["scale"] == 0.0
+    assert greedy(lora.url) == base
+    httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 1}])
+    assert greedy(lora.url) == adapted
+    assert httpx.post(lora.url + "/lora-adapters", json={"id": 0}).status_code == 400

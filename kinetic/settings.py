@@ -141,6 +141,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
     Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
+    Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files in --slot-save-path may take; a save past "
+         "it is refused with 507 (0 = no cap)", metavar="MIB"),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
@@ -237,6 +239,9 @@ class ServerSettings(BaseSettings):
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the model's own, else mean
     props: bool = False
     slot_save_path: str | None = None
+    # A slot file is a KV cache (about 18 KiB a token on the bundled model, 128 KiB on an 8B one): 4 GiB
+    # holds a few full contexts of a large model, and keeps a loop of saves from filling the disk.
+    slot_save_max: Annotated[int, Field(ge=0)] = 4096
     verbose: bool = False
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, AsyncIterator, Callable
 
 import anyio
@@ -256,6 +257,8 @@ def create_app(
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry = registry
+    # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
+    app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
 
     @app.exception_handler(KineticError)

@@ -113,6 +113,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("agent", ("-ag", "--agent"), "--tools all plus --ui-mcp-proxy", negations=("-no-ag", "--no-agent")),
     Flag("body_timeout", ("--body-timeout",),
          "seconds a client may take to send its request body before it is dropped", metavar="S"),
+    Flag("drain_timeout", ("--drain-timeout",), "seconds open streams may still run on SIGTERM/Ctrl+C", metavar="S"),
     Flag("header_timeout", ("--header-timeout",),
          "seconds a client may take to send its request headers before it is disconnected", metavar="S"),
     Flag("max_connections", ("--max-connections",), "connections served at once; more get a 503", metavar="N"),
@@ -141,8 +142,7 @@ FLAGS: tuple[Flag, ...] = (
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
     Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
-    Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files in --slot-save-path may take; a save past "
-         "it is refused with 507 (0 = no cap)", metavar="MIB"),
+    Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files may take (0 = no cap)", metavar="MIB"),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
@@ -215,6 +215,7 @@ class ServerSettings(BaseSettings):
     agent: bool = False
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
     header_timeout: Annotated[float, Field(gt=0)] = 30.0
+    drain_timeout: Annotated[float, Field(ge=0)] = 5.0
     max_connections: Annotated[int, Field(ge=1)] = 64
     max_header_size: ByteSize = 64 * 1024
     max_body_size: ByteSize = 4 * 1024 * 1024

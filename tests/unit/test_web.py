@@ -10,12 +10,12 @@ from fastapi.testclient import TestClient
 
 from kinetic.app import create_app
 from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.roles import require_admin
 from kinetic.classroom.stats import UNKNOWN, ClassStats, name_of
 from kinetic.engine.llama import LlamaEngine
 from kinetic.errors import ForbiddenError, UnauthorizedError
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
-from kinetic.classroom.roles import require_admin
 from kinetic.web.routes import OLLAMA_TEXT, wants_html
 
 CHROME_ACCEPT = ("text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,"

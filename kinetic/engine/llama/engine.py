@@ -25,6 +25,7 @@ from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInf
 from kinetic.errors import (
     ContextOverflowError,
     InvalidRequestError,
+    KineticError,
     ModelLoadError,
     NotSupportedError,
     UnavailableError,
@@ -93,6 +94,7 @@ class LlamaEngine:
         self.in_flight = in_flight  # router mode: every model's requests counted per key together
         self.cache_ram_mib = cache_ram_mib
         self.pooling = pooling  # None: the model's own (mean when it declares none)
+        self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
         self.verbose = verbose
@@ -145,10 +147,13 @@ class LlamaEngine:
         self.slot_n_ctx = self._embeddings.n_ctx
         self._model = model
 
-    def close(self) -> None:
-        """Stops the decode thread and lets llama.cpp free the contexts and weights (an LRU unload)."""
+    def close(self, error: KineticError | None = None) -> None:
+        """Stops the decode thread and lets llama.cpp free the contexts and weights (an unload, or the
+        server's shutdown): every open request fails at once with `error` (default: the model was
+        unloaded), in its protocol's way."""
+        self._closed = True
         if self._scheduler is not None:
-            self._scheduler.close()
+            self._scheduler.close(error)
         self._scheduler = None
         self._embeddings = None
         self._model = None
@@ -205,6 +210,8 @@ class LlamaEngine:
 
     def _scheduler_or_fail(self) -> Scheduler:
         scheduler = self._scheduler
+        if scheduler is None and self._closed:
+            raise UnavailableError(f"the model {self.model_path.name} was unloaded")
         if scheduler is None:
             raise InvalidRequestError(f"{self.model_path.name} is an embedding model: it does not generate text "
                                       "(use /v1/embeddings)", param="model")
@@ -275,7 +282,10 @@ class LlamaEngine:
     def slot_states(self) -> list[SlotState]:
         return [slot.state() for slot in self._scheduler.slots] if self._scheduler else []
 
-    def stats(self) -> EngineStats:
+    def stats(self, *, scrape: bool = False) -> EngineStats:
+        """The engine's counters and gauges. The rate gauges cover the time since the previous
+        `scrape` (GET /metrics, as llama-server's do): other readers (the dashboard, the router,
+        the digest) leave that baseline alone."""
         scheduler = self._scheduler
         if scheduler is None:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
@@ -285,7 +295,8 @@ class LlamaEngine:
                 counters[name] = counters.get(name, 0) + value
         # llama-server's rate gauges cover the time since the previous scrape
         delta = {name: counters.get(name, 0.0) - before for name, before in self._scrape.items()}
-        self._scrape = {name: counters.get(name, 0.0) for name in self._scrape}
+        if scrape:
+            self._scrape = {name: counters.get(name, 0.0) for name in self._scrape}
         gauges = {
             "prompt_tokens_seconds": delta["prompt_tokens_total"] / delta["prompt_seconds_total"]
             if delta["prompt_seconds_total"] > 0 else 0.0,

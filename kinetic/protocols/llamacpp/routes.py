@@ -143,7 +143,7 @@ async def slot_action(id_slot: str, request: Request, service: ServiceDep, actio
 async def get_metrics(request: Request, service: ServiceDep) -> Response:
     if not service.settings.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    response = PlainTextResponse(translate.metrics_text(service.engine.stats(), viewer=_viewer(request)),
+    response = PlainTextResponse(translate.metrics_text(service.engine.stats(scrape=True), viewer=_viewer(request)),
                                  media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(service.started).encode()))

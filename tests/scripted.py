@@ -48,6 +48,7 @@ class ScriptedEngine:
     def __init__(self, script: list[Step], *, loaded: threading.Event | None = None, stall: bool = False):
         self.script = script
         self.stall = stall
+        self.requests: list[GenerationRequest] = []  # every request submitted, as the engine got it
         self.open: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | BaseException]]] = []
         self.loaded = loaded or threading.Event()
         self._ready = False
@@ -94,6 +95,7 @@ class ScriptedEngine:
         return True
 
     async def submit(self, request: GenerationRequest) -> Generation:
+        self.requests.append(request)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         text = ""
         for step in self.script:

@@ -129,8 +129,12 @@ class LlamaEngine:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
         if self.embeddings_enabled:
-            self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
-                                                decode_lock=self._decode_lock, pooling=self.pooling)
+            try:
+                self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
+                                                    decode_lock=self._decode_lock, pooling=self.pooling)
+            except BaseException:
+                scheduler.close()  # its context and decode thread go with the failed load
+                raise
         _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
         self.slot_n_ctx = scheduler.slot_n_ctx

@@ -28,9 +28,16 @@ class LoadedModel:
         llama_cpp.llama_backend_init()
         self.path = path
         self.verbose = verbose
+        params = llama_cpp.llama_model_default_params()
+        # No repacked or AMX weight buffers (llama-server's --no-repack). Their kernels compute a row
+        # of a many-row batch (a prompt) and a one-row batch (a re-evaluated last prompt token, a
+        # decode step) in different orders, so the same request gave other logits once its prompt
+        # came from the cache, and a seeded or greedy answer could part ways at a near tie. The plain
+        # kernels compute each row alike whatever the batch. AMX also faults (SIGSEGV at ldtilecfg)
+        # in virtual machines that do not grant the tile state.
+        params.use_extra_bufts = False
         try:
-            self.model = _internals.LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
-                                               verbose=verbose)
+            self.model = _internals.LlamaModel(path_model=str(path), params=params, verbose=verbose)
         except ValueError as exc:
             raise ModelLoadError(f"cannot load model {path}: llama.cpp rejected the file "
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, AsyncIterator, Callable
 
 import anyio
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
+from kinetic.classroom.roles import needs_admin, require_admin, role_of
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import (
     InvalidRequestError,
@@ -104,9 +106,9 @@ class RequestGate:
         allowed = [o.strip() for o in self.cors_origins.split(",")]
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
-    def _client_name(self, headers: dict[str, str]) -> str | None:
+    def _client_name(self, sent: str) -> str | None:
         """The name of the key sent (from --api-key-file), or None for no key or a wrong one."""
-        return self.keys.name_for(key_from_headers(headers)) if self.keys else None
+        return self.keys.name_for(sent) if self.keys else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -125,10 +127,14 @@ class RequestGate:
             await send(message)
 
         path = scope["path"]
-        # Who is asking, by name and never by key: for the ledger, the fair queue, the dashboard.
-        client_name = self._client_name(headers)
+        # Who is asking, by name and never by key: for the ledger, the fair queue, the dashboard; and
+        # in which role (classroom/roles.py), for what the routes show them.
+        sent = key_from_headers(headers)
+        client_name = self._client_name(sent)
+        state = scope.setdefault("state", {})
         if client_name is not None:
-            scope.setdefault("state", {})["client_name"] = client_name
+            state["client_name"] = client_name
+        state["role"] = role_of(self.keys, sent)
         if scope["method"] == "OPTIONS":
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": self.cors_methods,
@@ -141,10 +147,20 @@ class RequestGate:
             response = error_response(path, UnavailableError("Loading model"))
         elif self.keys and path not in PUBLIC_PATHS and client_name is None:
             response = error_response(path, UnauthorizedError("Invalid API Key"))
+        elif needs_admin(scope["method"], path) and (refusal := self._admin_refusal(sent)) is not None:
+            response = error_response(path, refusal)
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
         await response(scope, receive, send_with_cors)
+
+    def _admin_refusal(self, sent: str) -> KineticError | None:
+        """A management route: None for the admin, else the 403 (a student) or 401 (no key) to answer."""
+        try:
+            require_admin(self.keys, sent)
+        except KineticError as err:
+            return err
+        return None
 
     async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Runs the app with a deadline on each body read: a client that sends its headers and then
@@ -246,6 +262,8 @@ def create_app(
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry = registry
+    # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
+    app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
 
     @app.exception_handler(KineticError)

@@ -255,11 +255,11 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 
 
 def serve(settings: ServerSettings) -> int:
-    import uvicorn
 
     from kinetic.api_prefix import ApiPrefix
     from kinetic.static_path import StaticPath
     from kinetic.app import create_app, error_response
+    from kinetic.shutdown import DrainingServer
     from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
@@ -291,7 +291,7 @@ def serve(settings: ServerSettings) -> int:
         except OSError as exc:
             print(f"error: cannot write the ledger {settings.ledger}: {exc.strerror}", file=sys.stderr)
             return 1
-    config_holder: dict[str, uvicorn.Server] = {}
+    config_holder: dict[str, DrainingServer] = {}
 
     def stop_on_load_failure(exc: BaseException) -> None:
         config_holder["server"].should_exit = True
@@ -322,7 +322,7 @@ def serve(settings: ServerSettings) -> int:
                              ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                              timeout_keep_alive=30, server_header=False)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain_s=settings.drain_timeout, end_streams=app.state.end_streams)
     config_holder["server"] = server
     reload_keys_on_sighup(app.state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)

@@ -106,6 +106,13 @@ class NotSupportedError(KineticError):
     kind = "not_supported_error"
 
 
+class InsufficientStorageError(KineticError):
+    """The server's disk space for it is used up (--slot-save-max): 507."""
+
+    status = 507
+    kind = "insufficient_storage_error"
+
+
 class UnavailableError(KineticError):
     status = 503
     kind = "unavailable_error"

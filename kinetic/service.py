@@ -41,13 +41,14 @@ class ModelFile:
     modified: float  # seconds since the epoch
 
 
+BUSY_PAUSE_S = 0.05  # per MiB hashed while the engine decodes: at most 20 MiB/s then
 DIGEST_CACHE = "digests.json"  # in kinetic's cache dir: path -> size, mtime, sha256
 
 
 def read_model_file(path: Path, busy: Callable[[], bool] = lambda: False) -> ModelFile:
     """Blocking: the GGUF's sha256, from kinetic's digest cache when the file is unchanged, else
-    hashed (seconds for a few GB) and remembered. Hashing pauses while `busy()` (the engine is
-    decoding): a core taken by hashing makes llama.cpp's spinning threads stall a stream for a
+    hashed (seconds for a few GB) and remembered. Hashing slows down while `busy()` (the engine
+    is decoding): a core taken by hashing makes llama.cpp's spinning threads stall a stream for a
     second. A model that is not a file on disk (a test engine) gets the hash of its path."""
     try:
         stat = path.stat()
@@ -65,8 +66,8 @@ def read_model_file(path: Path, busy: Callable[[], bool] = lambda: False) -> Mod
     try:
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
-                while busy():
-                    time.sleep(0.05)
+                if busy():  # slowed, never stopped: a class keeps the engine busy for hours
+                    time.sleep(BUSY_PAUSE_S)
                 digest.update(chunk)
     except OSError:
         return ModelFile(sha256=hashlib.sha256(str(path).encode()).hexdigest(), size=0, modified=0.0)
@@ -174,7 +175,8 @@ class Service:
         return replace(generation, client=CLIENT.get())
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
-        return await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
+        generation = await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
+        return replace(generation, client=CLIENT.get())
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
@@ -212,7 +214,8 @@ class Service:
     async def model_file(self) -> ModelFile:
         """The GGUF's digest, size and mtime: read once in a worker thread, then cached. Concurrent
         first callers share the one read."""
-        if self._model_file is None:
+        if self._model_file is None or (self._model_file.done() and (self._model_file.cancelled()
+                                                                     or self._model_file.exception() is not None)):
             self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
         return await asyncio.shield(self._model_file)
 

@@ -162,7 +162,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
          "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
     Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
-    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels", negations=("-nr", "--no-repack")),
+    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's answer may then differ from a fresh one)", negations=("-nr", "--no-repack")),
     Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),
     Flag("op_offload", ("--op-offload",), "offload host tensor operations to the device",
          negations=("--no-op-offload",)),
@@ -241,6 +241,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("agent", ("-ag", "--agent"), "--tools all plus --ui-mcp-proxy", negations=("-no-ag", "--no-agent")),
     Flag("body_timeout", ("--body-timeout",),
          "seconds a client may take to send its request body before it is dropped", metavar="S"),
+    Flag("drain_timeout", ("--drain-timeout",), "seconds open streams may still run on SIGTERM/Ctrl+C", metavar="S"),
     Flag("header_timeout", ("--header-timeout",),
          "seconds a client may take to send its request headers before it is disconnected", metavar="S"),
     Flag("max_connections", ("--max-connections",), "connections served at once; more get a 503", metavar="N"),
@@ -271,6 +272,7 @@ FLAGS: tuple[Flag, ...] = (
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
     Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
+    Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files may take (0 = no cap)", metavar="MIB"),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
@@ -422,7 +424,7 @@ class ServerSettings(BaseSettings):
     numa: Literal["distribute", "isolate", "numactl"] | None = None
     override_kv: tuple[str, ...] = ()
     check_tensors: bool = False
-    repack: bool = True
+    repack: bool = False  # llama-server's default is on: see the differences table
     no_host: bool = False
     op_offload: bool = True
     threads_batch: int = 0
@@ -472,6 +474,7 @@ class ServerSettings(BaseSettings):
     agent: bool = False
     body_timeout: Annotated[float, Field(gt=0)] = 30.0
     header_timeout: Annotated[float, Field(gt=0)] = 30.0
+    drain_timeout: Annotated[float, Field(ge=0)] = 5.0
     max_connections: Annotated[int, Field(ge=1)] = 64
     max_header_size: ByteSize = 64 * 1024
     max_body_size: ByteSize = 4 * 1024 * 1024
@@ -497,6 +500,9 @@ class ServerSettings(BaseSettings):
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the model's own, else mean
     props: bool = False
     slot_save_path: str | None = None
+    # A slot file is a KV cache (about 18 KiB a token on the bundled model, 128 KiB on an 8B one): 4 GiB
+    # holds a few full contexts of a large model, and keeps a loop of saves from filling the disk.
+    slot_save_max: Annotated[int, Field(ge=0)] = 4096
     verbose: bool = False
     log_file: str | None = None
     log_timestamps: bool = False

@@ -162,6 +162,9 @@ async def merge_frames(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[byt
     finally:
         for task in tasks:
             task.cancel()
+        # A pump still inside `async for` holds its stream running: aclose() on it raises
+        # RuntimeError. Once the cancelled pumps have finished, each stream is closed or idle.
+        await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             close = getattr(stream, "aclose", None)
             if close is not None:

@@ -3,10 +3,13 @@
     python scripts/server_abuse.py --url http://127.0.0.1:8080
     python scripts/server_abuse.py -- kinetic serve model.gguf -c 512 --port 8091
     python scripts/server_abuse.py --long --url ...     # also: stalled heads and bodies are dropped (30 s)
+    python scripts/server_abuse.py --student-key sk-alice --admin-key sk-teacher --url ...  # the role walk alone
 
 Every check sends one kind of abuse and asserts the server's answer (status, JSON error body, or
 the connection closed), then the server must still answer /health. The results are printed as a
-table. The server's limits (--max-connections, --header-timeout, --max-header-size,
+table. The role walk calls every route of docs/reference/routes.md with the student key and the admin key
+given (the management routes must refuse the student with 403 and let the admin through), or, with
+no keys given, checks that an open server refuses no route. The server's limits (--max-connections, --header-timeout, --max-header-size,
 --max-body-size, --body-timeout) are read from the command after `--`, or given to this script
 with the same flags when it tests a --url. Traffic goes only to the URL given (loopback in
 practice); every loop is bounded in count and time.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import select
 import socket
 import subprocess
@@ -23,6 +27,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse
 
@@ -43,6 +48,8 @@ class Target:
     max_connections: int = 64
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 4 * MiB
+    student_key: str | None = None  # the role walk: a student's key and the admin's
+    admin_key: str | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -409,6 +416,65 @@ def stalled_headers(t: Target) -> None:
     expect_json_refusal(answer, 408, "headers")
 
 
+ROUTES_DOC = Path(__file__).resolve().parents[1] / "docs" / "reference" / "routes.md"
+ROUTE_ROW = re.compile(r"^\| ([A-Z, ]+) \| `([^`]+)` \| (anyone|student|admin)")
+
+
+def route_table() -> list[tuple[str, str, str]]:
+    """(method, path, who may call it) of every route, from the docs' table ({...} filled with 0)."""
+    rows = []
+    for line in ROUTES_DOC.read_text(encoding="utf-8").splitlines():
+        if match := ROUTE_ROW.match(line):
+            methods, route, who = match.groups()
+            rows += [(method.strip(), re.sub(r"\{[^}]*\}", "0", route), who) for method in methods.split(",")]
+    return rows
+
+
+def answer_status(t: Target, method: str, path: str, key: str | None) -> tuple[int, str]:
+    """The status and the start of the body of one call; a stream (/models/sse) is left after its head."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"json": {}} if method == "POST" else {}
+    with httpx.stream(method, t.url + path, headers=headers, timeout=60, **body) as r:
+        if r.headers.get("content-type", "").startswith(("text/event-stream", "application/x-ndjson")):
+            return r.status_code, ""
+        return r.status_code, r.read().decode("utf-8", "replace")[:300]
+
+
+def refused_for_role(status: int, text: str) -> bool:
+    """401, or a 403 that is about the key (not a feature switched off: /cors-proxy's feature_disabled)."""
+    return status == 401 or (status == 403 and "feature_disabled" not in text)
+
+
+def role_walk(t: Target) -> tuple[int, int, int]:
+    """Every route with the student key and the admin key (or, with no keys, none refused): returns the
+    routes refused to the student, those allowed to the admin, and the routes walked."""
+    rows = route_table()
+    expect(len(rows) > 40, f"only {len(rows)} routes read from {ROUTES_DOC}")
+    refused = allowed = 0
+    for method, path, who in rows:
+        if t.student_key is None:
+            status, text = answer_status(t, method, path, None)
+            expect(not refused_for_role(status, text), f"open server: {method} {path} refused: {status} {text}")
+            continue
+        status, text = answer_status(t, method, path, t.student_key)
+        if who == "admin":
+            expect(status == 403 and (method == "HEAD" or "admin key" in text),
+                   f"student on {method} {path}: {status} {text}")
+            refused += 1
+        else:
+            expect(not refused_for_role(status, text), f"student refused {method} {path}: {status} {text}")
+        if t.admin_key is not None:
+            status, text = answer_status(t, method, path, t.admin_key)
+            expect(not refused_for_role(status, text), f"admin refused {method} {path}: {status} {text}")
+            allowed += 1
+    return refused, allowed, len(rows)
+
+
+@check("the role walk: management routes refuse a student's key (403) and let the admin through")
+def roles(t: Target) -> None:
+    role_walk(t)
+
+
 def healthy(t: Target) -> bool:
     try:
         return httpx.get(t.url + "/health", timeout=30).status_code == 200
@@ -425,7 +491,10 @@ class Result:
 
 def run_checks(target: Target, *, long: bool = False) -> list[Result]:
     results: list[Result] = []
-    for description, func in CHECKS + (LONG_CHECKS if long else []):
+    checks = CHECKS + (LONG_CHECKS if long else [])
+    if target.student_key is not None:  # a keyed server: the other checks send no key, so only the walk
+        checks = [(description, func) for description, func in checks if func is roles]
+    for description, func in checks:
         started = time.monotonic()
         try:
             func(target)
@@ -469,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="server to test (default: from the command's --host/--port)")
     parser.add_argument("--long", action="store_true", help="also run the slow checks (stalled heads and bodies)")
+    parser.add_argument("--student-key", help="a student's key, for the role walk (else: the server must be open)")
+    parser.add_argument("--admin-key", help="the admin key, for the role walk")
     for flag, default, kind in LIMIT_FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=f"the server's {flag} (default: {default})")
     args = parser.parse_args(argv)
@@ -483,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         limits[flag] = given if given is not None else kind(_flag(command, flag, default))
     target = Target(url, body_timeout=limits["--body-timeout"], header_timeout=limits["--header-timeout"],
                     max_connections=limits["--max-connections"], max_header_bytes=limits["--max-header-size"],
-                    max_body_bytes=limits["--max-body-size"])
+                    max_body_bytes=limits["--max-body-size"], student_key=args.student_key,
+                    admin_key=args.admin_key)
     process = subprocess.Popen(command) if command else None
     try:
         wait_ready(url, process)

@@ -39,13 +39,17 @@ Step = str | KineticError
 
 
 class ScriptedEngine:
-    """Bytes are tokens; every generation plays `script` and finishes (unless a step raises)."""
+    """Bytes are tokens; every generation plays `script` and finishes (unless a step raises, or
+    `stall`: then it stays open after the script, as a long answer does, until close() ends it)."""
 
     n_slots = 1
     slot_n_ctx = 4096
 
-    def __init__(self, script: list[Step], *, loaded: threading.Event | None = None):
+    def __init__(self, script: list[Step], *, loaded: threading.Event | None = None, stall: bool = False):
         self.script = script
+        self.stall = stall
+        self.requests: list[GenerationRequest] = []  # every request submitted, as the engine got it
+        self.open: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event | BaseException]]] = []
         self.loaded = loaded or threading.Event()
         self._ready = False
         self.info = ModelInfo(path=Path("scripted.gguf"), architecture="scripted", description="scripted 0M F32",
@@ -60,8 +64,14 @@ class ScriptedEngine:
         self.loaded.wait()  # the test decides when loading ends
         self._ready = True
 
-    def close(self) -> None:
+    def close(self, error: KineticError | None = None) -> None:
+        """Ends every open generation with `error`, as a real engine's unload does."""
         self.loaded.set()
+        failure = error or UnavailableError("the model was unloaded")
+        for loop, queue in self.open:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, failure)
+        self.open.clear()
 
     def require_ready(self) -> ModelInfo:
         if not self._ready:
@@ -85,6 +95,7 @@ class ScriptedEngine:
         return True
 
     async def submit(self, request: GenerationRequest) -> Generation:
+        self.requests.append(request)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         text = ""
         for step in self.script:
@@ -94,6 +105,9 @@ class ScriptedEngine:
             text += step
             queue.put_nowait(TextDelta(text=step, token_id=0))
         else:
+            if self.stall:
+                self.open.append((asyncio.get_running_loop(), queue))
+                return Generation(queue, lambda: None)
             n_prompt = len(request.prompt_tokens)
             queue.put_nowait(Finished(
                 finish_reason="stop", stop_type="eos", stopping_word="", text=text, tokens=[0] * len(self.script),
@@ -127,7 +141,7 @@ class ScriptedEngine:
         return [SlotState(id=0, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,
                           n_prompt_tokens_cache=0, n_decoded=0)]
 
-    def stats(self) -> EngineStats:
+    def stats(self, *, scrape: bool = False) -> EngineStats:
         return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
 
 

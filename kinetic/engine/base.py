@@ -20,7 +20,7 @@ from kinetic.engine.types import (
     SlotState,
     TextDelta,
 )
-from kinetic.errors import ServerError
+from kinetic.errors import KineticError, ServerError
 
 
 class Generation:
@@ -91,7 +91,9 @@ class Engine(Tokenizer, Protocol):
     def load(self) -> None:
         """Blocking: loads the model; called once from a worker thread."""
 
-    def close(self) -> None: ...
+    def close(self, error: KineticError | None = None) -> None:
+        """Unloads: every open request fails at once with `error` (default: the model was unloaded),
+        each waiting one too, and every count they held is given back."""
 
     def require_ready(self) -> ModelInfo:
         """The model's description; raises UnavailableError while it loads."""
@@ -129,7 +131,8 @@ class Engine(Tokenizer, Protocol):
     # state, for /slots and /metrics
     def slot_states(self) -> list[SlotState]: ...
 
-    def stats(self) -> EngineStats: ...
+    def stats(self, *, scrape: bool = False) -> EngineStats:
+        """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""
 
 
 async def submit_together(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:

@@ -62,7 +62,8 @@ class LlamaOptions:
     lazy_mode: str = "auto"  # off, auto, on
     kv_overrides: tuple[KvOverride, ...] = ()
     check_tensors: bool = False
-    repack: bool = True  # llama.cpp's use_extra_bufts
+    # llama.cpp's use_extra_bufts; off by default, unlike llama-server (see params.model_params)
+    repack: bool = False
     no_host: bool = False
     numa: str | None = None  # distribute, isolate, numactl
     special: bool = False  # generated special tokens show as text

@@ -19,7 +19,7 @@ from typing import Callable
 import anyio
 
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.errors import InvalidRequestError, NotFoundError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
 from kinetic.router.events import ModelEvents
 from kinetic.router.sources import ModelSpec
 from kinetic.service import Service
@@ -250,6 +250,8 @@ class ModelRegistry:
                 victim.open.set()
 
     async def unload(self, entry: ModelEntry) -> None:
+        """Unloads now, busy or not: its open streams end at once with a 503 error in their protocol's
+        way, its waiting requests get that error, and their counts are given back (docs/router.md)."""
         service, entry.service = entry.service, None
         entry.state = ModelState.UNLOADED
         if service is not None:
@@ -267,6 +269,12 @@ class ModelRegistry:
                     await self.load(entry)
                 except ServerError:
                     pass
+
+    async def end_streams(self, error: KineticError) -> None:
+        """Shutdown's end: every model's open streams and waiting requests fail with `error` now."""
+        for entry in list(self.entries.values()):
+            if entry.service is not None:
+                await anyio.to_thread.run_sync(entry.service.engine.close, error)
 
     def close(self) -> None:
         for entry in self.entries.values():

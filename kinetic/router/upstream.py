@@ -150,8 +150,9 @@ class UpstreamPool:
         return sorted((m for m in self.members if m.healthy), key=lambda m: m.outstanding)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
 
 class UpstreamEngine:
@@ -168,6 +169,8 @@ class UpstreamEngine:
         self._running = 0
         self._in_flight: dict[str, int] = {}
         self._loaded = False
+        self._streams: dict[asyncio.Task[None], asyncio.Queue[Event | BaseException]] = {}  # open answers
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop the answers run on
         self.info = ModelInfo(path=Path(specs[0].url), architecture="upstream", description=f"upstream {name}",
                               n_vocab=0, n_ctx_train=0, n_embd=0, n_params=0, size=0, vocab_type=0, bos_token="",
                               eos_token="", bos_id=-1, add_bos=False, chat_template=None, metadata={})
@@ -181,9 +184,38 @@ class UpstreamEngine:
         self.pool.check_now()
         self._loaded = True
 
-    def close(self) -> None:
+    def close(self, error: KineticError | None = None) -> None:
+        """Unloads (from any thread): every open answer fails with `error` and stops, every waiting
+        request gets it too, and the pool's HTTP client is closed."""
         self._loaded = False
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.pool.stop_watching()
+            return
+        failure = error or UnavailableError(f"model '{self.pool.name}' was unloaded")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._fail_open(failure)
+        else:
+            asyncio.run_coroutine_threadsafe(self._close_on_loop(failure), loop).result(timeout=10)
+
+    async def _close_on_loop(self, error: KineticError) -> None:
+        self._fail_open(error)
+
+    def _fail_open(self, error: KineticError) -> None:
+        """On the event loop: what close() ends."""
+        for task, queue in list(self._streams.items()):
+            queue.put_nowait(error)
+            task.cancel()
+        for client, turn in list(self._waiting.in_order()):
+            self._waiting.served(client, turn)
+            if not turn.done():
+                turn.set_exception(error)
         self.pool.stop_watching()
+        asyncio.get_running_loop().create_task(self.pool.close())  # its httpx client: one per pool
 
     def require_ready(self) -> ModelInfo:
         if not self._loaded:
@@ -241,7 +273,7 @@ class UpstreamEngine:
     def slot_states(self) -> list[SlotState]:
         return []
 
-    def stats(self) -> EngineStats:
+    def stats(self, *, scrape: bool = False) -> EngineStats:
         return EngineStats(counters={}, requests_processing=self._running, requests_deferred=len(self._waiting),
                            deferred_by_client=self._waiting.counts())
 
@@ -263,6 +295,7 @@ class UpstreamEngine:
             self.shared_in_flight.leave(client)
 
     async def _take_turn(self, client: str) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._running < self.n_slots and not self._waiting:
             self._running += 1
             return
@@ -316,13 +349,21 @@ class UpstreamEngine:
                                              f"{exc or type(exc).__name__}"))
             except KineticError as exc:
                 queue.put_nowait(exc)
-            finally:
-                await response.aclose()
-                member.outstanding -= 1
-                self._end_turn()
-                self._uncount(client)
 
-        task = asyncio.get_running_loop().create_task(pump())
+        def give_back(task: asyncio.Task[None]) -> None:
+            # A done callback, not the pump's `finally`: a pump cancelled before it ever ran (the
+            # second prompt of a list refused with 429) never reaches its `finally`.
+            self._streams.pop(task, None)
+            loop.create_task(response.aclose())
+            member.outstanding -= 1
+            self._end_turn()
+            self._uncount(client)
+
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(pump())
+        self._streams[task] = queue
+        self._loop = loop
+        task.add_done_callback(give_back)
         return Generation(queue, task.cancel)
 
     async def _open(self, route: str, payload: dict[str, Any], *,

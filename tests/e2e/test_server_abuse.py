@@ -77,3 +77,15 @@ def test_disconnect_before_body_runs_nothing(target: object) -> None:
     assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
     after = engine_counters(url)
     assert after == before and after["llamacpp:requests_processing"] == 0  # no prompt reached the engine
+
+
+def test_the_role_walk_on_a_keyed_server(model_lock: None, live_server: KineticServer, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-alice alice\nsk-bob bob\n", encoding="utf-8")
+    with KineticServer("-c", "1024", "-np", "1", "--metrics", "--api-key-file", str(keys), "--admin-key", "sk-teacher",
+                       "--slot-save-path", str(tmp_path / "slots"), "--ui-mcp-proxy") as server:
+        target = abuse.Target(server.url, student_key="sk-alice", admin_key="sk-teacher")
+        refused, allowed, walked = abuse.role_walk(target)
+        assert abuse.healthy(target)
+    print(f"role walk: {refused} of {walked} routes refused to a student, {allowed} allowed to the admin")
+    assert refused == 7 and allowed == walked

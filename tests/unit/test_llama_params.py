@@ -25,7 +25,7 @@ def test_without_flags_the_params_are_llama_cpps_defaults() -> None:
     default = llama_cpp.llama_model_default_params()
     for name in ("n_gpu_layers", "split_mode", "main_gpu", "load_mode", "lazy_mode", "check_tensors", "no_host"):
         assert getattr(built, name) == getattr(default, name), name
-    assert built.use_extra_bufts == (default.use_extra_bufts and not params.cpu_has_amx())
+    assert not built.use_extra_bufts  # kinetic's default, unlike llama.cpp's (params.model_params)
     assert not built.kv_overrides and not built.tensor_split
     ctx = context_params(LlamaOptions(), n_ctx=1024, n_batch=2048, n_ubatch=512, n_seq_max=4, n_threads=2,
                          kv_unified=False)
@@ -149,6 +149,6 @@ def test_list_devices_prints_and_exits(capsys: pytest.CaptureFixture[str]) -> No
 def test_on_a_cpu_with_amx_the_weights_stay_off_the_extra_buffer_types(monkeypatch: pytest.MonkeyPatch) -> None:
     """ggml's AMX kernels crash the natively built llama.cpp on the bundled Gemma (model_params)."""
     monkeypatch.setattr(params, "cpu_has_amx", lambda: True)
-    assert not model_params(LlamaOptions()).params.use_extra_bufts
+    assert not model_params(LlamaOptions(repack=True)).params.use_extra_bufts
     monkeypatch.setattr(params, "cpu_has_amx", lambda: False)
-    assert model_params(LlamaOptions()).params.use_extra_bufts
+    assert model_params(LlamaOptions(repack=True)).params.use_extra_bufts

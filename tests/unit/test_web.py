@@ -10,12 +10,13 @@ from fastapi.testclient import TestClient
 
 from kinetic.app import create_app
 from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.roles import require_admin
 from kinetic.classroom.stats import UNKNOWN, ClassStats, name_of
 from kinetic.engine.llama import LlamaEngine
 from kinetic.errors import ForbiddenError, UnauthorizedError
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
-from kinetic.web.routes import OLLAMA_TEXT, require_admin, wants_html
+from kinetic.web.routes import OLLAMA_TEXT, wants_html
 
 CHROME_ACCEPT = ("text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,"
                  "*/*;q=0.8,application/signed-exchange;v=b3;q=0.7")
@@ -83,7 +84,7 @@ def key_file(tmp_path: Path, text: str) -> Path:
 
 def check(ring: KeyRing, key: str | None) -> type[Exception] | None:
     try:
-        require_admin(ring, {"authorization": f"Bearer {key}"} if key else {})
+        require_admin(ring, key or "")
     except (UnauthorizedError, ForbiddenError) as exc:
         return type(exc)
     return None

@@ -26,6 +26,7 @@ from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInf
 from kinetic.errors import (
     ContextOverflowError,
     InvalidRequestError,
+    KineticError,
     ModelLoadError,
     NotSupportedError,
     UnavailableError,
@@ -98,6 +99,7 @@ class LlamaEngine:
         self.cache_ram_mib = cache_ram_mib
         self.ctx_checkpoints = ctx_checkpoints
         self.pooling = pooling  # None: the model's own (mean when it declares none)
+        self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
         self.verbose = verbose
@@ -132,8 +134,12 @@ class LlamaEngine:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
         if self.embeddings_enabled:
-            self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
-                                                decode_lock=self._decode_lock, pooling=self.pooling)
+            try:
+                self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
+                                                    decode_lock=self._decode_lock, pooling=self.pooling)
+            except BaseException:
+                scheduler.close()  # its context and decode thread go with the failed load
+                raise
         _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
         self.slot_n_ctx = scheduler.slot_n_ctx
@@ -150,10 +156,13 @@ class LlamaEngine:
         self.slot_n_ctx = self._embeddings.n_ctx
         self._model = model
 
-    def close(self) -> None:
-        """Stops the decode thread and lets llama.cpp free the contexts and weights (an LRU unload)."""
+    def close(self, error: KineticError | None = None) -> None:
+        """Stops the decode thread and lets llama.cpp free the contexts and weights (an unload, or the
+        server's shutdown): every open request fails at once with `error` (default: the model was
+        unloaded), in its protocol's way."""
+        self._closed = True
         if self._scheduler is not None:
-            self._scheduler.close()
+            self._scheduler.close(error)
         self._scheduler = None
         self._embeddings = None
         self._model = None
@@ -210,6 +219,8 @@ class LlamaEngine:
 
     def _scheduler_or_fail(self) -> Scheduler:
         scheduler = self._scheduler
+        if scheduler is None and self._closed:
+            raise UnavailableError(f"the model {self.model_path.name} was unloaded")
         if scheduler is None:
             raise InvalidRequestError(f"{self.model_path.name} is an embedding model: it does not generate text "
                                       "(use /v1/embeddings)", param="model")
@@ -299,7 +310,10 @@ class LlamaEngine:
     def slot_states(self) -> list[SlotState]:
         return [slot.state() for slot in self._scheduler.slots] if self._scheduler else []
 
-    def stats(self) -> EngineStats:
+    def stats(self, *, scrape: bool = False) -> EngineStats:
+        """The engine's counters and gauges. The rate gauges cover the time since the previous
+        `scrape` (GET /metrics, as llama-server's do): other readers (the dashboard, the router,
+        the digest) leave that baseline alone."""
         scheduler = self._scheduler
         if scheduler is None:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
@@ -309,7 +323,8 @@ class LlamaEngine:
                 counters[name] = counters.get(name, 0) + value
         # llama-server's rate gauges cover the time since the previous scrape
         delta = {name: counters.get(name, 0.0) - before for name, before in self._scrape.items()}
-        self._scrape = {name: counters.get(name, 0.0) for name in self._scrape}
+        if scrape:
+            self._scrape = {name: counters.get(name, 0.0) for name in self._scrape}
         gauges = {
             "prompt_tokens_seconds": delta["prompt_tokens_total"] / delta["prompt_seconds_total"]
             if delta["prompt_seconds_total"] > 0 else 0.0,

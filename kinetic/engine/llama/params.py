@@ -56,10 +56,13 @@ def model_params(options: LlamaOptions) -> ModelParams:
     params.load_mode = LOAD_MODES[options.load_mode]
     params.lazy_mode = LAZY_MODES[options.lazy_mode]
     params.check_tensors = options.check_tensors
-    # llama-cpp-python compiles llama.cpp for the machine it is installed on; on a CPU with AMX, ggml's AMX
-    # kernels (one of the extra buffer types) crash the process on the bundled Gemma's first decode
-    # (SIGSEGV in ggml_backend_amx_mul_mat, measured on a Xeon with amx_int8): there the weights stay
-    # on the AVX kernels, as llama-server's --no-repack does.
+    # Off unless --repack (llama-server's default is on). The repacked kernels compute a row of a many-row
+    # batch (a prompt) in another order than a one-row batch (a re-evaluated last prompt token, a decode
+    # step), so a request whose prompt came from the cache could get other logits than fresh and part
+    # ways at a near tie; the plain kernels compute each row alike. And llama-cpp-python compiles llama.cpp
+    # for the machine it is installed on: on a CPU with AMX, ggml's AMX kernels (also an extra buffer type)
+    # crash the process on the bundled Gemma's first decode (SIGSEGV in ggml_backend_amx_mul_mat), so
+    # there --repack stays off too.
     params.use_extra_bufts = options.repack and not cpu_has_amx()
     params.no_host = options.no_host
     if options.tensor_split:

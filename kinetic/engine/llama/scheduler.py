@@ -59,7 +59,7 @@ from kinetic.engine.types import (
     TokenLogprob,
     Usage,
 )
-from kinetic.errors import InvalidRequestError, RateLimitError, ServerError
+from kinetic.errors import InvalidRequestError, KineticError, RateLimitError, ServerError, UnavailableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -160,6 +160,7 @@ class Scheduler:
         self._outbox: list[tuple[Job, Event | BaseException]] = []
         self._prompt_turn = 0
         self._stopping = False
+        self._closed_error: KineticError = UnavailableError("the model was unloaded")
         self._use_counter = itertools.count(1)
         self._task_ids = itertools.count()
         self._group_ids = itertools.count()
@@ -176,6 +177,8 @@ class Scheduler:
             for job in jobs:
                 job.group = group
         with self._cv:
+            if self._stopping:  # raced an unload: the model is gone
+                raise self._closed_error
             wanted: dict[str, int] = {}
             for job in jobs:
                 wanted[job.request.client] = wanted.get(job.request.client, 0) + 1
@@ -230,17 +233,38 @@ class Scheduler:
 
     @property
     def n_deferred(self) -> int:
-        return len(self._pending)
+        with self._cv:  # the decode thread changes the queue
+            return len(self._pending)
 
     def deferred_by_client(self) -> dict[str, int]:
         with self._cv:
             return self._pending.counts()
 
-    def close(self) -> None:
+    def close(self, error: KineticError | None = None) -> None:
+        """Stops the decode thread. Every request it holds, running or waiting, fails at once with
+        `error` (default: the model was unloaded) and gives back its count: the decode thread may be
+        inside a long prompt step, and its streams must not wait for it."""
         with self._cv:
             self._stopping = True
+            if error is not None:
+                self._closed_error = error
+            for job in [s.job for s in self.slots if s.job is not None] + [job for _, job in self._pending.in_order()]:
+                self._fail_now(job, self._closed_error)
             self._cv.notify_all()
         self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            log.error("the decode thread did not stop within 10 s (a llama_decode still running)")
+
+    def _fail_now(self, job: Job, error: KineticError) -> None:
+        """From any thread, under the lock: `job` gets `error` now and its count back; the decode thread
+        frees its slot (if it had one) at its next step, as for a cancelled job."""
+        if job.done:
+            return
+        job.done = job.cancelled = True
+        job.inbox.put([(job, error)])
+        if self._pending.remove(job):
+            job.sampler.close()
+        self._uncount(job)
 
     # ------------------------------------------------------------ the decode thread
 
@@ -249,20 +273,30 @@ class Scheduler:
             with self._cv:
                 while not self._stopping and not self._pending and not any(s.job for s in self.slots):
                     self._cv.wait()
-                if self._stopping:
+                if self._stopping:  # close() has failed every job; free what the slots still hold
+                    for slot in self.slots:
+                        if slot.job is not None:
+                            self._release(slot)
                     return
-                self._assign_pending()
+            # Nothing may kill the only decode thread: a failure is logged, the requests it touched
+            # fail, and the others go on.
             try:
+                with self._cv:
+                    self._assign_pending()
                 with self.decode_lock:
                     self._step()
-            except Exception as exc:  # a bug must not kill the only decode thread silently
+            except Exception as exc:
                 log.exception("decode step failed")
                 for slot in self.slots:
                     if slot.job is not None:
                         self._emit(slot.job, ServerError(f"generation failed: {exc}"))
                         self._forget_cache(slot)
                         self._release(slot)
-            self._flush()
+            try:
+                self._flush()
+            except Exception:
+                log.exception("delivering a step's events failed")
+                self._outbox = []
 
     def _emit(self, job: Job, event: Event | BaseException) -> None:
         self._outbox.append((job, event))
@@ -289,7 +323,17 @@ class Scheduler:
                     prompt = job.request.prompt_tokens
                     slot = max(idle, key=lambda s: (self._usable_prefix(s.tokens, prompt), -s.last_used))
                     self._pending.served(client, job)
-                    self._start(slot, job)
+                    try:
+                        self._start(slot, job)
+                    except Exception as exc:  # e.g. a host-cache copy: this job fails, the slot stays usable
+                        log.exception("starting a request on slot %d failed", slot.id)
+                        self._emit(job, ServerError(f"generation failed to start: {exc}"))
+                        if slot.job is job:
+                            self._release(slot)
+                        else:
+                            job.sampler.close()
+                            self._uncount(job)
+                        self._forget_cache(slot)
                     break
             else:
                 return  # every waiting job wants a busy slot

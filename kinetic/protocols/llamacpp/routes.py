@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from kinetic import __version__
+from kinetic import __version__, slot_folder
+from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.roles import Role
 from kinetic.deps import RegistryDep, ServiceDep, model_service
 from kinetic.engine.base import submit_together
 from kinetic.engine.types import GenerationRequest
@@ -92,14 +93,21 @@ async def set_props(service: ServiceDep) -> dict[str, Any]:
     return {"success": True}  # as in llama-server, no property is changeable yet
 
 
+def _viewer(request: Request) -> str | None:
+    """None for the admin (who sees every client), else the caller's own name (classroom/roles.py)."""
+    if getattr(request.state, "role", Role.ADMIN) is Role.ADMIN:
+        return None
+    return CLIENT.get()
+
+
 @router.get("/slots")
-async def get_slots(service: ServiceDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
+async def get_slots(request: Request, service: ServiceDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
     if not service.settings.slots:
         raise NotSupportedError("This server does not support slots endpoint. Start it with `--slots`")
     states = service.engine.slot_states()
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
-    return translate.slots(states, service.engine.slot_n_ctx)
+    return translate.slots(states, service.engine.slot_n_ctx, viewer=_viewer(request))
 
 
 @router.post("/slots/{id_slot}")
@@ -120,16 +128,22 @@ async def slot_action(id_slot: str, request: Request, service: ServiceDep, actio
     except ValueError:  # not JSON, or a filename that is not a string
         raise InvalidRequestError("Invalid filename", param="filename") from None
     filename = translate.slot_filename(body.filename)
-    path = Path(service.settings.slot_save_path) / filename
-    run = engine.slot_save if action == "save" else engine.slot_restore
-    return translate.slot_file(action, await anyio.to_thread.run_sync(run, slot, path), filename)
+    folder = service.settings.slot_save_path
+    path = slot_folder.slot_path(folder, filename)
+    if action == "restore":
+        return translate.slot_file(action, await anyio.to_thread.run_sync(engine.slot_restore, slot, path), filename)
+    cap = service.settings.slot_save_max
+    await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap)  # already full: nothing is written
+    result = await anyio.to_thread.run_sync(engine.slot_save, slot, path)
+    await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap, path)
+    return translate.slot_file(action, result, filename)
 
 
 @router.get("/metrics")
-async def get_metrics(service: ServiceDep) -> Response:
+async def get_metrics(request: Request, service: ServiceDep) -> Response:
     if not service.settings.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    response = PlainTextResponse(translate.metrics_text(service.engine.stats()),
+    response = PlainTextResponse(translate.metrics_text(service.engine.stats(scrape=True), viewer=_viewer(request)),
                                  media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(service.started).encode()))

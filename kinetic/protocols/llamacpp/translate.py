@@ -317,19 +317,22 @@ def lora_scales(body: Any) -> dict[int, float]:
     return scales
 
 
-def slots(states: list[SlotState], n_ctx: int) -> list[dict[str, Any]]:
-    """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts)."""
+def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None) -> list[dict[str, Any]]:
+    """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts).
+    A student (`viewer`, their name) sees whose request and its settings only on their own slots:
+    of the others' only that they are busy and the counts (the admin, `viewer` None, sees all)."""
     result = []
     for slot in states:
         entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
                                  "is_processing": slot.is_processing}
-        if slot.is_processing:
+        own = viewer is None or (slot.is_processing and slot.client == viewer)
+        if slot.is_processing and own:
             entry["key"] = slot.client  # whose request it is: a key's name, never the key
         if slot.used:
             entry.update(id_task=slot.id_task, n_prompt_tokens=slot.n_prompt_tokens,
                          n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
                          n_prompt_tokens_cache=slot.n_prompt_tokens_cache)
-            if slot.request is not None:
+            if slot.request is not None and own:
                 entry["params"] = generation_settings(slot.request, short=True)
             entry["next_token"] = [{"has_next_token": slot.is_processing, "has_new_line": False, "n_remain": -1,
                                     "n_decoded": slot.n_decoded}]
@@ -379,7 +382,8 @@ GAUGES = (
 )
 
 
-def metrics_text(stats: EngineStats) -> str:
+def metrics_text(stats: EngineStats, *, viewer: str | None = None) -> str:
+    """Prometheus text. The per-key lines show a student (`viewer`) their own line only."""
     values: dict[str, float] = {**stats.counters, **stats.gauges, "requests_processing": stats.requests_processing,
                                 "requests_deferred": stats.requests_deferred}
     lines = []
@@ -391,6 +395,8 @@ def metrics_text(stats: EngineStats) -> str:
     lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
               "# TYPE llamacpp:requests_deferred_by_key gauge"]
     for client, count in sorted(stats.deferred_by_client.items()):
+        if viewer is not None and client != viewer:
+            continue
         label = client.replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'llamacpp:requests_deferred_by_key{{key="{label}"}} {count}')
     return "\n".join(lines) + "\n"

@@ -1,0 +1,235 @@
+"""Faults a real model cannot be made to produce on demand, on the real app served by uvicorn over the
+scripted engine (tests/scripted.py): an engine that fails or is closed mid-stream ends each protocol's
+stream its own way within a second; and the listed bugs of issue 22, each with its test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+import pytest
+
+from kinetic.classroom.identity import CLIENT
+from kinetic.engine.base import submit_together
+from kinetic.engine.inflight import InFlight
+from kinetic.errors import RateLimitError, ServerError, UnavailableError
+from kinetic.router.sources import UpstreamSpec
+from kinetic.router.upstream import ForwardRequest, UpstreamEngine
+from kinetic.service import Service, read_model_file
+from kinetic.settings import ServerSettings
+from kinetic.streaming import merge_frames
+from tests.scripted import ScriptedEngine, ScriptedServer
+
+CHAT = [{"role": "user", "content": "hi"}]
+# Each protocol's streamed request, and the last lines its stream ends with when it fails.
+STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "openai": ("/v1/chat/completions", {"messages": CHAT, "stream": True}),
+    "anthropic": ("/v1/messages", {"model": "m", "messages": CHAT, "max_tokens": 8, "stream": True}),
+    "responses": ("/v1/responses", {"input": "hi", "stream": True}),
+    "ollama": ("/api/chat", {"model": "m", "messages": CHAT, "stream": True}),
+}
+
+
+def loaded_engine(script: list[Any], **kwargs: Any) -> ScriptedEngine:
+    loaded = threading.Event()
+    loaded.set()
+    return ScriptedEngine(script, loaded=loaded, **kwargs)
+
+
+def error_of(protocol: str, lines: list[str]) -> str:
+    """The error a failed stream ended with, checked to be that protocol's own ending."""
+    if protocol == "openai":
+        assert lines[-1] == "data: [DONE]", lines
+        return json.loads(lines[-2].removeprefix("data: "))["error"]["message"]
+    if protocol in ("anthropic", "responses"):
+        assert lines[-2] == "event: error", lines
+        body = json.loads(lines[-1].removeprefix("data: "))
+        return body["error"]["message"] if protocol == "anthropic" else body["message"]
+    return json.loads(lines[-1])["error"]
+
+
+def read_stream(url: str, protocol: str, opened: threading.Event | None = None) -> tuple[list[str], float]:
+    path, body = STREAMS[protocol]
+    lines: list[str] = []
+    with httpx.stream("POST", url + path, json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.strip():
+                lines.append(line)
+                if opened is not None and len(lines) >= 2:
+                    opened.set()
+    return lines, time.monotonic()
+
+
+@pytest.mark.parametrize("protocol", list(STREAMS))
+def test_an_engine_error_mid_stream_ends_the_stream_in_the_protocols_way(protocol: str) -> None:
+    engine = loaded_engine(["Hel", "lo", ServerError("generation failed: llama_decode failed")])
+    with ScriptedServer(engine, alias="m") as server:
+        lines, _ = read_stream(server.url, protocol)
+        assert "llama_decode failed" in error_of(protocol, lines)
+        assert httpx.get(server.url + "/health").status_code == 200  # still serving
+
+
+@pytest.mark.parametrize("protocol", list(STREAMS))
+def test_closing_the_engine_ends_an_open_stream_within_a_second(protocol: str) -> None:
+    engine = loaded_engine(["Hel", "lo"], stall=True)
+    with ScriptedServer(engine, alias="m") as server:
+        opened = threading.Event()
+        result: dict[str, Any] = {}
+        reader = threading.Thread(target=lambda: result.update(zip(("lines", "ended"),
+                                                                   read_stream(server.url, protocol, opened))))
+        reader.start()
+        assert opened.wait(10)
+        closed = time.monotonic()
+        engine.close(UnavailableError("the model was unloaded"))
+        reader.join(10)
+        assert result["ended"] - closed < 1.0
+        assert "unloaded" in error_of(protocol, result["lines"])
+
+
+def test_merge_frames_closes_while_its_streams_are_running() -> None:
+    """A client leaving a list of prompts closes the merge while each pump is inside its stream:
+    aclose() on such a generator raised RuntimeError (asynchronous generator is already running)."""
+    closed: list[int] = []
+
+    async def slow(index: int) -> AsyncIterator[bytes]:
+        try:
+            yield f"{index}-first".encode()
+            await asyncio.sleep(60)
+            yield b"never"
+        finally:
+            closed.append(index)
+
+    async def leave_early() -> None:
+        merged = merge_frames([slow(0), slow(1)])
+        assert (await merged.__anext__()).endswith(b"first")
+        await asyncio.sleep(0.05)  # both pumps are now waiting inside their streams
+        await merged.aclose()
+
+    asyncio.run(leave_early())
+    assert sorted(closed) == [0, 1]
+
+
+def test_a_failed_digest_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    service = Service.create(ServerSettings(), loaded_engine([]), "scripted")
+    service.engine.load()
+    calls: list[int] = []
+
+    def flaky(path: Path, busy: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk hiccup")
+        return "digest"
+
+    monkeypatch.setattr("kinetic.service.read_model_file", flaky)
+
+    async def twice() -> list[Any]:
+        results: list[Any] = []
+        for _ in range(2):
+            try:
+                results.append(await service.model_file())
+            except OSError as exc:
+                results.append(exc)
+        return results
+
+    first, second = asyncio.run(twice())
+    assert isinstance(first, OSError) and second == "digest"  # answered once the read works again
+
+
+def test_hashing_goes_on_while_the_engine_is_busy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KINETIC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\0" * (3 << 20))
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (read_model_file(model, busy=lambda: True), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(5), "hashing waited for an engine that is always busy (a class under load)"
+
+
+def test_infill_carries_the_clients_name(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-alice alice\n", encoding="utf-8")
+    engine = loaded_engine(["x"])
+    engine.info = replace(engine.info, fim_tokens={"pre": 1, "suf": 2, "mid": 3})
+    with ScriptedServer(engine, api_key_file=str(keys)) as server:
+        answer = httpx.post(server.url + "/infill", headers={"Authorization": "Bearer sk-alice"},
+                            json={"input_prefix": "def f(", "input_suffix": ")", "n_predict": 4})
+        assert answer.status_code == 200, answer.text
+    assert [r.client for r in engine.requests] == ["alice"]  # not one shared bucket for fairness and limits
+
+
+# ------------------------------------------------------------------------------ an upstream engine
+
+@pytest.fixture()
+def upstream_url() -> Any:
+    """The real app over a scripted engine that keeps each answer open: an upstream to forward to."""
+    with ScriptedServer(loaded_engine(["a", "b"], stall=True), alias="m") as server:
+        yield server.url + "/v1"
+
+
+def upstream_engine(url: str, **kwargs: Any) -> UpstreamEngine:
+    engine = UpstreamEngine("remote", (UpstreamSpec(url=url, model="m"),), connections_per_member=4,
+                            fair_share=True, max_in_flight_per_client=0, **kwargs)
+    engine.load()
+    return engine
+
+
+def forward(client: str) -> ForwardRequest:
+    return ForwardRequest(prompt_tokens=[], client=client,
+                          payload={"model": "m", "messages": CHAT, "stream": True})
+
+
+def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str) -> None:
+    """The second prompt of a list refused with 429 cancels the first one's pump before it ever ran;
+    its cleanup must still give back the turn, the HTTP response and the key's count."""
+    in_flight = InFlight(1)
+    engine = upstream_engine(upstream_url, in_flight=in_flight)
+
+    async def refused_list() -> None:
+        CLIENT.set("alice")
+        with pytest.raises(RateLimitError):
+            await submit_together(engine, [forward("alice"), forward("alice")])
+        await asyncio.sleep(0.2)  # the cancelled pump's cleanup
+        assert in_flight.counts() == {} and engine.stats().requests_processing == 0
+        assert [m.outstanding for m in engine.pool.members] == [0]
+        for _ in range(5):  # more lists than connections: none waits forever
+            with pytest.raises(RateLimitError):
+                await asyncio.wait_for(submit_together(engine, [forward("alice"), forward("alice")]), 5)
+        engine.close()
+
+    asyncio.run(refused_list())
+
+
+def test_closing_an_upstream_engine_ends_its_streams_fails_the_waiting_and_closes_its_client(
+        upstream_url: str) -> None:
+    engine = UpstreamEngine("remote", (UpstreamSpec(url=upstream_url, model="m"),), connections_per_member=1,
+                            fair_share=True, max_in_flight_per_client=0)
+    engine.load()
+
+    async def close_mid_stream() -> None:
+        running = await engine.submit(forward("alice"))
+        waiting = asyncio.ensure_future(engine.submit(forward("bob")))  # the one connection is taken
+        events = running.events()
+        await events.__anext__()
+        await asyncio.sleep(0.1)
+        assert engine.stats().requests_deferred == 1
+        client = engine.pool.client
+        closed = time.monotonic()
+        engine.close(UnavailableError("model 'remote' was unloaded"))
+        with pytest.raises(UnavailableError):
+            async for _ in events:
+                pass
+        with pytest.raises(UnavailableError):
+            await waiting
+        assert time.monotonic() - closed < 1.0
+        await asyncio.sleep(0.1)
+        assert client.is_closed  # UpstreamPool.close, at last
+        assert engine.stats().requests_processing == 0 and engine.stats().requests_deferred == 0
+
+    asyncio.run(close_mid_stream())

@@ -94,3 +94,26 @@ def whose(others: list[Record]) -> str:
     first = others[0]
     owner = first.get("client") or "a caller without a valid key"
     return f"these numbers are those of {describe_record(first)}, a request of {owner}"
+
+
+def author_ledger(ledger: "StudentLedger | None") -> "StudentLedger":
+    """The deliverable author's part of the ledger; a Failure when the ledger knows no such student."""
+    from kinetic.grading.checks import Failure
+
+    assert ledger is not None
+    if ledger.name is None:
+        raise Failure(f"no request of {ledger.who()}",
+                      "write your name as in the class key file on a line 'Name: ...', or name the file after it")
+    return ledger
+
+
+def timing(record: Record, key: str) -> float | None:
+    """One of a request's `timings` numbers, as the ledger recorded it."""
+    timings = record.get("timings")
+    value = timings.get(key) if isinstance(timings, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def printed_alike(value: float | None, pasted: float) -> bool:
+    """The server's number printed with one decimal, as the lab scripts print it, equals the pasted one."""
+    return value is not None and f"{value:.1f}" == f"{pasted:.1f}"

@@ -23,7 +23,14 @@ from typing import Any
 
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip, Unchecked
 from kinetic.grading.deliverable import Deliverable
-from kinetic.grading.ledger_view import Record, StudentLedger, describe_record, whose
+from kinetic.grading.ledger_view import (
+    Record,
+    author_ledger,
+    describe_record,
+    printed_alike,
+    timing,
+    whose,
+)
 
 lab = Lab("lab-04-02", "OpenAI-compatible clients", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
@@ -317,25 +324,6 @@ def answer_names_lines(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------
 # Against the class server's ledger: every number is a request of this student
 
-def _ledger(ctx: Context) -> StudentLedger:
-    assert ctx.ledger is not None
-    if ctx.ledger.name is None:
-        raise Failure(f"no request of {ctx.ledger.who()}",
-                      "write your name as in the class key file on a line 'Name: ...', or name the file after it")
-    return ctx.ledger
-
-
-def _timing(record: Record, key: str) -> float | None:
-    timings = record.get("timings")
-    value = timings.get(key) if isinstance(timings, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _printed(value: float | None, pasted: float) -> bool:
-    """The server's number printed with one decimal, as the scripts print it, equals the pasted one."""
-    return value is not None and f"{value:.1f}" == f"{pasted:.1f}"
-
-
 def _chat_ok(record: Record, *, stream: bool) -> bool:
     return record.get("route") in CHAT_ROUTES and record.get("status") == 200 and bool(record.get("stream")) == stream
 
@@ -343,16 +331,16 @@ def _chat_ok(record: Record, *, stream: bool) -> bool:
 def _full_numbers(run: FullRun, record: Record) -> bool:
     return (_chat_ok(record, stream=False) and record.get("prompt_tokens") == run.prompt
             and record.get("completion_tokens") == run.completion and record.get("finish_reason") == run.finish_reason
-            and _timing(record, "cache_n") == run.cache_n
-            and _printed(_timing(record, "prompt_per_second"), run.prompt_tps)
-            and _printed(_timing(record, "predicted_per_second"), run.generation_tps))
+            and timing(record, "cache_n") == run.cache_n
+            and printed_alike(timing(record, "prompt_per_second"), run.prompt_tps)
+            and printed_alike(timing(record, "predicted_per_second"), run.generation_tps))
 
 
 @lab.check(points=2, needs="ledger")
 def chat_py_in_ledger(ctx: Context) -> str:
     """chat.py's usage and server lines are one of your requests in the ledger, number for number,
     and it took the server no longer than chat.py's own clock says."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     matched = []
     for run in _full_runs(ctx):
         record, others = ledger.find(lambda r: _full_numbers(run, r) and r.get("duration_s", 0) <= run.seconds + 0.05)
@@ -371,7 +359,7 @@ def chat_py_in_ledger(ctx: Context) -> str:
 def stream_in_ledger(ctx: Context) -> str:
     """chat.py --stream's line is one of your streamed requests: same chunk count, and the server's
     first chunk and end come no later than the client's TTFT and total."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     runs = outputs(ctx).stream
     if not runs:
         raise Skip("chat.py --stream's line is missing (see outputs_present)")
@@ -391,15 +379,15 @@ def stream_in_ledger(ctx: Context) -> str:
 @lab.check(needs="ledger")
 def chat_mjs_in_ledger(ctx: Context) -> str:
     """chat.mjs's [N token, X t/s] lines are your requests: the same predicted_n and speed in their timings."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     lines = outputs(ctx).tokens
     if not lines:
         raise Skip("chat.mjs's line is missing (see outputs_present)")
     matched = []
     for line in lines:
         record, others = ledger.find(lambda r: r.get("route") in CHAT_ROUTES and r.get("status") == 200
-                                     and _timing(r, "predicted_n") == line.tokens
-                                     and _printed(_timing(r, "predicted_per_second"), line.tps))
+                                     and timing(r, "predicted_n") == line.tokens
+                                     and printed_alike(timing(r, "predicted_per_second"), line.tps))
         if record is None:
             raise Failure(f"no request of {ledger.name} matches {line.line}: {whose(others)}",
                           "run node chat.mjs (with the Authorization header and your key) and paste its output")
@@ -410,7 +398,7 @@ def chat_mjs_in_ledger(ctx: Context) -> str:
 @lab.check(needs="ledger", optional=True)
 def error_401_in_ledger(ctx: Context) -> str:
     """the ledger holds the rejected request (401) behind your error line, from an address you used."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     if outputs(ctx).error_line is None:
         raise Skip("the 401 line is missing (see outputs_present)")
     if all(r.get("auth") == "open" for r in ledger.view.records):

@@ -25,7 +25,15 @@ from typing import Any
 
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip, Unchecked
 from kinetic.grading.deliverable import Deliverable
-from kinetic.grading.ledger_view import Record, StudentLedger, describe_record, whose
+from kinetic.grading.ledger_view import (
+    Record,
+    StudentLedger,
+    author_ledger,
+    describe_record,
+    printed_alike,
+    timing,
+    whose,
+)
 from kinetic.grading.schema import UnsupportedSchema, schema_errors
 
 lab = Lab("lab-04-03", "Structured output and tool calls", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
@@ -433,32 +441,14 @@ def answer_explains(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------
 # Against the class server's ledger
 
-def _ledger(ctx: Context) -> StudentLedger:
-    assert ctx.ledger is not None
-    if ctx.ledger.name is None:
-        raise Failure(f"no request of {ctx.ledger.who()}",
-                      "write your name as in the class key file on a line 'Name: ...', or name the file after it")
-    return ctx.ledger
-
-
-def _timing(record: Record, key: str) -> float | None:
-    timings = record.get("timings")
-    value = timings.get(key) if isinstance(timings, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _printed(value: float | None, pasted: float) -> bool:
-    return value is not None and f"{value:.1f}" == f"{pasted:.1f}"
-
-
 def _record_of(ledger: StudentLedger, run: Run) -> Record:
     """The student's request behind a run: same id, same numbers, no longer than the script's clock."""
     def same(r: Record) -> bool:
         return (r.get("id") == run.id and r.get("route") in CHAT_ROUTES and r.get("status") == 200
                 and r.get("prompt_tokens") == run.prompt and r.get("completion_tokens") == run.completion
-                and r.get("finish_reason") == run.finish_reason and _timing(r, "cache_n") == run.cache_n
-                and _printed(_timing(r, "prompt_per_second"), run.prompt_tps)
-                and _printed(_timing(r, "predicted_per_second"), run.generation_tps)
+                and r.get("finish_reason") == run.finish_reason and timing(r, "cache_n") == run.cache_n
+                and printed_alike(timing(r, "prompt_per_second"), run.prompt_tps)
+                and printed_alike(timing(r, "predicted_per_second"), run.generation_tps)
                 and float(r.get("duration_s") or 0) <= run.seconds + 0.05)
     record = next((r for r in ledger.mine if same(r)), None)
     if record is None:
@@ -480,7 +470,7 @@ def _content(record: Record) -> tuple[Any, Any]:
 def runs_in_ledger(ctx: Context) -> str:
     """every pasted run ([id=...] and its two lines) is one of your requests, number for number, and it
     took the server no longer than the script's own clock says."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     runs = outputs(ctx).runs
     if not runs:
         raise Skip("no [id=...] run is pasted (see outputs_present)")
@@ -491,7 +481,7 @@ def runs_in_ledger(ctx: Context) -> str:
 def schema_answer_in_ledger(ctx: Context) -> str:
     """structured.py's answer is the server's answer to your request, and it satisfies the schema that
     request sent."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     answers = [(value, run) for value, run in outputs(ctx).schema if run is not None]
     if not answers:
         raise Skip("structured.py's output is missing (see outputs_present)")
@@ -524,7 +514,7 @@ def schema_answer_in_ledger(ctx: Context) -> str:
 @lab.check(points=2, needs="ledger")
 def tool_call_in_ledger(ctx: Context) -> str:
     """the tool result request carries the id of the call the server made in your forced request."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     trips = [(run, sent, answer) for run, sent, answer in outputs(ctx).round_trips if answer is not None]
     if not trips:
         raise Skip("tools.py's output is missing (see outputs_present)")
@@ -550,7 +540,7 @@ def tool_call_in_ledger(ctx: Context) -> str:
 @lab.check(needs="ledger")
 def grammar_in_ledger(ctx: Context) -> str:
     """the /completion answer is one of your requests, with the same timings to the last digit."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     answers = outputs(ctx).grammar
     if not answers:
         raise Skip("the /completion output is missing (see outputs_present)")
@@ -569,7 +559,7 @@ def grammar_in_ledger(ctx: Context) -> str:
 @lab.check(needs="ledger")
 def error_400_in_ledger(ctx: Context) -> str:
     """the ledger holds your request that got the 400, with the same message."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     errors = outputs(ctx).errors
     if not errors:
         raise Skip("the 400 line is missing (see error_400_line)")

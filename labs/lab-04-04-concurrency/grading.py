@@ -18,11 +18,10 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip
 from kinetic.grading.deliverable import Deliverable
-from kinetic.grading.ledger_view import Record, StudentLedger
+from kinetic.grading.ledger_view import Record, author_ledger
 
 lab = Lab("lab-04-04", "One server, many clients", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
@@ -220,14 +219,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
-def _ledger(ctx: Context) -> StudentLedger:
-    assert ctx.ledger is not None
-    if ctx.ledger.name is None:
-        raise Failure(f"no request of {ctx.ledger.who()}",
-                      "write your name as in the class key file on a line 'Name: ...', or name the file after it")
-    return ctx.ledger
-
-
 def _by_short_id(records: list[Record], short: str) -> list[Record]:
     return [r for r in records if str(r.get("id", "")).removeprefix("chatcmpl-").startswith(short)]
 
@@ -237,7 +228,7 @@ def load_runs_in_ledger(ctx: Context) -> str:
     """the requests of every run the ledger holds are yours: as many as the run says, streamed, 32 tokens
     each, `clients` of them in flight at the start and never more, first tokens and ends within the
     client's clock. Runs on a server without this ledger (your own) are checked by the file alone."""
-    ledger = _ledger(ctx)
+    ledger = author_ledger(ctx.ledger)
     notes, elsewhere = [], 0
     for run in _runs(ctx):
         if not run.ids:

@@ -1,5 +1,6 @@
-"""The layering DESIGN.md promises, checked on the source: protocols never import each other,
-translators never reach an engine, and only the llama backend imports llama_cpp at module level."""
+"""The layering docs/architecture.md describes, checked on the source: protocols never import each
+other, translators never reach an engine or the service, and only the llama backend imports
+llama_cpp at module level."""
 
 from __future__ import annotations
 
@@ -55,3 +56,13 @@ def test_only_the_llama_backend_imports_llama_cpp_at_module_level() -> None:
         if "engine/llama" in path.as_posix():
             continue
         assert not any(n.split(".")[0] == "llama_cpp" for n in module_imports(path, top_level_only=True)), path
+
+
+def test_the_architecture_page_is_in_the_site_and_names_every_protocol() -> None:
+    root = PACKAGE.parent
+    page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "architecture.md" in (root / "mkdocs.yml").read_text(encoding="utf-8")
+    for protocol in PROTOCOLS:
+        assert f"`{protocol}`" in page or f"protocols/{protocol}/" in page, protocol
+    for layer in ("kinetic/transport.py", "kinetic/classroom/", "kinetic/chat/", "kinetic/router/", "kinetic/engine/"):
+        assert f"`{layer}`" in page, layer

@@ -13,7 +13,6 @@ from kinetic.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-DEFAULT_QUANT = "Q4_K_M"
 # Tried in order when -hf names no quant and the repo has no Q4_K_M (llama-server's "latest" tag).
 FALLBACK_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
 SHARD_PATTERN = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -361,7 +361,3 @@ class LedgerMiddleware:
                 pass
             except Exception:  # nor a bug in a sink: the answer has been sent already
                 log.exception("request record sink %r failed", sink)
-
-
-def records_of(records: Iterable[dict[str, Any]], client: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("client") == client]

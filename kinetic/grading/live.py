@@ -70,13 +70,6 @@ class LiveServer:
             return describe(exc)
         return None if status == 200 else f"/health answered HTTP {status}"
 
-    def get_json(self, path: str) -> Any:
-        def fetch() -> Any:
-            response = self._client.get(path)
-            response.raise_for_status()
-            return response.json()
-        return self._remember(f"GET {path}", fetch)
-
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         response = self._client.post(path, json=body)
         response.raise_for_status()

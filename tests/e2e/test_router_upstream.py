@@ -8,13 +8,15 @@ time: requests are sent one after the other.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
+from kinetic.classroom.ledger import read_ledger
 from kinetic.models import bundled_model_path
-from tests.server import KineticServer, free_port
+from tests.server import KineticServer, free_port, wait_until
 
 KEY = "sk-class"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -22,8 +24,15 @@ CHAT = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def upstream(model_lock: None) -> Iterator[KineticServer]:
-    with KineticServer("-c", "2048", "-np", "2", "-a", "gemma-up", "--embeddings") as server:
+def upstream_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What reached the upstream: one line per request it answered."""
+    return tmp_path_factory.mktemp("upstream") / "ledger.jsonl"
+
+
+@pytest.fixture(scope="module")
+def upstream(model_lock: None, upstream_ledger: Path) -> Iterator[KineticServer]:
+    with KineticServer("-c", "2048", "-np", "2", "-a", "gemma-up", "--embeddings",
+                       "--ledger", str(upstream_ledger)) as server:
         yield server
 
 
@@ -223,12 +232,37 @@ def test_token_routes_are_answered_by_the_upstream(router: KineticServer, upstre
     assert counted.input_tokens == local.input_tokens > 3
 
 
-def test_the_classroom_layer_stays_in_front(router: KineticServer) -> None:
-    body = {"model": "remote", "messages": CHAT, "max_tokens": 2}
-    assert httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30).status_code == 401
-    bad = httpx.post(router.url + "/v1/chat/completions", headers=AUTH, timeout=30,
-                     json={**body, "max_tokens": 0})
-    assert bad.status_code == 400  # validated by kinetic before anything is forwarded
+def chats(ledger: Path) -> list[tuple[str | None, int]]:
+    """(who, status) of each chat request a server's ledger recorded, in order."""
+    return [(r["client"], r["status"]) for r in read_ledger(ledger) if r["route"].endswith("/chat/completions")]
+
+
+def test_the_classroom_layer_stays_in_front(upstream: KineticServer, upstream_ledger: Path, tmp_path: Path) -> None:
+    """Before anything is forwarded, kinetic checks the key (401), validates the request (400) and
+    holds the key to its requests in flight (429); its ledger records each attempt by name. Only the
+    one valid request reaches the upstream."""
+    ledger = tmp_path / "router.jsonl"
+    with KineticServer("--api-key", KEY, "--upstream", f"remote={upstream.url},model=gemma-up",
+                       "--max-in-flight", "1", "--ledger", str(ledger)) as router:
+        url = router.url + "/v1/chat/completions"
+        forwarded_before = len(chats(upstream_ledger))
+        body = {"model": "remote", "messages": CHAT, "max_tokens": 2}
+        assert httpx.post(url, json=body, timeout=30).status_code == 401
+        bad = httpx.post(url, headers=AUTH, timeout=30, json={**body, "max_tokens": 0})
+        assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]
+        long = {**body, "max_tokens": 1900, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url, headers=AUTH, json=long, timeout=120) as response:
+            lines = response.iter_lines()  # held: a dropped iterator closes the stream
+            next(line for line in lines if line.startswith("data: "))  # it runs upstream
+            second = httpx.post(url, headers=AUTH, timeout=30, json=body)
+        assert second.status_code == 429 and "in flight" in second.json()["error"]["message"]
+        wait_until(lambda: len(chats(ledger)) == 4, "the router's ledger records the four attempts")
+        assert chats(ledger) == [(None, 401), ("key-1", 400), ("key-1", 429), ("key-1", 200)]
+        # the stream the client left is cancelled upstream too; it is the only request forwarded
+        wait_until(lambda: len(chats(upstream_ledger)) > forwarded_before, "the upstream records the stream")
+        assert chats(upstream_ledger)[forwarded_before:] == [(None, 200)]
+        wait_until(lambda: not any(slot["is_processing"] for slot in httpx.get(upstream.url + "/slots").json()),
+                   "the upstream's slots are idle again")
 
 
 def test_an_upstream_going_down_mid_run(model_lock: None, minilm_path: str) -> None:

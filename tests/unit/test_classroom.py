@@ -3,6 +3,7 @@ ledger middleware around small ASGI apps that answer like the real routes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -82,6 +83,9 @@ def test_absorb_reads_every_protocols_numbers() -> None:
     assert content_of({"content": "c", "stop": False}) == "c" and content_of({"choices": [{"delta": {"role": "x"}}]}) == ""
 
 
+ANSWER_DELAY_S = 0.05  # the full answer's time in the handler: the ledger's duration includes it
+
+
 async def chat(request):  # what /v1/chat/completions answers, in both forms
     body = await request.json()
     if body.get("stream"):
@@ -92,6 +96,7 @@ async def chat(request):  # what /v1/chat/completions answers, in both forms
             yield ('data: ' + json.dumps({"id": "chatcmpl-s", "choices": [{"delta": {}, "finish_reason": "length"}],
                                           "timings": TIMINGS}) + '\n\ndata: [DONE]\n\n').encode()
         return StreamingResponse(frames(), media_type="text/event-stream")
+    await asyncio.sleep(ANSWER_DELAY_S)
     return JSONResponse({"id": "chatcmpl-j", "choices": [{"message": {"content": "abc"}, "finish_reason": "stop"}],
                          "usage": {"prompt_tokens": 9, "completion_tokens": 3}, "timings": TIMINGS})
 
@@ -128,14 +133,17 @@ def test_middleware_records_names_numbers_streams_and_401s_without_text(tmp_path
     client, path = ledger_client(tmp_path, content=False)
     alice = {"Authorization": "Bearer sk-a"}
     messages = [{"role": "user", "content": "secret prompt"}]
+    started = time.monotonic()
     assert client.post("/v1/chat/completions", headers=alice, json={"messages": messages}).status_code == 200
+    took = time.monotonic() - started
     assert client.post("/v1/chat/completions", headers=alice, json={"messages": messages, "stream": True}).status_code == 200
     assert client.post("/v1/chat/completions", json={"messages": messages}).status_code == 401
     assert client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a-typo"}, json={}).status_code == 401
     full, stream, missing, wrong = read_ledger(path)
     assert (full["client"], full["auth"], full["status"], full["stream"], full["id"]) == ("alice", "ok", 200, False, "chatcmpl-j")
     assert full["prompt_tokens"] == 9 and full["completion_tokens"] == 3 and full["timings"] == TIMINGS
-    assert full["finish_reason"] == "stop" and full["route"] == "/v1/chat/completions" and full["duration_s"] >= 0
+    assert full["finish_reason"] == "stop" and full["route"] == "/v1/chat/completions"
+    assert ANSWER_DELAY_S <= full["duration_s"] <= took + 0.001  # the request's own time, as the client saw it
     assert stream["stream"] and stream["chunks"] == 3 and stream["id"] == "chatcmpl-s" and stream["timings"] == TIMINGS
     assert stream["finish_reason"] == "length" and 0 <= stream["ttft_s"] <= stream["duration_s"]
     assert (missing["status"], missing["auth"], missing["client"]) == (401, "missing", None)

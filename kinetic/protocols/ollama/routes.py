@@ -24,8 +24,8 @@ NDJSON = "application/x-ndjson"
 
 
 # In router mode the body's `model` picks the model; Ollama's own words when it is missing or unknown.
-ServiceDep = Annotated[Service, Depends(service_dependency(missing="model is required",
-                                                           unknown='model "{name}" not found'))]
+OllamaServiceDep = Annotated[Service, Depends(service_dependency(missing="model is required",
+                                                                 unknown='model "{name}" not found'))]
 
 
 def served(service: Service) -> translate.ServedModel:
@@ -60,7 +60,7 @@ async def ps(registry: RegistryDep) -> dict[str, Any]:
 
 
 @router.post("/api/show")
-async def show(body: ShowRequest, service: ServiceDep) -> dict[str, Any]:
+async def show(body: ShowRequest, service: OllamaServiceDep) -> dict[str, Any]:
     model = served(service)
     translate.check_model(body.model or body.name or "", model)
     template = service.template.source if service.template is not None else ""
@@ -69,7 +69,7 @@ async def show(body: ShowRequest, service: ServiceDep) -> dict[str, Any]:
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, request: Request, service: ServiceDep) -> Response:
+async def chat(body: ChatRequest, request: Request, service: OllamaServiceDep) -> Response:
     started, model = time.monotonic_ns(), served(service)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
@@ -94,7 +94,7 @@ async def _prepare_generate(body: GenerateRequest, service: Service,
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, request: Request, service: ServiceDep) -> Response:
+async def generate(body: GenerateRequest, request: Request, service: OllamaServiceDep) -> Response:
     started, model = time.monotonic_ns(), served(service)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
@@ -106,7 +106,7 @@ async def generate(body: GenerateRequest, request: Request, service: ServiceDep)
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
+async def embed(body: EmbedRequest, service: OllamaServiceDep) -> dict[str, Any]:
     service.require_embeddings()
     started, model = time.monotonic_ns(), served(service)
     items, params = translate.embed_inputs(body, model)
@@ -117,7 +117,7 @@ async def embed(body: EmbedRequest, service: ServiceDep) -> dict[str, Any]:
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, service: ServiceDep) -> dict[str, Any]:
+async def embeddings(body: EmbeddingsRequest, service: OllamaServiceDep) -> dict[str, Any]:
     service.require_embeddings()
     items = translate.embeddings_input(body, served(service))
     inputs = await service.embedding_inputs(items, ["prompt"], truncate=True) if items else []

@@ -20,7 +20,7 @@ def options(*argv: str) -> LlamaOptions:
     return parse_serve_args(list(argv), environ={}).llama_options()
 
 
-def test_without_flags_the_params_are_llama_cpps_defaults() -> None:
+def test_without_flags_the_params_are_llama_cpps_defaults_but_repack() -> None:
     built = model_params(LlamaOptions()).params
     default = llama_cpp.llama_model_default_params()
     for name in ("n_gpu_layers", "split_mode", "main_gpu", "load_mode", "lazy_mode", "check_tensors", "no_host"):

@@ -146,7 +146,7 @@ def broken_variants(good: str, readme: str) -> dict[str, str]:
         readme_copy = readme_copy.replace(found, readme_ids[index])
     return {
         "broken-missing-section.md": good[:start] + good[end:],
-        "broken-schema.md": _replace(good, r'"abitanti_milioni": ?\d+', lambda m: '"abitanti_milioni": 95'),
+        "broken-schema.md": _replace(good, r'"abitanti_milioni"\s*:\s*\d+', lambda m: '"abitanti_milioni": 95'),
         "broken-tool-call-id.md": _replace(good, r"tool_call_id=(\w+)", lambda m: "tool_call_id=call_" + m[1][5:]),
         "broken-grammar.md": _replace(good, r'"content":"([^"]*)"', lambda m: '"content":"domani alle 9"'),
         "broken-numbers.md": _replace(good, r"(\[finish_reason=stop prompt=\d+ tok, completion=\d+ tok, )[\d.]+s\]",

@@ -156,6 +156,7 @@ def test_sigterm_lets_a_short_stream_finish_ends_a_long_one_and_exits_0(model_lo
         long = OpenStream(server.url, *_openai(LONG))
         long.wait_for_content()
         short = OpenStream(server.url, *_openai(12))
+        short.wait_for_content()  # connected and streaming: a stream still opening would be refused
         assert server.proc is not None
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

@@ -143,7 +143,7 @@ def test_copied_doctored_and_example_work_fails_with_the_reason(classroom, runs,
     broken = broken_variants(template_style(runs["bob"], "dave"), (LAB_DIR / "README.md").read_text(encoding="utf-8"))
     (folder / "dave.md").write_text(broken["broken-readme-copy.md"], encoding="utf-8")
     # bob edits his own answer so that it still fits the schema: only the ledger's text can tell
-    doctored = re.sub(r'"abitanti_milioni": ?(\d+)', lambda m: f'"abitanti_milioni": {(int(m[1]) + 1) % 21}',
+    doctored = re.sub(r'"abitanti_milioni"\s*:\s*(\d+)', lambda m: f'"abitanti_milioni": {(int(m[1]) + 1) % 21}',
                       template_style(runs["bob"], "bob"), count=1)
     (folder / "bob.md").write_text(doctored, encoding="utf-8")
     code, report = grade(folder, ledger, keys)

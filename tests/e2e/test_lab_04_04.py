@@ -8,6 +8,8 @@ KINETIC_REGENERATE_REFERENCE=1 also rewrites labs/lab-04-04-concurrency/referenc
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sys
@@ -51,9 +53,9 @@ def class_runs(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> tu
     return outputs, keys, ledger
 
 
-def grade(folder: Path, ledger: Path, keys: Path) -> tuple[int, dict]:
+def grade(folder: Path, ledger: Path, keys: Path, *extra: str) -> tuple[int, dict]:
     proc = run([sys.executable, "-m", "kinetic", "grade", "lab-04-04", str(folder), "--ledger", str(ledger),
-                "--api-key-file", str(keys), "--json"], "http://127.0.0.1:9")
+                "--api-key-file", str(keys), "--json", *extra], "http://127.0.0.1:9")
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -105,9 +107,14 @@ def test_copied_edited_and_example_runs_fail_with_the_reason(class_runs, tmp_pat
     good = template_style(alice[:2], alice[2:], "dave")
     (folder / "dave.md").write_text(broken_variants(good, (LAB_DIR / "README.md").read_text(encoding="utf-8"))
                                     ["broken-readme-copy.md"], encoding="utf-8")
-    code, report = grade(folder, ledger, keys)
+    gradebook = tmp_path / "grades.csv"
+    code, report = grade(folder, ledger, keys, "--csv", str(gradebook))
     students = {s["student"]: {c["name"]: c for c in s["checks"]} for s in report["students"]}
     assert code == 1
+    totals = {row["Student"]: int(row["Total"])
+              for row in csv.DictReader(io.StringIO(gradebook.read_text(encoding="utf-8")))}
+    assert totals["alice"] == 10 and sorted(totals) == ["alice", "bob", "carol", "dave"]
+    assert all(total < 10 for student, total in totals.items() if student != "alice")
 
     def failed(student: str, check: str) -> str:
         result = students[student][check]

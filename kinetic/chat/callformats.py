@@ -551,6 +551,21 @@ class DeepSeekFormat(CallFormat):
         return f"{gbnf_literal(self.calls_begin)} {one}{more} {gbnf_literal(self.calls_end)}"
 
 
+def _tool_name_items(raw: str, *, single_ok: bool) -> list[dict[str, Any]] | None:
+    """Command R's JSON list of `{"tool_name", "parameters"}` actions (a lone object too when
+    `single_ok`), or None when it is not one."""
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if single_ok and not isinstance(items, list):
+        items = [items]
+    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("tool_name"), str)
+                                              for i in items):
+        return None
+    return items
+
+
 class CommandR7bFormat(CallFormat):
     name = "command-r7b"
     markers = ("<|START_ACTION|>",)
@@ -558,14 +573,8 @@ class CommandR7bFormat(CallFormat):
 
     def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
         match = self._action.search(text)
-        if not match:
-            return None
-        try:
-            items = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return None
-        items = items if isinstance(items, list) else [items]
-        if not items or not all(isinstance(i, dict) and isinstance(i.get("tool_name"), str) for i in items):
+        items = _tool_name_items(match.group(1), single_ok=True) if match else None
+        if not items:
             return None
         content = text[:match.start()].replace("<|START_RESPONSE|>", "").replace("<|END_RESPONSE|>", "")
         return FoundCalls(content.strip(), [FoundCall(i["tool_name"], i.get("parameters", {}),
@@ -597,14 +606,8 @@ class CommandRPlusFormat(CallFormat):
 
     def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
         match = self._action.search(text)
-        if not match:
-            return None
-        try:
-            items = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("tool_name"), str)
-                                                  for i in items):
+        items = _tool_name_items(match.group(1), single_ok=False) if match else None
+        if items is None:
             return None
         calls = [FoundCall(i["tool_name"], i.get("parameters", {})) for i in items
                  if i["tool_name"] != "directly-answer"]

@@ -347,7 +347,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
     engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
                          n_threads=settings.threads, n_batch=settings.batch_size,
                          n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
-                         options=settings.llama_options(),
+                         options=settings.llama_options(), spec=settings.spec_options(),
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                          cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,

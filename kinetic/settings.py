@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, fi
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, parse_kv_override
+from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, SpecOptions, parse_kv_override, parse_spec_types
 from kinetic.llama_flags import LlamaFlag, by_spelling
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp's common/chat.cpp names
@@ -200,6 +200,21 @@ FLAGS: tuple[Flag, ...] = (
          "flag)", metavar="FNAME:SCALE"),
     Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
          "/lora-adapters sets their scales"),
+    # speculative decoding (kinetic.engine.llama.speculative)
+    Flag("draft_model", ("--spec-draft-model", "-md", "--model-draft"), "draft model for speculative decoding "
+         "(alone it means --spec-type draft-simple)", metavar="FNAME"),
+    Flag("spec_type", ("--spec-type",), "speculative decoding kinds, comma list: draft-simple (needs -md), "
+         "ngram-simple (drafts from the slot's own earlier tokens), none", metavar="TYPES"),
+    Flag("draft_max", ("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max"),
+         "most tokens the draft model proposes a step", metavar="N"),
+    Flag("draft_min", ("--spec-draft-n-min", "--draft-min", "--draft-n-min"),
+         "fewest tokens a draft-model draft must have to be verified", metavar="N"),
+    Flag("draft_p_min", ("--spec-draft-p-min", "--draft-p-min"), "the draft model stops at a token it gives a "
+         "lower probability (greedy)", metavar="P"),
+    Flag("spec_ngram_simple_size_n", ("--spec-ngram-simple-size-n",), "ngram-simple: length of the n-gram looked up "
+         "in the slot's tokens", metavar="N"),
+    Flag("spec_ngram_simple_size_m", ("--spec-ngram-simple-size-m",), "ngram-simple: most tokens drafted after a "
+         "match", metavar="N"),
     Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
          metavar="PATH"),
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
@@ -447,6 +462,13 @@ class ServerSettings(BaseSettings):
     lora: tuple[str, ...] = ()
     lora_scaled: tuple[str, ...] = ()
     lora_init_without_apply: bool = False
+    draft_model: str | None = None
+    spec_type: str | None = None
+    draft_max: Annotated[int, Field(ge=0)] = 3  # llama-server's defaults (common/common.h)
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    spec_ngram_simple_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
+    spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
     path: str | None = None
     api_prefix: str | None = None
     ssl_key_file: str | None = None
@@ -584,6 +606,20 @@ class ServerSettings(BaseSettings):
             url = rest.split(",", 1)[0]
             if not sep or not name or not url.startswith(("http://", "https://")):
                 raise ValueError(f"{spec!r}: expected NAME=URL[,key=KEY] with an http(s) URL")
+        return value
+
+    @field_validator("spec_type")
+    @classmethod
+    def _spec_types(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_spec_types(value)
+        return value
+
+    @field_validator("draft_model")
+    @classmethod
+    def _draft_file(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_file():
+            raise ValueError(f"{value!r}: no such draft model file")
         return value
 
     @field_validator("lora", "lora_scaled")
@@ -821,6 +857,17 @@ class ServerSettings(BaseSettings):
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,
             yarn_ext_factor=self.yarn_ext_factor, yarn_attn_factor=self.yarn_attn_factor,
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
+
+    def spec_options(self) -> SpecOptions:
+        """What the speculative decoding flags ask; -md without --spec-type means draft-simple (as on
+        llama-server before --spec-type, and what a model card's `-md X --draft-max N` expects)."""
+        if self.spec_type is not None:
+            types = parse_spec_types(self.spec_type)
+        else:
+            types = ("draft-simple",) if self.draft_model else ()
+        return SpecOptions(types=types, draft_model=str(Path(self.draft_model).expanduser()) if self.draft_model
+                           else None, n_max=self.draft_max, n_min=self.draft_min, p_min=self.draft_p_min,
+                           ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m)
 
     def template_kwargs(self) -> dict[str, Any]:
         """--chat-template-kwargs over --reasoning-effort: the variables every chat template gets by default."""

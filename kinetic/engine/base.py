@@ -128,8 +128,12 @@ class Engine(Tokenizer, Protocol):
 
     def slot_erase(self, id_slot: int) -> SlotFileResult: ...
 
-    # state, for /slots and /metrics
+    # state, for /slots, /props and /metrics
     def slot_states(self) -> list[SlotState]: ...
+
+    @property
+    def speculative_types(self) -> tuple[str, ...]:
+        """The speculative decoding kinds the slots run (llama-server's `speculative.types`); () for none."""
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""

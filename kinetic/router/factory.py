@@ -44,7 +44,7 @@ def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeL
         path = resolve_hf(spec.hf_repo, settings.hf_file, settings.offline, settings.hf_token).path
     return LlamaEngine(path, n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
                        n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
-                       pooling=settings.pooling, options=settings.llama_options(),
+                       pooling=settings.pooling, options=settings.llama_options(), spec=settings.spec_options(),
                        fair_share=settings.fair_share, max_in_flight_per_client=max_in_flight,
                        cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
                        verbose=settings.verbose, decode_lock=decode_lock, in_flight=in_flight)

@@ -270,6 +270,10 @@ class UpstreamEngine:
     def slot_erase(self, id_slot: int) -> SlotFileResult:
         raise self._no_slot_files()
 
+    @property
+    def speculative_types(self) -> tuple[str, ...]:
+        return ()
+
     def slot_states(self) -> list[SlotState]:
         return []
 

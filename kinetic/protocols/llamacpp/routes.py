@@ -107,7 +107,8 @@ async def get_slots(request: Request, service: ServiceDep, fail_on_no_slot: str 
     states = service.engine.slot_states()
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
-    return translate.slots(states, service.engine.slot_n_ctx, viewer=_viewer(request))
+    return translate.slots(states, service.engine.slot_n_ctx, viewer=_viewer(request),
+                           speculative=bool(service.engine.speculative_types))
 
 
 @router.post("/slots/{id_slot}")

@@ -276,6 +276,7 @@ def props(service: Service) -> dict[str, Any]:
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=service.default_sampling(),
                                                      max_tokens=service.settings.n_predict), short=True)
     template = service.template
+    defaults["speculative.types"] = ",".join(engine.speculative_types) or "none"
     return {
         "default_generation_settings": {"n_ctx": engine.slot_n_ctx, "params": defaults},
         "total_slots": engine.n_slots,
@@ -317,13 +318,14 @@ def lora_scales(body: Any) -> dict[int, float]:
     return scales
 
 
-def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None) -> list[dict[str, Any]]:
+def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None,
+          speculative: bool = False) -> list[dict[str, Any]]:
     """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts).
     A student (`viewer`, their name) sees whose request and its settings only on their own slots:
     of the others' only that they are busy and the counts (the admin, `viewer` None, sees all)."""
     result = []
     for slot in states:
-        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
+        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": speculative,
                                  "is_processing": slot.is_processing}
         own = viewer is None or (slot.is_processing and slot.client == viewer)
         if slot.is_processing and own:

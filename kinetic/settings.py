@@ -205,10 +205,14 @@ FLAGS: tuple[Flag, ...] = (
          "(alone it means --spec-type draft-simple)", metavar="FNAME"),
     Flag("spec_type", ("--spec-type",), "speculative decoding kinds, comma list: draft-simple (needs -md), "
          "ngram-simple (drafts from the slot's own earlier tokens), none", metavar="TYPES"),
-    Flag("draft_max", ("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max"),
-         "most tokens the draft model proposes a step", metavar="N"),
-    Flag("draft_min", ("--spec-draft-n-min", "--draft-min", "--draft-n-min"),
-         "fewest tokens a draft-model draft must have to be verified", metavar="N"),
+    Flag("draft_max", ("--spec-draft-n-max",), "most tokens the draft model proposes a step", metavar="N"),
+    Flag("draft_min", ("--spec-draft-n-min",), "fewest tokens a draft-model draft must have to be verified",
+         metavar="N"),
+    # the spellings model cards still carry; the vendored llama-server refuses them ("removed")
+    Flag("draft_max_old", ("--draft", "--draft-n", "--draft-max"), "--spec-draft-n-max's older spelling (kinetic "
+         "takes it; the vendored llama-server refuses it)", metavar="N"),
+    Flag("draft_min_old", ("--draft-min", "--draft-n-min"), "--spec-draft-n-min's older spelling (kinetic takes "
+         "it; the vendored llama-server refuses it)", metavar="N"),
     Flag("draft_p_min", ("--spec-draft-p-min", "--draft-p-min"), "the draft model stops at a token it gives a "
          "lower probability (greedy)", metavar="P"),
     Flag("spec_ngram_simple_size_n", ("--spec-ngram-simple-size-n",), "ngram-simple: length of the n-gram looked up "
@@ -466,6 +470,8 @@ class ServerSettings(BaseSettings):
     spec_type: str | None = None
     draft_max: Annotated[int, Field(ge=0)] = 3  # llama-server's defaults (common/common.h)
     draft_min: int = 0
+    draft_max_old: Annotated[int, Field(ge=0)] | None = None
+    draft_min_old: int | None = None
     draft_p_min: float = 0.0
     spec_ngram_simple_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
     spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
@@ -866,7 +872,9 @@ class ServerSettings(BaseSettings):
         else:
             types = ("draft-simple",) if self.draft_model else ()
         return SpecOptions(types=types, draft_model=str(Path(self.draft_model).expanduser()) if self.draft_model
-                           else None, n_max=self.draft_max, n_min=self.draft_min, p_min=self.draft_p_min,
+                           else None, n_max=self.draft_max if self.draft_max_old is None else self.draft_max_old,
+                           n_min=self.draft_min if self.draft_min_old is None else self.draft_min_old,
+                           p_min=self.draft_p_min,
                            ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m)
 
     def template_kwargs(self) -> dict[str, Any]:

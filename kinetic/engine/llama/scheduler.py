@@ -298,9 +298,12 @@ class Scheduler(SlotAdmission):
             self._progress(slot)
         for slot, row in sample_rows:
             if slot.job is not None and slot.drafts:
-                accept_drafts(slot, row, self._sample, self.ctx.memory, self.metrics)
+                accept_drafts(slot, row, self._sample, self._trim, self.metrics)
             elif slot.job is not None:
                 self._sample(slot, row)
+
+    def _trim(self, seq: int, n: int) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq, n, -1))
 
     def _add_generating(self) -> list[tuple[Slot, int]]:
         """Puts each generating slot's last sampled token in the batch, and after it the slot's draft when it

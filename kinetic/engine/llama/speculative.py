@@ -259,11 +259,12 @@ def draft_room(slot: Slot, slot_n_ctx: int) -> int:
     return room
 
 
-def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None], memory: object,
+def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None], trim: Callable[[int, int], bool],
                   metrics: dict[str, float]) -> None:
     """Samples the slot's rows one after the other (row `first_row` follows its last token, each next one
     a draft token) while the pick equals the draft; keeps the cells of the drafts accepted and removes the
-    rest. `sample` is the scheduler's per-token step: it emits the token, or finishes the request."""
+    rest. `sample` is the scheduler's per-token step: it emits the token, or finishes the request; `trim`
+    removes a sequence's cells from a position on (llama_memory_seq_rm)."""
     drafts, slot.drafts = slot.drafts, []
     base = len(slot.tokens) - len(drafts)  # what the KV holds up to the last sampled token
     accepted = 0
@@ -273,7 +274,7 @@ def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None
         if slot.job is None:  # finished: its release removed the cells past slot.tokens
             break
         if i == len(drafts) or slot.next_token != drafts[i]:
-            if not llama_cpp.llama_memory_seq_rm(memory, slot.id, len(slot.tokens), -1):
+            if not trim(slot.id, len(slot.tokens)):
                 raise RuntimeError(f"llama.cpp could not remove the rejected draft of slot {slot.id}")
             break
         slot.tokens.append(drafts[i])  # in the KV already

@@ -90,8 +90,8 @@ IGNORED: tuple[Ignored, ...] = (
              "--vision-gemma-12b-default")),
     Ignored("ignored flags: llama-server internals",
             "what they switch is fixed in kinetic: batching is always continuous, there is no warm-up decode, "
-            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere (see the --tools row), and there is no shell completion "
-            "or cache listing",
+            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere "
+            "(see the --tools row), and there is no shell completion or cache listing",
             ("-cb", "--warmup", "-dt", "--tools-runtime", "--mcp-servers-config",
              "--mcp-servers-json", "-cl", "--completion-bash")),
 )
@@ -131,7 +131,7 @@ def variable_warning(name: str) -> str:
         return f"warning: {name} is not a kinetic setting; ignored"
     flag = next((f for f in llama_server_flags() if name in (f.env, f.negative_env)), None)
     reason = ignored_by_flag().get(_first(flag)) if flag is not None else None
-    if reason is None:
+    if flag is None or reason is None:
         return f"warning: {name} is a llama-server variable kinetic does not implement; ignored"
     return (f"warning: {name} ({_first(flag)}) is ignored: see \"{reason.row}\" under Differences from "
             f"llama-server ({DIFFERENCES_PAGE})")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import anthropic
 import httpx
@@ -32,8 +32,9 @@ PROMPT = "The weather in Rome today is sunny and the people walk along the river
 @pytest.fixture(scope="module")
 def constrained(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
     slots = tmp_path_factory.mktemp("slots-q8")
-    with KineticServer("-a", "flagged", "-c", "1024", "-np", "1", "-n", "48", "--temp", "0", "--top-k", "1", "--seed", "3",
-                       "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1", "--samplers", "top_k;temperature",
+    with KineticServer("-a", "flagged", "-c", "1024", "-np", "1", "-n", "48", "--temp", "0", "--top-k", "1",
+                       "--seed", "3", "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1",
+                       "--samplers", "top_k;temperature",
                        "--json-schema", json.dumps(SCHEMA), "-r", r"\x7d", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
                        "-ngl", "99", "-tb", "1", "--slot-save-path", str(slots)) as server:
         yield server
@@ -111,7 +112,8 @@ def test_special_tokens_ignore_eos_and_logit_bias_act(special: KineticServer) ->
     forced = completion(special, return_tokens=True)
     assert forced["tokens"] == [START_OF_TURN] * 3 and forced["content"] == "<start_of_turn>" * 3  # --special
     assert forced["generation_settings"]["logit_bias"] == [{"bias": 100.0, "token": START_OF_TURN}]
-    own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)  # the request's own (empty) bias replaces the server's
+    # the request's own (empty) bias replaces the server's
+    own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)
     assert own["generation_settings"]["logit_bias"] == [] and own["tokens"] != [START_OF_TURN] * 3
 
 

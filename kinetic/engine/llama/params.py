@@ -73,7 +73,7 @@ def model_params(options: LlamaOptions) -> ModelParams:
     if options.kv_overrides:
         # NULL-terminated: the last element's empty key ends the list
         overrides = (llama_cpp.llama_model_kv_override * (len(options.kv_overrides) + 1))()
-        for slot, override in zip(overrides, options.kv_overrides):
+        for slot, override in zip(overrides, options.kv_overrides, strict=False):
             slot.key = override.key.encode("utf-8")
             slot.tag = KV_OVERRIDE_TAGS[override.type]
             if override.type == "int":

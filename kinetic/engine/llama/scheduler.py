@@ -31,8 +31,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import llama_cpp
 from llama_cpp import _internals
@@ -43,9 +44,9 @@ from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
-from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
 from kinetic.engine.text import TextAssembler, common_prefix
+from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
     Event,
     Finished,
@@ -82,7 +83,7 @@ class Job:
     request: GenerationRequest
     sampler: Sampler
     inbox: LoopInbox  # how events reach the event loop that owns `queue`
-    queue: "asyncio.Queue[Event | BaseException]"
+    queue: asyncio.Queue[Event | BaseException]
     cancelled: bool = False
     done: bool = False
     counted: bool = True  # still counted against its client's requests in flight

@@ -80,7 +80,7 @@ class SamplingFields(WireModel):
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | list[list[Any]] | None = None
+    logit_bias: dict[str, bool | float] | list[list[Any]] | None = None  # bool first: `false` bans
     n: int | None = None
     max_tokens: int | None = None
     n_predict: int | None = None

@@ -900,8 +900,7 @@ def load_settings(cli: Mapping[str, tuple[str, Any]], environ: Mapping[str, str]
     env = FlagEnvSource(ServerSettings, environ)
     init = InitSettingsSource(ServerSettings, init_kwargs={**{d: v for d, (_, v) in cli.items()}, **extra})
     try:
-        # pydantic-settings' per-instance sources argument, which mypy's synthesized __init__ does not list
-        return ServerSettings(_build_sources=((init, env), {}))  # type: ignore[call-arg]
+        return ServerSettings(_build_sources=((init, env), {}))  # type: ignore[call-arg]  # pydantic-settings' own kwarg
     except ValidationError as exc:
         origins = {dest: spelling for dest, (spelling, _) in env.found.items()}
         origins.update({dest: spelling for dest, (spelling, _) in cli.items()})

@@ -214,8 +214,8 @@ class Sampler:
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
         # XTC drops the top tokens by moving the array's start: read from where it now points.
-        # `data` is a pointer at run time; llama_cpp's annotation calls it an array
-        start = (ctypes.addressof(array.data.contents) - data.ctypes.data) // TOKEN_DATA.itemsize  # type: ignore[attr-defined]
+        first = ctypes.addressof(array.data.contents)  # type: ignore[attr-defined]  # a pointer, typed as an array
+        start = (first - data.ctypes.data) // TOKEN_DATA.itemsize
         candidates = data[start: start + array.size]
         token = int(candidates[array.selected]["id"])
         if self.grammar is not None:

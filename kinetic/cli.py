@@ -31,7 +31,7 @@ log = logging.getLogger("kinetic")
 HELP_FLAGS = ("-h", "--help", "--usage")
 # flags whose every occurrence counts (the others: the last wins)
 REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora",
-                        "lora_scaled"})
+                        "lora_scaled", "override_tensor"})
 HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
@@ -398,13 +398,9 @@ def configure_logging(settings: ServerSettings, root: logging.Logger | None = No
 
 def list_devices() -> int:
     """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
-    import llama_cpp
+    from kinetic.engine.llama.devices import list_devices_text
 
-    print("Available devices:")
-    if not llama_cpp.llama_supports_gpu_offload():
-        print("  (none: this llama.cpp build runs on the CPU only)")
-    else:
-        print("  (this build can offload, but llama-cpp-python binds no call that lists the devices)")
+    print(list_devices_text())
     return 0
 
 

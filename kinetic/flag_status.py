@@ -58,10 +58,11 @@ IGNORED: tuple[Ignored, ...] = (
             "the threads are llama.cpp's own, -t and -tb set how many",
             ("-C", "-Cr", "--cpu-strict", "--prio", "--poll", "-Cb", "-Crb", "--cpu-strict-batch", "--prio-batch",
              "--poll-batch")),
-    Ignored("ignored flags: devices and tensor placement",
-            "they need ggml's device and buffer-type handles, which llama-cpp-python does not bind; on a CPU build "
-            "every tensor already sits in host memory, where -ot ...=CPU and --cpu-moe would put it",
-            ("-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "--rpc", "-fit", "-fitt", "-fitc")),
+    Ignored("ignored flags: remote devices and fitting to memory",
+            "--rpc needs ggml's RPC backend, which kinetic's llama-cpp-python build leaves out; --fit and its "
+            "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "
+            "llama-cpp-python binds, so kinetic takes -c, -ngl and the rest as given",
+            ("--rpc", "-fit", "-fitt", "-fitc")),
     Ignored("ignored flags: control vectors",
             "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
             "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",

@@ -167,6 +167,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
          "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
     Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
+    Flag("device", ("-dev", "--device"), "devices to offload to, comma-separated, or none (--list-devices shows "
+         "them; a CPU build has none)", metavar="DEV1,DEV2,.."),
+    Flag("override_tensor", ("-ot", "--override-tensor"), "buffer type for the tensors whose name matches a "
+         "pattern, PATTERN=TYPE,... (repeat the flag for more)", metavar="PATTERN=TYPE"),
+    Flag("cpu_moe", ("-cmoe", "--cpu-moe"), "keep every Mixture-of-Experts weight in the CPU"),
+    Flag("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), "keep the MoE weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("n_cpu_ffn", ("-ncffn", "--n-cpu-ffn"), "keep the dense FFN weights of the first N layers in the CPU",
+         metavar="N"),
     Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's answer "
          "may then differ from a fresh one)", negations=("-nr", "--no-repack")),
     Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),
@@ -430,6 +439,11 @@ class ServerSettings(BaseSettings):
     numa: Literal["distribute", "isolate", "numactl"] | None = None
     override_kv: tuple[str, ...] = ()
     check_tensors: bool = False
+    device: str | None = None
+    override_tensor: tuple[str, ...] = ()
+    cpu_moe: bool = False
+    n_cpu_moe: Annotated[int, Field(ge=0)] = 0
+    n_cpu_ffn: Annotated[int, Field(ge=0)] = 0
     repack: bool = False  # llama-server's default is on: see the differences table
     no_host: bool = False
     op_offload: bool = True
@@ -609,7 +623,7 @@ class ServerSettings(BaseSettings):
         return value
 
     @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora", "lora_scaled",
-                     mode="before")
+                     "override_tensor", mode="before")
     @classmethod
     def _one_from_a_variable(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
@@ -699,6 +713,24 @@ class ServerSettings(BaseSettings):
         for item in value:
             for part in item.split(","):
                 parse_kv_override(part)
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kinetic.engine.llama import devices  # llama.cpp's libraries load only when the flag is given
+
+            devices.parse_device_list(value)
+        return value
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _override_tensor(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from kinetic.engine.llama import devices
+
+        for item in value:
+            devices.parse_tensor_overrides(item)
         return value
 
     @field_validator("flash_attn", mode="before")
@@ -809,6 +841,23 @@ class ServerSettings(BaseSettings):
                   for item in self.lora_scaled for part in item.split(",")]
         return tuple(plain + scaled)
 
+    def device_names(self) -> tuple[str, ...] | None:
+        """-dev: the devices to offload to, () for none, None for llama.cpp's default (all)."""
+        if self.device is None:
+            return None
+        from kinetic.engine.llama import devices
+
+        return tuple(devices.parse_device_list(self.device))
+
+    def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
+        """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""
+        if not (self.override_tensor or self.cpu_moe or self.n_cpu_moe or self.n_cpu_ffn):
+            return ()
+        from kinetic.engine.llama import devices
+
+        given = [pair for item in self.override_tensor for pair in devices.parse_tensor_overrides(item)]
+        return tuple(given + devices.cpu_layer_overrides(self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn))
+
     def llama_options(self) -> LlamaOptions:
         """What the model and context flags ask of llama.cpp."""
         load_mode = self.load_mode
@@ -820,7 +869,8 @@ class ServerSettings(BaseSettings):
             split_mode=self.split_mode, main_gpu=self.main_gpu, load_mode=load_mode, lazy_mode=self.lazy_mode,
             tensor_split=tuple(float(p) for p in re.split(r"[,/]+", self.tensor_split or "") if p.strip()),
             kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
-            check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
+            check_tensors=self.check_tensors, devices=self.device_names(), tensor_overrides=self.tensor_overrides(),
+            repack=self.repack, no_host=self.no_host, numa=self.numa,
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
             threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,

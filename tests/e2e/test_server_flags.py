@@ -47,6 +47,7 @@ def special(model_lock: None, constrained: KineticServer,
     with KineticServer("-c", "1024", "-np", "2", "-kvu", "-n", "3", "--temp", "0", "--special", "--ignore-eos",
                        "-l", f"{START_OF_TURN}+100", "--no-mmap",
                        "--override-kv", "tokenizer.ggml.add_bos_token=bool:false", "--ui-config", '{"theme": "dark"}',
+                       "-ot", r"blk\.0\.attn_q\.weight=CPU", "--cpu-moe", "-ncffn", "1", "-dev", "none",
                        "--slot-save-path", str(slots)) as server:
         yield server
 
@@ -121,6 +122,16 @@ def test_kv_unified_gives_each_slot_the_whole_context(special: KineticServer) ->
     props = httpx.get(special.url + "/props").json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024  # not 1024 / 2
     assert props["ui_settings"] == {"theme": "dark"}  # --ui-config
+
+
+def test_tensor_placement_flags_reach_llama_cpp_and_props(special: KineticServer) -> None:
+    """-ot, --cpu-moe, -ncffn and -dev none: llama.cpp loaded the model with them (it answers) and /props shows
+    them; on this CPU build every tensor sits in host memory either way (the params: tests/unit/test_llama_params)."""
+    llama = httpx.get(special.url + "/props").json()["llama_params"]
+    assert llama["devices"] == []
+    assert llama["tensor_overrides"] == [r"blk\.0\.attn_q\.weight=CPU", r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU",
+                                         r"blk\.0\.ffn_(up|down|gate)\.=CPU"]
+    assert completion(special)["tokens_predicted"] == 3
 
 
 def test_override_kv_changes_the_models_metadata(constrained: KineticServer, special: KineticServer) -> None:

@@ -72,6 +72,15 @@ MIN_SHARED_PREFIX = 16
 CHECKPOINT_END_OFFSET = 4
 
 
+def decode_failure(status: int) -> str:
+    """llama_decode's failure in llama-server's words (its clients match them), with the status."""
+    if status == 1:  # no KV cells left for the batch: the slots together outgrew the (unified) context
+        return f"Context size has been exceeded. (llama_decode status {status}: no free KV cells for the batch)"
+    if status == -1:
+        return f"Invalid input batch. (llama_decode status {status})"
+    return f"Compute error. (llama_decode status {status})"
+
+
 class SlotBusyError(Exception):
     """The slot a slot action named is serving a request."""
 
@@ -513,7 +522,7 @@ class Scheduler:
             in_batch = {s.id for s, _ in sample_rows} | {s.id for s in evaluated}
             for slot in self.slots:
                 if slot.id in in_batch and slot.job is not None:
-                    self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
+                    self._emit(slot.job, ServerError(decode_failure(status)))
                     self._forget_cache(slot)
                     self._release(slot)
             return

@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
@@ -18,6 +18,9 @@ from kinetic.errors import ModelLoadError
 from kinetic.flag_status import variable_warning, warning
 from kinetic.serve_args import InfoRequested, parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 log = logging.getLogger("kinetic")
 
@@ -107,8 +110,6 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 
 
 def serve(settings: ServerSettings) -> int:
-    from starlette.types import ASGIApp
-
     from kinetic.api_prefix import ApiPrefix
     from kinetic.app import create_app, error_response
     from kinetic.shutdown import DrainingServer
@@ -248,13 +249,9 @@ def configure_logging(settings: ServerSettings, root: logging.Logger | None = No
 
 def list_devices() -> int:
     """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
-    import llama_cpp
+    from kinetic.engine.llama.devices import list_devices_text
 
-    print("Available devices:")
-    if not llama_cpp.llama_supports_gpu_offload():
-        print("  (none: this llama.cpp build runs on the CPU only)")
-    else:
-        print("  (this build can offload, but llama-cpp-python binds no call that lists the devices)")
+    print(list_devices_text())
     return 0
 
 

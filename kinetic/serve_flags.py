@@ -169,6 +169,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
          "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
     Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
+    Flag("device", ("-dev", "--device"), "devices to offload to, comma-separated, or none (--list-devices shows "
+         "them; a CPU build has none)", metavar="DEV1,DEV2,.."),
+    Flag("override_tensor", ("-ot", "--override-tensor"), "buffer type for the tensors whose name matches a "
+         "pattern, PATTERN=TYPE,... (repeat the flag for more)", metavar="PATTERN=TYPE"),
+    Flag("cpu_moe", ("-cmoe", "--cpu-moe"), "keep every Mixture-of-Experts weight in the CPU"),
+    Flag("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), "keep the MoE weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("n_cpu_ffn", ("-ncffn", "--n-cpu-ffn"), "keep the dense FFN weights of the first N layers in the CPU",
+         metavar="N"),
     Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's "
          "answer may then differ from a fresh one)", negations=("-nr", "--no-repack")),
     Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),

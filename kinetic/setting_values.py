@@ -18,7 +18,7 @@ from kinetic.engine.options import parse_kv_override
 # llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
 FALSE_WORDS = frozenset({"off", "disabled", "false", "0", "no"})
-SWITCH_TYPES = (bool, bool | None)  # a switch that may also be left unset (None: kinetic decides)
+SWITCH_TYPES: tuple[object, ...] = (bool, bool | None)  # a switch that may also be left unset (None: kinetic decides)
 LOGIT_BIAS_ENTRY = re.compile(r"\s*(-?\d+)\s*([+-])\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+|inf)\s*",
                               re.IGNORECASE)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", re.IGNORECASE)
@@ -185,6 +185,21 @@ def _tensor_split(value: str) -> str:
     return value
 
 
+def _device_list(value: str) -> str:
+    from kinetic.engine.llama import devices  # llama.cpp's libraries load only when the flag is given
+
+    devices.parse_device_list(value)
+    return value
+
+
+def _tensor_overrides(value: tuple[str, ...]) -> tuple[str, ...]:
+    from kinetic.engine.llama import devices
+
+    for item in value:
+        devices.parse_tensor_overrides(item)
+    return value
+
+
 def _hf_repo(value: str) -> str:
     repo = value.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -209,6 +224,8 @@ KvOverrides = Annotated[Repeated, AfterValidator(_kv_overrides)]
 LoraFiles = Annotated[Repeated, AfterValidator(lambda value: _lora_files(value, scaled=False))]
 ScaledLoraFiles = Annotated[Repeated, AfterValidator(lambda value: _lora_files(value, scaled=True))]
 Upstreams = Annotated[tuple[str, ...], BeforeValidator(_upstream_list), AfterValidator(_upstream_specs)]
+DeviceList = Annotated[str, AfterValidator(_device_list)]
+TensorOverrides = Annotated[Repeated, AfterValidator(_tensor_overrides)]
 GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]
 HfRepo = Annotated[str, AfterValidator(_hf_repo)]

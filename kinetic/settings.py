@@ -23,6 +23,7 @@ from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
 from kinetic.setting_values import (
     SWITCH_TYPES,
     ByteSize,
+    DeviceList,
     ExistingFile,
     ExistingFolder,
     FileInExistingFolder,
@@ -40,6 +41,7 @@ from kinetic.setting_values import (
     ReadableFile,
     Repeated,
     ScaledLoraFiles,
+    TensorOverrides,
     TensorSplit,
     Upstreams,
     json_object_text,
@@ -127,6 +129,11 @@ class ServerSettings(BaseSettings):
     numa: Literal["distribute", "isolate", "numactl"] | None = None
     override_kv: KvOverrides = ()
     check_tensors: bool = False
+    device: DeviceList | None = None
+    override_tensor: TensorOverrides = ()
+    cpu_moe: bool = False
+    n_cpu_moe: Annotated[int, Field(ge=0)] = 0
+    n_cpu_ffn: Annotated[int, Field(ge=0)] = 0
     repack: bool = False  # llama-server's default is on: see the differences table
     no_host: bool = False
     op_offload: bool = True
@@ -327,6 +334,23 @@ class ServerSettings(BaseSettings):
                   for item in self.lora_scaled for part in item.split(",")]
         return tuple(plain + scaled)
 
+    def device_names(self) -> tuple[str, ...] | None:
+        """-dev: the devices to offload to, () for none, None for llama.cpp's default (all)."""
+        if self.device is None:
+            return None
+        from kinetic.engine.llama import devices
+
+        return tuple(devices.parse_device_list(self.device))
+
+    def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
+        """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""
+        if not (self.override_tensor or self.cpu_moe or self.n_cpu_moe or self.n_cpu_ffn):
+            return ()
+        from kinetic.engine.llama import devices
+
+        given = [pair for item in self.override_tensor for pair in devices.parse_tensor_overrides(item)]
+        return tuple(given + devices.cpu_layer_overrides(self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn))
+
     def llama_options(self) -> LlamaOptions:
         """What the model and context flags ask of llama.cpp."""
         load_mode = self.load_mode
@@ -338,7 +362,8 @@ class ServerSettings(BaseSettings):
             split_mode=self.split_mode, main_gpu=self.main_gpu, load_mode=load_mode, lazy_mode=self.lazy_mode,
             tensor_split=tuple(float(p) for p in re.split(r"[,/]+", self.tensor_split or "") if p.strip()),
             kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
-            check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
+            check_tensors=self.check_tensors, devices=self.device_names(), tensor_overrides=self.tensor_overrides(),
+            repack=self.repack, no_host=self.no_host, numa=self.numa,
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
             threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,

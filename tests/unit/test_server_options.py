@@ -49,7 +49,8 @@ def test_ssl_files_go_together_and_must_exist(tmp_path: Path) -> None:
 
 def test_reasoning_effort_is_a_default_template_variable() -> None:
     assert parse_serve_args([], environ={}).template_kwargs() == {}
-    assert parse_serve_args(["--reasoning-effort", "high"], environ={}).template_kwargs() == {"reasoning_effort": "high"}
+    high = parse_serve_args(["--reasoning-effort", "high"], environ={})
+    assert high.template_kwargs() == {"reasoning_effort": "high"}
     both = parse_serve_args(["--reasoning-effort", "high", "--chat-template-kwargs", '{"reasoning_effort": "low"}'],
                             environ={})
     assert both.template_kwargs() == {"reasoning_effort": "low"}

@@ -57,7 +57,7 @@ class SettingsError(ValueError):
 
 
 class ServerSettings(BaseSettings):
-    """Every setting of `kinetic serve`. Build it with `load_settings()` to read flags and variables."""
+    """Every setting of `kinetic serve`. kinetic.serve_args.parse_serve_args builds it from flags and variables."""
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -230,7 +230,7 @@ class ServerSettings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource,
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
         # ServerSettings(...) takes only its arguments, so tests and apps built in code are not steered
-        # by the environment; load_settings() adds the variables explicitly.
+        # by the environment; kinetic.serve_args.load_settings() adds the variables explicitly.
         return (init_settings,)
 
     @field_validator("*", mode="before")

@@ -11,7 +11,8 @@ A hybrid model does not speculate (its recurrent state cannot be rolled back) an
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -97,7 +98,7 @@ def test_limits_stops_grammars_and_probabilities_are_unchanged(
         if name == "probabilities":
             probabilities = got["completion_probabilities"]
             assert len(probabilities) == len(reference[name]["completion_probabilities"]) == 32
-            for mine, theirs in zip(probabilities, reference[name]["completion_probabilities"]):
+            for mine, theirs in zip(probabilities, reference[name]["completion_probabilities"], strict=True):
                 assert mine["id"] == theirs["id"] and len(mine["top_logprobs"]) == 3
                 assert mine["top_logprobs"][0]["id"] == theirs["top_logprobs"][0]["id"]
                 assert mine["logprob"] == pytest.approx(theirs["logprob"], abs=0.15)
@@ -118,7 +119,8 @@ def test_streams_and_the_openai_routes_carry_the_draft_counts(speculating: tuple
 
 
 def test_a_hybrid_model_does_not_speculate_and_says_so(model_lock: None) -> None:
-    with KineticServer("-m", str(tiny_model("lfm2")), "-c", "1024", "-np", "1", "--spec-type", "ngram-simple") as server:
+    flags = ("-c", "1024", "-np", "1", "--spec-type", "ngram-simple")
+    with KineticServer("-m", str(tiny_model("lfm2")), *flags) as server:
         props = httpx.get(server.url + "/props").json()
         assert props["default_generation_settings"]["params"]["speculative.types"] == "none"
         tokens = [2] + [1000 + 37 * i % 50 for i in range(120)]  # a repeating prompt ngram-simple would draft from

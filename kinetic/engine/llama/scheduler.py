@@ -30,7 +30,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import llama_cpp
 from llama_cpp import _internals
@@ -44,7 +45,7 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import GrammarDeadEnd, token_logprob
 from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
-from kinetic.engine.llama.speculative import DraftWanted, accept_drafts, draft_room, make_speculator
+from kinetic.engine.llama.speculative import accept_drafts, make_speculator
 from kinetic.engine.options import SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
@@ -65,6 +66,15 @@ __all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Sl
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def decode_failure(status: int) -> str:
+    """llama_decode's failure in llama-server's words (its clients match them), with the status."""
+    if status == 1:  # no KV cells left for the batch: the slots together outgrew the (unified) context
+        return f"Context size has been exceeded. (llama_decode status {status}: no free KV cells for the batch)"
+    if status == -1:
+        return f"Invalid input batch. (llama_decode status {status})"
+    return f"Compute error. (llama_decode status {status})"
 
 
 class Scheduler(SlotAdmission):
@@ -287,7 +297,7 @@ class Scheduler(SlotAdmission):
             in_batch = {s.id for s, _ in sample_rows} | {s.id for s in evaluated}
             for slot in self.slots:
                 if slot.id in in_batch and slot.job is not None:
-                    self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
+                    self._emit(slot.job, ServerError(decode_failure(status)))
                     self._forget_cache(slot)
                     self._release(slot)
             return

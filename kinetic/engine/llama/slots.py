@@ -23,7 +23,7 @@ class Job:
     request: GenerationRequest
     sampler: Sampler
     inbox: LoopInbox  # how events reach the event loop that owns `queue`
-    queue: "asyncio.Queue[Event | BaseException]"
+    queue: asyncio.Queue[Event | BaseException]
     cancelled: bool = False
     done: bool = False
     counted: bool = True  # still counted against its client's requests in flight

@@ -21,9 +21,10 @@ by the same thread just before the main decode (never at the same time: both wou
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import numpy as np

@@ -18,6 +18,10 @@ before the end, as llama-server's context checkpoints, and where the prompt part
 seen before it, which is the end of a class's shared system prompt), so that the next prompts that start
 the same way restore one instead of evaluating it again, on any slot.
 
+Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; the
+slots and jobs themselves are slots.py's. With speculative decoding (speculative.py) a generating slot
+puts a draft after its last token in the same batch, and its rows are verified one after the other.
+
 Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
 the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
 never holds back the others. Events reach each event loop through its inbox (inbox.py), once per

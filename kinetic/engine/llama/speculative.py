@@ -93,7 +93,7 @@ class DraftModel:
     def draft(self, wanted: list[DraftWanted], options: SpecOptions) -> dict[int, list[int]]:
         """Greedy drafts for the slots in `wanted`: first their new tokens (and `last`) are decoded, then one
         drafted token of every slot still drafting per decode."""
-        picks = self._catch_up(wanted)
+        picks = self._catch_up(wanted, options.p_min)
         drafts: dict[int, list[int]] = {w.seq: [] for w in wanted}
         limits = {w.seq: min(options.n_max, w.n_max) for w in wanted}
         while picks:
@@ -114,7 +114,7 @@ class DraftModel:
             picks = {seq: self._pick(row, options.p_min) for row, seq in enumerate(rows)}
         return {seq: draft for seq, draft in drafts.items() if draft and len(draft) >= options.n_min}
 
-    def _catch_up(self, wanted: list[DraftWanted]) -> dict[int, tuple[int, float]]:
+    def _catch_up(self, wanted: list[DraftWanted], p_min: float) -> dict[int, tuple[int, float]]:
         """Brings each sequence to its slot's history plus `last`, in batches of n_batch; the pick after
         `last` of each."""
         memory = self.ctx.memory
@@ -130,7 +130,6 @@ class DraftModel:
             queue += [(t, n + i, w.seq, i == len(pending) - 1) for i, t in enumerate(pending)]
             held += pending
         picks: dict[int, tuple[int, float]] = {}
-        p_min = 0.0
         for start in range(0, len(queue), self.n_batch):
             chunk = queue[start:start + self.n_batch]
             self.batch.batch.n_tokens = 0

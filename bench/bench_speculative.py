@@ -3,8 +3,9 @@
 Three settings on each server: none; `--spec-type ngram-simple` (drafts from the slot's own history);
 `-md MODEL --spec-type draft-simple` (the bundled model as its own draft, llama-server's default 3 tokens a
 step). Two requests: a repetitive output (a base-model completion that repeats one sentence, greedy, where
-drafts are accepted) and the lab's request (lab 04-02's chat.py: its system and user message, 80 tokens, the
-server's default temperature, a fixed seed). Each is sent `--rounds` times; the table shows the median of
+drafts are accepted) and the lab's request (lab 04-02's chat.py: its system and user message, 80 tokens;
+greedy and to the end, so that both servers write the same 80 tokens). Each is sent `--rounds` times; the
+table shows the median of
 the servers' own `predicted_per_second`, `draft_n_accepted / draft_n`, and the ratios: with / without
 speculation on the same server, and kinetic / llama-server for the same setting. Servers take turns.
 
@@ -33,7 +34,8 @@ from kinetic.models import bundled_model_path  # noqa: E402
 
 SENTENCE = "The little robot walks to the old market and buys three red apples for its friend."
 REPETITIVE = {"prompt": " ".join([SENTENCE] * 6), "n_predict": 128, "temperature": 0, "ignore_eos": True}
-LAB = {"model": "local", "max_tokens": 80, "seed": 42, "chat_template_kwargs": {"enable_thinking": False},
+LAB = {"model": "local", "max_tokens": 80, "temperature": 0, "ignore_eos": True,
+       "chat_template_kwargs": {"enable_thinking": False},
        "messages": [{"role": "system", "content": "Rispondi in italiano, in modo breve."},
                     {"role": "user", "content": "Che cos'è llama.cpp?"}]}
 REQUESTS = {"repetitive output": ("/completion", REPETITIVE), "lab 04-02 request": ("/v1/chat/completions", LAB)}

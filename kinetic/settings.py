@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, fi
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, parse_kv_override
+from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, LongContext, parse_kv_override
 from kinetic.llama_flags import LlamaFlag, by_spelling
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp's common/chat.cpp names
@@ -258,6 +258,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
          metavar="FORMAT"),
     Flag("reasoning", ("-rea", "--reasoning"), "template thinking: on, off, auto", metavar="MODE"),
+    Flag("reasoning_budget", ("--reasoning-budget",), "thinking tokens before the end-of-thinking tag is forced "
+         "(-1 = no limit, 0 = end it at once)", metavar="N"),
+    Flag("reasoning_budget_message", ("--reasoning-budget-message",), "text put before the forced end-of-thinking "
+         "tag", metavar="MESSAGE"),
+    Flag("reasoning_preserve", ("--reasoning-preserve",), "templates that can keep the reasoning of every past "
+         "turn keep it (preserve_reasoning; off: only the last turn's)", negations=("--no-reasoning-preserve",)),
+    Flag("skip_chat_parsing", ("--skip-chat-parsing",), "everything the model writes is content: no reasoning or "
+         "tool calls read out of it", negations=("--no-skip-chat-parsing",)),
     Flag("prefill_assistant", ("--prefill-assistant",), "continue a last assistant message",
          negations=("--no-prefill-assistant",)),
     Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
@@ -268,6 +276,15 @@ FLAGS: tuple[Flag, ...] = (
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
     Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
          "hybrid/recurrent models: prompt states kept per slot (in --cache-ram; 0 = off)", metavar="N"),
+    Flag("context_shift", ("--context-shift",), "a slot that fills while generating keeps --keep tokens, drops half "
+         "of the rest and goes on (off: it stops with `length`; not on hybrid or recurrent models)",
+         negations=("--no-context-shift",)),
+    Flag("keep", ("--keep",), "default n_keep: prompt tokens a context shift keeps (-1 = all)", metavar="N"),
+    Flag("cache_reuse", ("--cache-reuse",), "smallest chunk of a slot's cached prompt moved to its new place "
+         "after a changed prefix instead of evaluated again (0 = off; not on hybrid or recurrent models)",
+         metavar="N"),
+    Flag("kv_unified_per_slot", ("--kv-unified-per-slot",), "most tokens one slot may hold; without -c the KV "
+         "cache is sized to slots x N", metavar="N"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
@@ -482,6 +499,10 @@ class ServerSettings(BaseSettings):
     # lab's shared prefix many times over (about 18 KiB a token on the bundled model).
     cache_ram: Annotated[int, Field(ge=0)] = 1024
     ctx_checkpoints: Annotated[int, Field(ge=0)] = 32  # llama-server's default
+    context_shift: bool = False
+    keep: Annotated[int, Field(ge=-1)] = 0
+    cache_reuse: Annotated[int, Field(ge=0)] = 0
+    kv_unified_per_slot: Annotated[int, Field(ge=0)] = 0
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None
@@ -492,6 +513,10 @@ class ServerSettings(BaseSettings):
     jinja: bool = True
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
     reasoning: Literal["on", "off", "auto"] = "auto"
+    reasoning_budget: Annotated[int, Field(ge=-1)] = -1
+    reasoning_budget_message: str = ""
+    reasoning_preserve: bool = True  # llama-server's default
+    skip_chat_parsing: bool = False
     prefill_assistant: bool = True
     ui: bool = True
     slots: bool = True
@@ -823,9 +848,15 @@ class ServerSettings(BaseSettings):
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
 
     def template_kwargs(self) -> dict[str, Any]:
-        """--chat-template-kwargs over --reasoning-effort: the variables every chat template gets by default."""
+        """--chat-template-kwargs over --reasoning-effort and --reasoning-preserve: the variables every chat
+        template gets by default."""
         effort = {} if self.reasoning_effort == "default" else {"reasoning_effort": self.reasoning_effort}
-        return {**effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
+        preserve = {"preserve_reasoning": self.reasoning_preserve}
+        return {**preserve, **effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
+
+    def long_context(self) -> LongContext:
+        return LongContext(context_shift=self.context_shift, cache_reuse=self.cache_reuse,
+                           slot_limit=self.kv_unified_per_slot)
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""

@@ -53,6 +53,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """llama-server's reasoning budget (kinetic.engine.llama.reasoning_budget): after `tokens` tokens of thinking
+    (from `start`, or from the first token when the prompt opened the block), `message` then `end` are forced."""
+
+    tokens: int
+    start: str = "<think>"
+    end: str = "</think>"
+    message: str = ""
+    starts_inside: bool = False
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -68,6 +80,7 @@ class GenerationRequest:
     # a prompt position other prompts are likely to share (where a chat's last message starts): on
     # hybrid and recurrent models the state there is saved (llama-server's user-message checkpoints)
     checkpoint_at: int = 0
+    reasoning_budget: ReasoningBudget | None = None  # None: thinking is not limited
 
 
 @dataclass(frozen=True)

@@ -195,9 +195,9 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
     )
 
 
-def n_keep(value: int | None) -> int:
+def n_keep(value: int | None) -> int | None:
     check_range("n_keep", value, -1, INT_MAX)
-    return value if value is not None else 0
+    return value
 
 
 # ------------------------------------------------------------------------- messages and tools

@@ -11,24 +11,27 @@ import signal
 import socket
 import sys
 import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
 from kinetic.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags, variable_warning, warning
 from kinetic.llama_flags import by_spelling, llama_server_flags
-from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
-                              load_settings)
+from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables, load_settings
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 log = logging.getLogger("kinetic")
 
 HELP_FLAGS = ("-h", "--help", "--usage")
 # flags whose every occurrence counts (the others: the last wins)
 REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora",
-                        "lora_scaled"})
+                        "lora_scaled", "override_tensor"})
 HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
@@ -257,9 +260,9 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 def serve(settings: ServerSettings) -> int:
 
     from kinetic.api_prefix import ApiPrefix
-    from kinetic.static_path import StaticPath
     from kinetic.app import create_app, error_response
     from kinetic.shutdown import DrainingServer
+    from kinetic.static_path import StaticPath
     from kinetic.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
@@ -316,7 +319,7 @@ def serve(settings: ServerSettings) -> int:
     app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
-    served = StaticPath(app, settings.path) if settings.path else app
+    served: ASGIApp = StaticPath(app, settings.path) if settings.path else app
     served = ApiPrefix(served, settings.api_prefix, error_response) if settings.api_prefix else served
     config = TransportConfig(served, limits=limits, error_response=error_response,
                              ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
@@ -395,13 +398,9 @@ def configure_logging(settings: ServerSettings, root: logging.Logger | None = No
 
 def list_devices() -> int:
     """--list-devices: llama-server's list of the devices llama.cpp can offload to, then exit 0."""
-    import llama_cpp
+    from kinetic.engine.llama.devices import list_devices_text
 
-    print("Available devices:")
-    if not llama_cpp.llama_supports_gpu_offload():
-        print("  (none: this llama.cpp build runs on the CPU only)")
-    else:
-        print("  (this build can offload, but llama-cpp-python binds no call that lists the devices)")
+    print(list_devices_text())
     return 0
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kinetic.classroom.keys import KeyRing
 from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions, LongContext, parse_kv_override
 from kinetic.llama_flags import LlamaFlag, by_spelling
 
@@ -25,9 +27,7 @@ REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")  # llama.cpp
 # llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
 FALSE_WORDS = frozenset({"off", "disabled", "false", "0", "no"})
-SWITCH_TYPES = (bool, bool | None)  # a switch that may also be left unset (None: kinetic decides)
-
-from kinetic.classroom.keys import KeyRing
+SWITCH_TYPES: tuple[object, ...] = (bool, bool | None)  # a switch that may also be left unset (None: kinetic decides)
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("tags", ("--tags",), "model tags, comma list (shown by /v1/models)", metavar="TAGS"),
     Flag("models_dir", ("--models-dir",), "router mode: serve every GGUF under this folder, named by file stem",
          metavar="PATH"),
-    Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model", metavar="PATH"),
-    Flag("models_max", ("--models-max",), "router mode: local models loaded at once, LRU unloaded (0 = no limit)", metavar="N"),
+    Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model",
+         metavar="PATH"),
+    Flag("models_max", ("--models-max",), "router mode: local models loaded at once, LRU unloaded (0 = no limit)",
+         metavar="N"),
     Flag("models_autoload", ("--models-autoload",), "router mode: a request for an unloaded model loads it",
          negations=("--no-models-autoload",)),
-    Flag("upstream", ("--upstream",), "router mode: NAME served by an OpenAI-compatible server (repeat: a pool)", metavar="NAME=URL"),
+    Flag("upstream", ("--upstream",), "router mode: NAME served by an OpenAI-compatible server (repeat: a pool)",
+         metavar="NAME=URL"),
     Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
          metavar="N"),
     Flag("parallel", ("-np", "--parallel"),
@@ -149,10 +152,12 @@ FLAGS: tuple[Flag, ...] = (
          "(a CPU build has no GPU: passed on, no effect)", metavar="N"),
     Flag("split_mode", ("-sm", "--split-mode"), "how to split the model across GPUs: none, layer, row, tensor",
          metavar="MODE"),
-    Flag("tensor_split", ("-ts", "--tensor-split"), "fraction of the model for each GPU, e.g. 3,1", metavar="N0,N1,..."),
+    Flag("tensor_split", ("-ts", "--tensor-split"), "fraction of the model for each GPU, e.g. 3,1",
+         metavar="N0,N1,..."),
     Flag("main_gpu", ("-mg", "--main-gpu"), "the GPU for the model (split mode none) or for intermediate results",
          metavar="INDEX"),
-    Flag("load_mode", ("-lm", "--load-mode"), "model loading: auto, none, mmap, mlock, mmap+mlock, dio", metavar="MODE"),
+    Flag("load_mode", ("-lm", "--load-mode"), "model loading: auto, none, mmap, mlock, mmap+mlock, dio",
+         metavar="MODE"),
     Flag("mmap", ("--mmap",), "older llama-server spelling: --no-mmap reads the model into memory (--load-mode none)",
          negations=("--no-mmap",)),
     Flag("mlock", ("--mlock",), "older llama-server spelling: keep the model in RAM (--load-mode mmap+mlock)"),
@@ -162,7 +167,17 @@ FLAGS: tuple[Flag, ...] = (
     Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
          "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
     Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
-    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's answer may then differ from a fresh one)", negations=("-nr", "--no-repack")),
+    Flag("device", ("-dev", "--device"), "devices to offload to, comma-separated, or none (--list-devices shows "
+         "them; a CPU build has none)", metavar="DEV1,DEV2,.."),
+    Flag("override_tensor", ("-ot", "--override-tensor"), "buffer type for the tensors whose name matches a "
+         "pattern, PATTERN=TYPE,... (repeat the flag for more)", metavar="PATTERN=TYPE"),
+    Flag("cpu_moe", ("-cmoe", "--cpu-moe"), "keep every Mixture-of-Experts weight in the CPU"),
+    Flag("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), "keep the MoE weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("n_cpu_ffn", ("-ncffn", "--n-cpu-ffn"), "keep the dense FFN weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's answer "
+         "may then differ from a fresh one)", negations=("-nr", "--no-repack")),
     Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),
     Flag("op_offload", ("--op-offload",), "offload host tensor operations to the device",
          negations=("--no-op-offload",)),
@@ -441,6 +456,11 @@ class ServerSettings(BaseSettings):
     numa: Literal["distribute", "isolate", "numactl"] | None = None
     override_kv: tuple[str, ...] = ()
     check_tensors: bool = False
+    device: str | None = None
+    override_tensor: tuple[str, ...] = ()
+    cpu_moe: bool = False
+    n_cpu_moe: Annotated[int, Field(ge=0)] = 0
+    n_cpu_ffn: Annotated[int, Field(ge=0)] = 0
     repack: bool = False  # llama-server's default is on: see the differences table
     no_host: bool = False
     op_offload: bool = True
@@ -552,7 +572,8 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _llama_bool(cls, value: Any, info: ValidationInfo) -> Any:
         """Switches read from variables take llama.cpp's words (enabled/disabled too)."""
-        if isinstance(value, str) and cls.model_fields[info.field_name].annotation in SWITCH_TYPES:
+        name = info.field_name
+        if isinstance(value, str) and name is not None and cls.model_fields[name].annotation in SWITCH_TYPES:
             word = value.strip().lower()
             if word in TRUE_WORDS:
                 return True
@@ -627,7 +648,7 @@ class ServerSettings(BaseSettings):
         return value
 
     @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora", "lora_scaled",
-                     mode="before")
+                     "override_tensor", mode="before")
     @classmethod
     def _one_from_a_variable(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
@@ -719,6 +740,24 @@ class ServerSettings(BaseSettings):
                 parse_kv_override(part)
         return value
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kinetic.engine.llama import devices  # llama.cpp's libraries load only when the flag is given
+
+            devices.parse_device_list(value)
+        return value
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _override_tensor(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from kinetic.engine.llama import devices
+
+        for item in value:
+            devices.parse_tensor_overrides(item)
+        return value
+
     @field_validator("flash_attn", mode="before")
     @classmethod
     def _flash_attn_word(cls, value: Any) -> Any:
@@ -751,7 +790,7 @@ class ServerSettings(BaseSettings):
         return data
 
     @model_validator(mode="after")
-    def _ssl_pair(self) -> "ServerSettings":
+    def _ssl_pair(self) -> ServerSettings:
         if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
             raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
         return self
@@ -827,6 +866,23 @@ class ServerSettings(BaseSettings):
                   for item in self.lora_scaled for part in item.split(",")]
         return tuple(plain + scaled)
 
+    def device_names(self) -> tuple[str, ...] | None:
+        """-dev: the devices to offload to, () for none, None for llama.cpp's default (all)."""
+        if self.device is None:
+            return None
+        from kinetic.engine.llama import devices
+
+        return tuple(devices.parse_device_list(self.device))
+
+    def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
+        """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""
+        if not (self.override_tensor or self.cpu_moe or self.n_cpu_moe or self.n_cpu_ffn):
+            return ()
+        from kinetic.engine.llama import devices
+
+        given = [pair for item in self.override_tensor for pair in devices.parse_tensor_overrides(item)]
+        return tuple(given + devices.cpu_layer_overrides(self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn))
+
     def llama_options(self) -> LlamaOptions:
         """What the model and context flags ask of llama.cpp."""
         load_mode = self.load_mode
@@ -838,7 +894,8 @@ class ServerSettings(BaseSettings):
             split_mode=self.split_mode, main_gpu=self.main_gpu, load_mode=load_mode, lazy_mode=self.lazy_mode,
             tensor_split=tuple(float(p) for p in re.split(r"[,/]+", self.tensor_split or "") if p.strip()),
             kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
-            check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
+            check_tensors=self.check_tensors, devices=self.device_names(), tensor_overrides=self.tensor_overrides(),
+            repack=self.repack, no_host=self.no_host, numa=self.numa,
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
             threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
@@ -866,7 +923,7 @@ class ServerSettings(BaseSettings):
         """Every key a client may send; empty when the server is open."""
         return self.key_ring().keys
 
-    def replace(self, **changes: Any) -> "ServerSettings":
+    def replace(self, **changes: Any) -> ServerSettings:
         return self.model_copy(update=changes)
 
 
@@ -907,7 +964,7 @@ def ignored_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
     implemented = {name for flag in FLAGS for name in flag.env_names}
     names: list[str] = [name for name in environ if name.startswith("KINETIC_") and environ[name] != ""
                         and name not in implemented and name not in OTHER_KINETIC_VARIABLES]
-    for spelling, llama in by_spelling().items():
+    for llama in by_spelling().values():
         for env in (llama.env, llama.negative_env):
             if (env and env.startswith("LLAMA_") and env not in implemented and environ.get(env, "") != ""
                     and env not in names):
@@ -924,7 +981,7 @@ def load_settings(cli: Mapping[str, tuple[str, Any]], environ: Mapping[str, str]
     env = FlagEnvSource(ServerSettings, environ)
     init = InitSettingsSource(ServerSettings, init_kwargs={**{d: v for d, (_, v) in cli.items()}, **extra})
     try:
-        return ServerSettings(_build_sources=((init, env), {}))
+        return ServerSettings(_build_sources=((init, env), {}))  # type: ignore[call-arg]  # pydantic-settings' own kwarg
     except ValidationError as exc:
         origins = {dest: spelling for dest, (spelling, _) in env.found.items()}
         origins.update({dest: spelling for dest, (spelling, _) in cli.items()})

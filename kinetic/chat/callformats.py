@@ -29,8 +29,9 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 SchemaCompiler = Callable[[dict[str, Any]], str]  # a JSON schema -> GBNF whose start rule is `root`
 ParameterSchemas = dict[str, dict[str, Any]]  # tool name -> its parameters schema
@@ -152,7 +153,7 @@ def _properties(tool: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
     may point to, since it is compiled on its own."""
     parameters = _parameters(tool)
     required = set(parameters.get("required") or ())
-    definitions = {key: parameters[key] for key in ("$defs", "definitions") if key in parameters}
+    definitions: dict[str, Any] = {key: parameters[key] for key in ("$defs", "definitions") if key in parameters}
     return [(name, {**schema, **definitions} if isinstance(schema, dict) else {}, name in required)
             for name, schema in (parameters.get("properties") or {}).items()]
 
@@ -366,7 +367,8 @@ def _literal_value(node: ast.expr) -> Any:
     if isinstance(node, ast.List):
         return [_literal_value(item) for item in node.elts]
     if isinstance(node, ast.Dict):
-        return {_literal_value(k): _literal_value(v) for k, v in zip(node.keys, node.values) if k is not None}
+        return {_literal_value(k): _literal_value(v)
+                for k, v in zip(node.keys, node.values, strict=True) if k is not None}
     return ast.literal_eval(node)
 
 
@@ -574,7 +576,7 @@ class CommandR7bFormat(CallFormat):
     def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
         match = self._action.search(text)
         items = _tool_name_items(match.group(1), single_ok=True) if match else None
-        if not items:
+        if match is None or not items:
             return None
         content = text[:match.start()].replace("<|START_RESPONSE|>", "").replace("<|END_RESPONSE|>", "")
         return FoundCalls(content.strip(), [FoundCall(i["tool_name"], i.get("parameters", {}),
@@ -607,7 +609,7 @@ class CommandRPlusFormat(CallFormat):
     def parse(self, text: str, parameters: ParameterSchemas) -> FoundCalls | None:
         match = self._action.search(text)
         items = _tool_name_items(match.group(1), single_ok=False) if match else None
-        if items is None:
+        if match is None or items is None:
             return None
         calls = [FoundCall(i["tool_name"], i.get("parameters", {})) for i in items
                  if i["tool_name"] != "directly-answer"]

@@ -7,8 +7,9 @@ runs them in a worker thread, never on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from kinetic.chat.callformats import FoundCall, rendered_calls
 from kinetic.chat.constraints import chat_constraints, output_grammar
@@ -32,7 +33,6 @@ from kinetic.engine.base import Engine
 from kinetic.engine.text import common_prefix
 from kinetic.engine.types import GenerationRequest, SamplingParams
 from kinetic.errors import InvalidRequestError, field_error
-
 
 # SamplingOptions fields that pass to SamplingParams under the same name when the client set them
 EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
@@ -239,7 +239,7 @@ class ChatLayer:
             raise InvalidRequestError("Prompt contains invalid tokens", param=param)
         return tokens
 
-    def mixed_tokens(self, prompt: list[int | str], *, lead: Callable[[str], list[int]]) -> list[int]:
+    def mixed_tokens(self, prompt: Sequence[int | str], *, lead: Callable[[str], list[int]]) -> list[int]:
         """Token ids as they are, text tokenized in place; `lead` tokenizes text that comes first
         (with BOS), later text gets none: llama-server's tokenize_mixed."""
         tokens: list[int] = []
@@ -271,7 +271,8 @@ class ChatLayer:
         budget = reasoning_budget(req, server_tokens=self.defaults.reasoning_budget,
                                   server_message=self.defaults.reasoning_budget_message,
                                   thinks=self.template.thinks and not self.defaults.skip_chat_parsing,
-                                  starts_inside=rendered.starts_in_reasoning, constrained=constraints.grammar is not None)
+                                  starts_inside=rendered.starts_in_reasoning,
+                                  constrained=constraints.grammar is not None)
         generation = replace(generation, reasoning_budget=budget)
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,
@@ -342,7 +343,7 @@ class ChatLayer:
         with `truncate`, a longer input is cut to the context instead (Ollama's default)."""
         limit = self.engine.embedding_n_ctx
         token_lists = []
-        for item, param in zip(inputs, params):
+        for item, param in zip(inputs, params, strict=False):
             if isinstance(item, str):
                 tokens = self.engine.tokenize(item, add_special=True, parse_special=True)
             else:

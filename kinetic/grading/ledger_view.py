@@ -7,9 +7,10 @@ the caller by the key's name from `--api-key-file`. Both are compared after `nor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import read_ledger
@@ -35,7 +36,7 @@ class LedgerView:
         self._by_key = {normalize_name(n): n for n in reversed(self.names)}
 
     @classmethod
-    def from_files(cls, ledger: Path, key_file: Path | None = None) -> "LedgerView":
+    def from_files(cls, ledger: Path, key_file: Path | None = None) -> LedgerView:
         roster = KeyRing(file=key_file).names if key_file else []
         return cls(read_ledger(ledger), roster, str(key_file or ledger))
 
@@ -46,7 +47,7 @@ class LedgerView:
                 return name
         return None
 
-    def for_student(self, candidates: list[str]) -> "StudentLedger":
+    def for_student(self, candidates: list[str]) -> StudentLedger:
         return StudentLedger(self, self.resolve(candidates), candidates)
 
 
@@ -96,7 +97,7 @@ def whose(others: list[Record]) -> str:
     return f"these numbers are those of {describe_record(first)}, a request of {owner}"
 
 
-def author_ledger(ledger: "StudentLedger | None") -> "StudentLedger":
+def author_ledger(ledger: StudentLedger | None) -> StudentLedger:
     """The deliverable author's part of the ledger; a Failure when the ledger knows no such student."""
     from kinetic.grading.checks import Failure
 

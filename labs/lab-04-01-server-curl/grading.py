@@ -54,7 +54,8 @@ def health(deliverable: Deliverable) -> dict[str, Any] | None:
 
 
 def answer(deliverable: Deliverable) -> list[str] | None:
-    found = [s for s in deliverable.sections if ANSWER_HEADING.search(s.heading) and not OUTPUT_HEADING.search(s.heading)]
+    found = [s for s in deliverable.sections
+             if ANSWER_HEADING.search(s.heading) and not OUTPUT_HEADING.search(s.heading)]
     return found[-1].prose if found else None
 
 
@@ -121,7 +122,8 @@ def props_read(ctx: Context) -> str:
     slots = found.get("total_slots")
     n_ctx = (found.get("default_generation_settings") or {}).get("n_ctx")
     if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
-        raise Failure(f"total_slots={slots!r} and n_ctx={n_ctx!r} are not a server's", "paste the whole output of /props")
+        raise Failure(f"total_slots={slots!r} and n_ctx={n_ctx!r} are not a server's",
+                      "paste the whole output of /props")
     alias = found.get("model_alias")
     models = {c.get("model") for c in completions(ctx.deliverable)}
     if alias and models and models != {alias}:
@@ -196,7 +198,8 @@ def answer_explains_cache(ctx: Context) -> None:
     text = "\n".join(answer(ctx.deliverable) or [])
     if not text:
         raise Skip("no answer (see outputs_present)")
-    missing = [what for what, pattern in (("the cache (or KV)", CACHE_TERMS), ("the prompt or its tokens", PROMPT_TERMS))
+    missing = [what for what, pattern in (("the cache (or KV)", CACHE_TERMS),
+                                          ("the prompt or its tokens", PROMPT_TERMS))
                if not pattern.search(text)]
     if missing:
         raise Failure(f"the answer does not mention {' nor '.join(missing)}",

@@ -139,11 +139,11 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
     tokens = [TokensLine(int(m[1]), float(m[2]), m[0]) for m in map(TOKENS_RE.search, lines) if m]
     error = next((m[0].strip("` ") for m in map(ERROR_RE.search, lines) if m), None)
     if error is None:
-        error = next((l.strip() for l in lines if "Error code" in l or "AuthenticationError" in l), None)
+        error = next((text.strip() for text in lines if "Error code" in text or "AuthenticationError" in text), None)
     answers = [s for s in deliverable.sections if ANSWER_HEADING.search(s.heading)
                and not OUTPUT_HEADING.search(s.heading)]
     answer = answers[-1].prose if answers else None
-    return Outputs(full, stray, stream, tokens, any(END_RE.match(l) for l in lines), error, answer)
+    return Outputs(full, stray, stream, tokens, any(END_RE.match(text) for text in lines), error, answer)
 
 
 def outputs(ctx: Context) -> Outputs:
@@ -343,12 +343,14 @@ def chat_py_in_ledger(ctx: Context) -> str:
     ledger = author_ledger(ctx.ledger)
     matched = []
     for run in _full_runs(ctx):
-        record, others = ledger.find(lambda r: _full_numbers(run, r) and r.get("duration_s", 0) <= run.seconds + 0.05)
+        record, others = ledger.find(lambda r, run=run: _full_numbers(run, r)
+                                     and r.get("duration_s", 0) <= run.seconds + 0.05)
         if record is None:
-            slow, _ = ledger.find(lambda r: _full_numbers(run, r))
+            slow, _ = ledger.find(lambda r, run=run: _full_numbers(run, r))
             if slow is not None:
-                raise Failure(f"{describe_record(slow)} has these numbers but took the server {slow['duration_s']:.2f}s, "
-                              f"more than the {run.seconds}s chat.py says", "paste the lines of one run, unedited")
+                raise Failure(f"{describe_record(slow)} has these numbers but took the server "
+                              f"{slow['duration_s']:.2f}s, more than the {run.seconds}s chat.py says",
+                              "paste the lines of one run, unedited")
             raise Failure(f"no request of {ledger.name} matches {run.usage_line} {run.server_line}: {whose(others)}",
                           "run python chat.py yourself, with your key, and paste its output unedited")
         matched.append(describe_record(record))
@@ -365,9 +367,10 @@ def stream_in_ledger(ctx: Context) -> str:
         raise Skip("chat.py --stream's line is missing (see outputs_present)")
     matched = []
     for run in runs:
-        def same(r: Record) -> bool:
+        def same(r: Record, run: StreamRun = run) -> bool:
             return _chat_ok(r, stream=True) and r.get("chunks") == run.chunks \
-                and float(r.get("ttft_s") or 0) <= run.ttft + 0.005 and float(r.get("duration_s") or 0) <= run.total + 0.05
+                and float(r.get("ttft_s") or 0) <= run.ttft + 0.005 \
+                and float(r.get("duration_s") or 0) <= run.total + 0.05
         record, others = ledger.find(same)
         if record is None:
             raise Failure(f"no streamed request of {ledger.name} matches {run.line}: {whose(others)}",
@@ -385,7 +388,7 @@ def chat_mjs_in_ledger(ctx: Context) -> str:
         raise Skip("chat.mjs's line is missing (see outputs_present)")
     matched = []
     for line in lines:
-        record, others = ledger.find(lambda r: r.get("route") in CHAT_ROUTES and r.get("status") == 200
+        record, others = ledger.find(lambda r, line=line: r.get("route") in CHAT_ROUTES and r.get("status") == 200
                                      and timing(r, "predicted_n") == line.tokens
                                      and printed_alike(timing(r, "predicted_per_second"), line.tps))
         if record is None:

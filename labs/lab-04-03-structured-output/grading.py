@@ -180,7 +180,7 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
                 out.auto.append((out.runs[-1], int(match[1])))
         elif (match := STREAM_RE.search(line)) is not None:
             call = streaming or {"id": None, "name": None}
-            out.stream_calls.append({**call, "arguments": "".join(l.strip() for l in buffer if l.strip() not in
+            out.stream_calls.append({**call, "arguments": "".join(b.strip() for b in buffer if b.strip() not in
                                                                 ("```", "~~~")),
                                      "chunks": int(match[1]), "ttft": float(match[2]), "total": float(match[3]),
                                      "finish_reason": match[4]})
@@ -547,8 +547,8 @@ def grammar_in_ledger(ctx: Context) -> str:
     matched = []
     for obj in answers:
         timings = obj["timings"]
-        record, others = ledger.find(lambda r: r.get("route") in COMPLETION_ROUTES and r.get("status") == 200
-                                     and r.get("timings") == timings)
+        record, others = ledger.find(lambda r, timings=timings: r.get("route") in COMPLETION_ROUTES
+                                     and r.get("status") == 200 and r.get("timings") == timings)
         if record is None:
             raise Failure(f"no /completion request of {ledger.name} has these timings: {whose(others)}",
                           "send grammar.json to the class server with your key and paste what curl printed")

@@ -238,7 +238,7 @@ def load_runs_in_ledger(ctx: Context) -> str:
             elsewhere += 1
             continue
         records = []
-        for short, found in zip(run.ids, anyone):
+        for short, found in zip(run.ids, anyone, strict=True):
             mine = [r for r in found if r.get("client") == ledger.name]
             if not mine:
                 owner = found[0].get("client") if found else None
@@ -268,4 +268,5 @@ def load_runs_in_ledger(ctx: Context) -> str:
     if not notes:
         raise Failure(f"none of the runs is in the ledger of {ctx.ledger.view.source}",
                       "run load.py once against the class server, with your key, and paste it")
-    return "; ".join(notes) + (f"; {elapsed} run(s) on another server: file checks only" if (elapsed := elsewhere) else "")
+    return "; ".join(notes) + (f"; {elapsed} run(s) on another server: file checks only"
+                               if (elapsed := elsewhere) else "")

@@ -7,7 +7,8 @@ and so does kinetic), and talks to /completion with token prompts.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -9,8 +9,9 @@ Lengths are counted in tokens with the server's own /tokenize.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anthropic
 import httpx

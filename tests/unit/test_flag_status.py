@@ -82,9 +82,9 @@ def test_ignored_flags_warn_naming_their_row() -> None:
         for name in reason.flags:
             assert f'"{reason.row}"' in warning(name), name
     assert "ignored flags: image, audio and video input" in warning("--mmproj")  # any spelling
-    assert '"ignored flags: devices and tensor placement"' in variable_warning("LLAMA_ARG_RPC")
+    assert '"ignored flags: remote devices and fitting to memory"' in variable_warning("LLAMA_ARG_RPC")
     assert variable_warning("KINETIC_PROT") == "warning: KINETIC_PROT is not a kinetic setting; ignored"
-    assert ignored_by_flag()["--rpc"].row == "ignored flags: devices and tensor placement"
+    assert ignored_by_flag()["--rpc"].row == "ignored flags: remote devices and fitting to memory"
 
 
 def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,7 +95,7 @@ def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) 
                                 environ={})
     assert serve(settings) == 1
     err = capsys.readouterr().err
-    assert '--rpc is ignored: see "ignored flags: devices and tensor placement"' in err
+    assert '--rpc is ignored: see "ignored flags: remote devices and fitting to memory"' in err
     assert '--control-vector is ignored: see "ignored flags: control vectors"' in err
 
 

@@ -124,8 +124,9 @@ def layer() -> ChatLayer:
     return ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"), defaults)
 
 
-def prompt(layer: ChatLayer, options: SamplingOptions = SamplingOptions(), stop: tuple[str, ...] = (),
-           output: OutputConstraint = OutputConstraint()):
+def prompt(layer: ChatLayer, options: SamplingOptions = SamplingOptions(),  # noqa: B008  frozen dataclass
+           stop: tuple[str, ...] = (),
+           output: OutputConstraint = OutputConstraint()):  # noqa: B008  frozen dataclass
     return layer.prepare_prompt(PromptRequest(prompt="hi", options=GenerationOptions(sampling=options, stop=stop),
                                               output=output))
 

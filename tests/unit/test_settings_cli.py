@@ -102,8 +102,10 @@ def test_issue_examples_start() -> None:
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
     assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
-    assert s.ignored_flags == ("-sps", "-ot", "--control-vector-layer-range") and s.keep == -1
-    assert s.kv_unified and s.reverse_prompt == ("User:",) and s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
+    assert s.ignored_flags == ("-sps", "--control-vector-layer-range") and s.keep == -1
+    assert s.override_tensor == ("exps=CPU",)
+    assert s.kv_unified and s.reverse_prompt == ("User:",)
+    assert s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
     assert (s.dry_multiplier, s.dry_sequence_breaker, s.xtc_probability, s.xtc_threshold) == (0.8, ("none",), 0.5, 0.1)
     assert (s.gpu_layers, s.flash_attn, s.mlock) == ("99", "on", True)
 

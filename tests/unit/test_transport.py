@@ -6,7 +6,7 @@ import select
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import uvicorn

@@ -12,13 +12,13 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from kinetic.chat import types as neutral
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.toolcalls import ParsedCall
-from kinetic.engine.types import Finished, GenerationRequest, ModelInfo, TextDelta, TokenLogprob
+from kinetic.engine.types import Event, Finished, GenerationRequest, ModelInfo, PromptProgress, TextDelta, TokenLogprob
 from kinetic.errors import ContextOverflowError, InvalidRequestError, KineticError, NotFoundError, field_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.ollama.types import (
@@ -54,7 +54,7 @@ def error_body(err: KineticError) -> dict[str, str]:
 
 def timestamp(seconds: float | None = None) -> str:
     """RFC 3339 in UTC with a Z, as Ollama writes `created_at` and `modified_at`."""
-    moment = datetime.now(timezone.utc) if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
+    moment = datetime.now(UTC) if seconds is None else datetime.fromtimestamp(seconds, UTC)
     return moment.isoformat().replace("+00:00", "Z")
 
 
@@ -481,7 +481,9 @@ class LineEncoder:
             body["logprobs"] = [logprob_entry(logprob, self.ctx.n_probs)]
         return [ndjson_line(body)]
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def encode(self, event: Event) -> list[bytes]:
+        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
+            return []
         if isinstance(event, TextDelta):
             logprob = event.logprob if self.ctx.n_probs else None
             return self._lines(self.answer.push(event.text), logprob)

@@ -307,6 +307,7 @@ class ChatLayer:
                                  cache_prompt=self.defaults.cache_prompt if options.cache_prompt is None
                                  else options.cache_prompt, id_slot=options.id_slot,
                                  n_keep=self.defaults.n_keep if options.n_keep is None else options.n_keep,
+                                 n_discard=options.n_discard,
                                  post_sampling_probs=options.post_sampling_probs,
                                  return_progress=options.return_progress)
 

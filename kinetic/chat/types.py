@@ -132,6 +132,7 @@ class GenerationOptions:
     cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on by default)
     id_slot: int = -1
     n_keep: int | None = None  # prompt tokens a context shift keeps (-1: all); None: the server's --keep
+    n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities
     return_progress: bool = False  # prompt-progress events while the prompt is evaluated
 

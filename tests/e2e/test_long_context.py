@@ -66,9 +66,10 @@ def test_context_shift_keeps_generating_past_the_context(shifting: KineticServer
     assert result["tokens_cached"] < N_CTX
 
 
-def test_context_shift_keeps_the_whole_prompt_with_n_keep_minus_one(shifting: KineticServer) -> None:
-    result = complete(shifting.url, HEAD, n_predict=300, ignore_eos=True, n_keep=-1)
+def test_context_shift_takes_the_requests_n_keep_and_n_discard(shifting: KineticServer) -> None:
+    result = complete(shifting.url, HEAD, n_predict=300, ignore_eos=True, n_keep=-1, n_discard=16)
     assert result["tokens_predicted"] == 300 and result["truncated"] is True
+    assert (result["generation_settings"]["n_keep"], result["generation_settings"]["n_discard"]) == (-1, 16)
 
 
 def test_a_prompt_longer_than_the_context_is_still_refused(shifting: KineticServer) -> None:

@@ -10,6 +10,9 @@ import pytest
 from kinetic.cli import parse_serve_args
 from kinetic.engine.llama.context_shift import allowed, reuse_chunks, shift, shift_span
 from kinetic.engine.options import LongContext
+from kinetic.errors import InvalidRequestError
+from kinetic.protocols.common.translate import generation_options
+from kinetic.protocols.common.types import SamplingFields
 
 
 class RecordingCells:
@@ -44,6 +47,9 @@ def test_shift_span_is_llama_servers() -> None:
     assert shift_span(255, 8, 20, add_bos=False, n_ctx=256) == (8, 123)
     assert shift_span(255, -1, 20, add_bos=True, n_ctx=256) == (21, 117)  # -1: the whole prompt
     assert shift_span(255, 1000, 20, add_bos=True, n_ctx=256) == (252, 1)  # at most n_ctx - 4 kept
+    # a request's n_discard instead of half, never all of what follows n_keep
+    assert shift_span(255, 8, 20, add_bos=False, n_ctx=256, n_discard=10) == (8, 10)
+    assert shift_span(255, 8, 20, add_bos=False, n_ctx=256, n_discard=500) == (8, 246)
 
 
 def test_shift_drops_the_tokens_after_n_keep_and_moves_the_rest_down() -> None:
@@ -97,6 +103,14 @@ def test_memories_that_cannot_shift_turn_both_off_with_llama_servers_warnings(
     assert "cache_reuse is not supported by this context" in caplog.text
     # LFM2, Mamba: their cells move, but a recurrent state cannot lose a middle
     assert allowed(wanted, can_shift=True, exact_states=True) == LongContext(context_shift=True, slot_limit=128)
+
+
+def test_n_keep_and_n_discard_are_request_fields() -> None:
+    options = generation_options(SamplingFields(n_keep=-1, n_discard=12), max_tokens=None)
+    assert (options.n_keep, options.n_discard) == (-1, 12)
+    assert generation_options(SamplingFields(), max_tokens=None).n_keep is None  # the server's --keep
+    with pytest.raises(InvalidRequestError, match="n_discard"):
+        generation_options(SamplingFields(n_discard=-1), max_tokens=None)
 
 
 def test_the_flags_set_the_engine_and_the_request_default() -> None:

@@ -68,16 +68,18 @@ class MemoryCells:
         llama_cpp.llama_memory_seq_add(self.memory, seq_id, p0, p1, delta)
 
 
-def shift_span(n_tokens: int, n_keep: int, n_prompt: int, *, add_bos: bool, n_ctx: int) -> tuple[int, int]:
+def shift_span(n_tokens: int, n_keep: int, n_prompt: int, *, add_bos: bool, n_ctx: int,
+               n_discard: int = 0) -> tuple[int, int]:
     """(n_keep, n_discard) for a full slot holding `n_tokens`, as llama-server computes them: n_keep -1 keeps
-    the whole prompt, the BOS is kept beside n_keep, at most n_ctx - 4 are kept, and half the rest goes."""
+    the whole prompt, the BOS is kept beside n_keep, at most n_ctx - 4 are kept, and `n_discard` (0: half the
+    rest) goes, never all the rest."""
     keep = n_prompt if n_keep < 0 else n_keep
     if add_bos:
         keep += 1
     keep = min(n_ctx - 4, keep)
     n_left = n_tokens - keep
-    n_discard = min(max(n_left // 2, 0), max(0, n_left - 1))
-    return keep, n_discard
+    wanted = n_discard if n_discard else n_left // 2
+    return keep, min(max(wanted, 0), max(0, n_left - 1))
 
 
 def shift(cells: CellMover, seq_id: int, tokens: list[int], n_keep: int, n_discard: int) -> list[int]:

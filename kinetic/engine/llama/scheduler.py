@@ -649,7 +649,8 @@ class Scheduler:
     def _shift_context(self, slot: Slot) -> bool:
         """--context-shift on a full slot (context_shift.py); False when off or its shared cells would move."""
         assert slot.job is not None
-        n_keep, n_discard = shift_span(len(slot.tokens), slot.job.request.n_keep, len(slot.prompt),
+        request = slot.job.request
+        n_keep, n_discard = shift_span(len(slot.tokens), request.n_keep, len(slot.prompt), n_discard=request.n_discard,
                                        add_bos=self.model.info.add_bos, n_ctx=self.slot_n_ctx)
         if not self.long_context.context_shift or n_discard <= 0 or n_keep + n_discard < slot.shared:
             return False

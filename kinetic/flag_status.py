@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kinetic.llama_flags import LlamaFlag, llama_server_flags
-from kinetic.settings import FLAGS_BY_SPELLING
+from kinetic.serve_flags import FLAGS_BY_SPELLING
 
 CLI_ACTIONS = ("-h", "--version")  # handled by the command line itself: help, version
 DIFFERENCES_PAGE = "docs/reference/http-llamacpp.md"

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kinetic.chat.callformats import FoundCall, rendered_calls
+from kinetic.chat.callformats import rendered_calls
+from kinetic.chat.callformats.base import FoundCall
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG

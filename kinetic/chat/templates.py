@@ -31,7 +31,7 @@ from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kinetic.chat.callformats import detect_call_format
+from kinetic.chat.callformats.detect import detect_call_format
 from kinetic.errors import InvalidRequestError
 
 BUILTIN_NAMES = ("chatml", "gemma", "llama3")  # kinetic's Jinja built-ins (they render tools too)

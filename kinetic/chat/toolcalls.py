@@ -23,7 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic.chat.callformats import JSON, ParameterSchemas, format_markers, parse_in_format
+from kinetic.chat.callformats import format_markers, parse_in_format
+from kinetic.chat.callformats.base import ParameterSchemas
+from kinetic.chat.callformats.detect import JSON
 from kinetic.engine.text import held_suffix
 
 ALPHANUMERIC = string.ascii_letters + string.digits

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import read_ledger
 from kinetic.grading.deliverable import normalize_name
 
 Record = dict[str, Any]
+T = TypeVar("T")
 
 
 def describe_record(record: Record) -> str:
@@ -80,6 +82,20 @@ class StudentLedger:
                 self.used.add(id(record))
                 return record, []
         return None, [r for r in self.view.records if r.get("client") != self.name and matches(r)]
+
+    def match_each(self, pasted: Iterable[T], matches: Callable[[T, Record], bool], missing: Callable[[T], str],
+                   hint: str) -> str:
+        """Each pasted output is one of this student's requests (each a different one): "matches ..." naming
+        them, or a Failure for the first that is not, `missing(item)` saying what was looked for."""
+        from kinetic.grading.checks import Failure
+
+        matched = []
+        for item in pasted:
+            record, others = self.find(partial(matches, item))
+            if record is None:
+                raise Failure(f"no {missing(item)}: {whose(others)}", hint)
+            matched.append(describe_record(record))
+        return "matches " + ", ".join(matched)
 
     def rejected(self) -> list[Record]:
         """401 answers to calls from an address this student used: a rejected call carries no valid

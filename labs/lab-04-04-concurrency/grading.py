@@ -22,12 +22,11 @@ from datetime import datetime
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip
 from kinetic.grading.deliverable import Deliverable
 from kinetic.grading.ledger_view import Record, author_ledger
+from kinetic.grading.usage_lines import CHAT_ROUTES, NUM
 
 lab = Lab("lab-04-04", "One server, many clients", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
 MAX_TOKENS = 32  # load.py's max_tokens, with ignore_eos: every request generates exactly this many
-CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
-NUM = r"(\d+(?:\.\d+)?)"
 RUN_RE = re.compile(rf"\[np=(\d+|\?), (\d+) clients?, (\d+) (?:richieste|requests), (\d+) token in {NUM}s\]")
 SPEED_RE = re.compile(rf"\[(?:aggregato|aggregate) {NUM} t/s, per stream {NUM} t/s, TTFT p50 {NUM}s p95 {NUM}s\]")
 CACHE_RE = re.compile(r"\[cache: prompt (\d+) tok, cache_n (?:medio|mean) (\d+)\]")

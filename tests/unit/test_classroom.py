@@ -167,7 +167,7 @@ def test_ledger_content_keeps_prompt_and_answer(tmp_path: Path) -> None:
 
 
 def test_serve_flags_for_the_ledger() -> None:
-    from kinetic.cli import parse_serve_args
+    from kinetic.serve_args import parse_serve_args
 
     settings = parse_serve_args(["--ledger", "class.jsonl", "--ledger-content"], environ={})
     assert settings.ledger == "class.jsonl" and settings.ledger_content

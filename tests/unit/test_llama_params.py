@@ -9,10 +9,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from kinetic.cli import parse_serve_args
 from kinetic.engine.llama import devices, params
 from kinetic.engine.llama.params import context_params, model_params
 from kinetic.engine.options import LlamaOptions, parse_kv_override
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 
 

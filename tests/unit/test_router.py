@@ -14,13 +14,13 @@ import pytest
 
 from kinetic.chat.toolcalls import ParsedCall, parse_tool_calls
 from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice, ToolSpec
-from kinetic.cli import parse_serve_args
 from kinetic.engine.turns import DecodeTurns
 from kinetic.engine.types import Timings, Usage
 from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
 from kinetic.router.upstream import UpstreamEngine, chat_body, read_events, upstream_error
+from kinetic.serve_args import parse_serve_args
 from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine

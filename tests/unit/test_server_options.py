@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse
 
 from kinetic.api_prefix import ApiPrefix
 from kinetic.app import error_response
-from kinetic.cli import parse_serve_args
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 
 

@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.cli import main, parse_serve_args, scan_serve_args
+from kinetic import __version__
+from kinetic.cli import main
 from kinetic.llama_flags import by_spelling, llama_server_flags
-from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError
+from kinetic.serve_args import InfoRequested, help_text, parse_serve_args
+from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.settings import ServerSettings, SettingsError
 
 
 def flag_names() -> set[str]:
@@ -121,10 +124,27 @@ def test_unimplemented_variables_are_reported() -> None:
 
 
 def test_help_and_version_are_actions() -> None:
-    assert scan_serve_args(["-m", "x.gguf", "--help"]).action == "help"
-    assert scan_serve_args(["--usage"]).action == "help"
-    assert scan_serve_args(["--version"]).action == "version"
-    assert scan_serve_args(["--api-key", "--help"]).action == "serve"  # a value, not the flag
+    for argv in (["-m", "x.gguf", "--help"], ["--usage"], ["-h", "--port", "abc"]):  # no value is checked
+        with pytest.raises(InfoRequested) as asked:
+            parse_serve_args(argv, environ={})
+        assert asked.value.text == help_text()
+    with pytest.raises(InfoRequested) as asked:
+        parse_serve_args(["--version"], environ={})
+    assert asked.value.text == f"kinetic {__version__}"
+    assert parse_serve_args(["--api-key", "--help"], environ={}).api_key == "--help"  # a value, not the flag
+
+
+def test_main_serves_what_parse_serve_args_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() runs the very function the tests call: what it hands to serve() is parse_serve_args's."""
+    import kinetic.cli
+
+    served: list[ServerSettings] = []
+    monkeypatch.setattr(kinetic.cli, "serve", lambda settings: served.append(settings) or 0)
+    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--prio", "2"]
+    assert main(["serve", *argv]) == 0
+    assert served == [parse_serve_args(argv)]
+    assert served[0].model_args == (("a.gguf", "x"), ("hf:org/repo:Q8_0", None))
+    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--prio",)
 
 
 BAD = [
@@ -180,9 +200,7 @@ def test_cli_exit_code_2_and_one_line(capsys: pytest.CaptureFixture[str], monkey
 
 
 def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["serve", "--help"])
-    assert exited.value.code == 0
+    assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in FLAGS:
         assert flag.names[0] in out and flag.kinetic_env in out

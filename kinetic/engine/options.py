@@ -100,6 +100,16 @@ class LlamaOptions:
         return shown
 
 
+@dataclass(frozen=True)
+class LongContext:
+    """--context-shift and --cache-reuse (kinetic.engine.llama.context_shift); --keep is a request default
+    (GenerationRequest.n_keep)."""
+
+    context_shift: bool = False
+    cache_reuse: int = 0  # smallest cached chunk moved instead of evaluated again; 0: off
+    slot_limit: int = 0  # --kv-unified-per-slot: most tokens one slot holds (and, without -c, the pool per slot)
+
+
 # llama.cpp's speculative decoding kinds (common/speculative.cpp), and the ones kinetic runs
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")

@@ -1,6 +1,7 @@
-"""Prompt admission: which idle slot a waiting job gets, and how much of its prompt the slot need not
+"""Prompt admission: which idle slot a waiting job gets, how much of its prompt the slot need not
 evaluate (its own cached prefix, another slot's cells, a state saved in host memory), as the Scheduler
-(scheduler.py) runs it at the start of a step. See the scheduler's docstring for the whole picture."""
+(scheduler.py) runs it at the start of a step, and how a step's prompt budget is shared by the slots
+still reading theirs. See the scheduler's docstring for the whole picture."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import llama_cpp
 from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.llama.context_shift import MemoryCells, reuse_chunks
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
+from kinetic.engine.options import LongContext
 from kinetic.engine.text import TextAssembler, common_prefix
 from kinetic.engine.types import Event, GenerationRequest
 from kinetic.errors import ServerError
@@ -37,6 +40,9 @@ class SlotAdmission:
     kv_unified: bool
     share_prefixes: bool
     ctx_checkpoints: int
+    cells: MemoryCells
+    _prompt_turn: int
+    long_context: LongContext
     _pending: FairQueue[Job]
     _task_ids: itertools.count[int]
 
@@ -105,6 +111,9 @@ class SlotAdmission:
             return self._restore(saved, n_saved, slot)
         if source is not None:
             return self._copy_cells(source, slot, n_source)
+        if self.long_context.cache_reuse:  # --cache-reuse: move cached chunks the prompt goes on with
+            n_own = len(reuse_chunks(self.cells, slot.id, slot.tokens, prompt, n_own, limit=limit,
+                                     min_chunk=self.long_context.cache_reuse, movable_from=slot.shared))
         if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
             self._drop_cells(slot)
             return 0
@@ -137,6 +146,7 @@ class SlotAdmission:
     def _drop_cells(self, slot: Slot) -> None:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+        slot.shared = 0
 
     def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
         """The positions of the prompt at which its state is saved on the way (exact states only): a few
@@ -163,6 +173,7 @@ class SlotAdmission:
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
         elif self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
+            source.shared, slot.shared = max(source.shared, n), n
         else:
             # Each slot has its own stream, and llama.cpp copies between streams only whole:
             # copy all of it, then drop what is past the shared prefix.
@@ -200,6 +211,7 @@ class SlotAdmission:
         else:
             n_common = self._reuse_prefix(slot, prompt)
         slot.checkpoints = self._checkpoints(job.request, n_common)
+        slot.shifted = False
         slot.tokens = list(prompt[:n_common])
         slot.client = job.request.client
         slot.job = job
@@ -218,3 +230,28 @@ class SlotAdmission:
         slot.id_task = next(self._task_ids)
         slot.drafts = []
         slot.n_draft = slot.n_draft_accepted = 0
+
+    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
+        """The step's prompt budget split evenly across the slots still reading a prompt (what one
+        does not need goes to the others), starting from a different slot each step."""
+        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
+        if not reading or budget <= 0:
+            return []
+        self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
+        reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
+        # a slot's batch ends at its next checkpoint: the state is saved after the decode
+        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
+                else len(s.to_evaluate) for s in reading}
+        shares = {s.id: 0 for s in reading}
+        open_slots = list(reading)
+        while budget > 0 and open_slots:
+            even = max(1, budget // len(open_slots))
+            for slot in list(open_slots):
+                give = min(even, room[slot.id] - shares[slot.id], budget)
+                shares[slot.id] += give
+                budget -= give
+                if shares[slot.id] == room[slot.id]:
+                    open_slots.remove(slot)
+                if budget == 0:
+                    break
+        return [(slot, shares[slot.id]) for slot in reading if shares[slot.id]]

@@ -43,6 +43,7 @@ from llama_cpp import _internals
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
@@ -50,7 +51,7 @@ from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import GrammarDeadEnd, token_logprob
 from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
 from kinetic.engine.llama.speculative import accept_drafts, make_speculator
-from kinetic.engine.options import SpecOptions
+from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
     Event,
@@ -87,7 +88,9 @@ class Scheduler(SlotAdmission):
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
-                 ctx_checkpoints: int = 32, in_flight: InFlight | None = None, spec: SpecOptions | None = None):
+                 ctx_checkpoints: int = 32, in_flight: InFlight | None = None,
+                 long_context: LongContext = LongContext(),  # noqa: B008  frozen: a shared default is safe
+                 spec: SpecOptions | None = None):
         self.model = model
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
@@ -96,6 +99,8 @@ class Scheduler(SlotAdmission):
         self.n_batch = params.n_batch
         self.kv_unified = kv_unified
         self.slot_n_ctx = self.n_ctx if kv_unified else self.n_ctx // n_slots
+        if long_context.slot_limit > 0:  # --kv-unified-per-slot
+            self.slot_n_ctx = min(self.slot_n_ctx, long_context.slot_limit)
         self.batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=model.verbose)
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self.decode_lock = decode_lock
@@ -104,6 +109,9 @@ class Scheduler(SlotAdmission):
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
             "n_tokens_max": 0, "n_busy_slots_total": 0}
         self.exact_states = model.info.memory_kind != "attention"
+        self.cells = MemoryCells(self.ctx.memory)
+        self.long_context = allowed(long_context, can_shift=bool(llama_cpp.llama_memory_can_shift(self.ctx.memory)),
+                                    exact_states=self.exact_states)
         self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024, exact=self.exact_states,
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
@@ -346,31 +354,6 @@ class Scheduler(SlotAdmission):
         self._emit(job, PromptProgress(total=total, cache=slot.n_cached, processed=total - len(slot.to_evaluate),
                                        time_ms=elapsed_ms))
 
-    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
-        """The step's prompt budget split evenly across the slots still reading a prompt (what one
-        does not need goes to the others), starting from a different slot each step."""
-        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
-        if not reading or budget <= 0:
-            return []
-        self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
-        reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
-        # a slot's batch ends at its next checkpoint: the state is saved after the decode
-        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
-                else len(s.to_evaluate) for s in reading}
-        shares = {s.id: 0 for s in reading}
-        open_slots = list(reading)
-        while budget > 0 and open_slots:
-            even = max(1, budget // len(open_slots))
-            for slot in list(open_slots):
-                give = min(even, room[slot.id] - shares[slot.id], budget)
-                shares[slot.id] += give
-                budget -= give
-                if shares[slot.id] == room[slot.id]:
-                    open_slots.remove(slot)
-                if budget == 0:
-                    break
-        return [(slot, shares[slot.id]) for slot in reading if shares[slot.id]]
-
     def _batch_add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
         batch = self.batch.batch
         i = batch.n_tokens
@@ -424,12 +407,23 @@ class Scheduler(SlotAdmission):
             self._emit_text(slot, text + slot.assembler.flush(), token, logprob)
             self._finish(slot, "length", "limit")
             return
-        if len(slot.tokens) + 1 >= self.slot_n_ctx:
+        if len(slot.tokens) + 1 >= self.slot_n_ctx and not self._shift_context(slot):
             self._emit_text(slot, text + slot.assembler.flush(), token, logprob)
             self._finish(slot, "length", "limit", truncated=True)
             return
         self._emit_text(slot, text, token, logprob)
         slot.next_token = token
+
+    def _shift_context(self, slot: Slot) -> bool:
+        """--context-shift on a full slot (context_shift.py); False when off or its shared cells would move."""
+        assert slot.job is not None
+        request = slot.job.request
+        n_keep, n_discard = shift_span(len(slot.tokens), request.n_keep, len(slot.prompt), n_discard=request.n_discard,
+                                       add_bos=self.model.info.add_bos, n_ctx=self.slot_n_ctx)
+        if not self.long_context.context_shift or n_discard <= 0 or n_keep + n_discard < slot.shared:
+            return False
+        slot.tokens, slot.shifted = shift(self.cells, slot.id, slot.tokens, n_keep, n_discard), True
+        return True
 
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None
@@ -467,7 +461,7 @@ class Scheduler(SlotAdmission):
             timings=timings,
             id_slot=slot.id,
             tokens_cached=len(slot.tokens),
-            truncated=truncated,
+            truncated=truncated or slot.shifted,
         ))
         job.done = True
         self._release(slot)

@@ -45,6 +45,8 @@ class Slot:
     text_parts: list[str] = field(default_factory=list)
     assembler: TextAssembler | None = None
     checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
+    shared: int = 0  # first cells possibly shared with another slot (unified cache): never moved
+    shifted: bool = False  # the context was shifted during this job (llama-server's `truncated`)
     t_prompt_start: float = 0.0
     t_generation_start: float = 0.0
     prompt_ms: float = 0.0

@@ -20,6 +20,7 @@ from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
 from kinetic.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags, variable_warning, warning
 from kinetic.llama_flags import by_spelling, llama_server_flags
+from kinetic.log_setup import LOG_FORMAT, configure_logging
 from kinetic.settings import (FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError, ignored_variables,
                               load_settings)
 
@@ -28,7 +29,7 @@ log = logging.getLogger("kinetic")
 HELP_FLAGS = ("-h", "--help", "--usage")
 # flags whose every occurrence counts (the others: the last wins)
 REPEATABLE = frozenset({"upstream", "logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora",
-                        "lora_scaled"})
+                        "lora_scaled", "control_vector", "control_vector_scaled"})
 HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 
 
@@ -128,8 +129,8 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
             continue
         flag = FLAGS_BY_SPELLING.get(name)
         llama = by_spelling().get(name)
-        if flag is not None:
-            count = 0 if flag.is_switch else 1
+        if flag is not None:  # a value flag reads llama-server's count (two: --control-vector-layer-range)
+            count = 0 if flag.is_switch else 2 if llama is not None and llama.kind == "value2" else 1
         elif llama is not None:
             count = llama.values
         else:
@@ -149,7 +150,7 @@ def scan_serve_args(argv: Sequence[str]) -> ServeArgs:
         elif flag.dest in REPEATABLE:
             scanned.values[flag.dest] = (name, [*scanned.values.get(flag.dest, (name, []))[1], values[0]])
         else:
-            scanned.values[flag.dest] = (name, values[0])
+            scanned.values[flag.dest] = (name, " ".join(values))
             if flag.dest == "model":
                 models.append([values[0], None])
             elif flag.dest == "hf_repo":
@@ -367,30 +368,6 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     names = ", ".join(spec.name for spec in specs)
     return (ModelRegistry(settings, specs, service_factory(settings), router=True),
             f"router mode, {len(specs)} model(s): {names}")
-
-
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
-
-
-def configure_logging(settings: ServerSettings, root: logging.Logger | None = None) -> None:
-    """-v, --log-file, --log-timestamps and --log-disable on the root logger (which main() set up)."""
-    root = root or logging.getLogger()
-    if settings.verbose:
-        root.setLevel(logging.DEBUG)
-    else:
-        # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
-        for name in ("httpx", "httpx2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-    if settings.log_file:
-        to_file = logging.FileHandler(settings.log_file, encoding="utf-8")
-        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(to_file)
-    if settings.log_timestamps:
-        formatter = logging.Formatter("%(asctime)s " + LOG_FORMAT)
-        for handler in root.handlers:
-            handler.setFormatter(formatter)
-    if settings.log_disable:
-        root.setLevel(logging.CRITICAL + 1)  # nothing logs; the start and error lines still print
 
 
 def list_devices() -> int:

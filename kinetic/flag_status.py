@@ -62,25 +62,16 @@ IGNORED: tuple[Ignored, ...] = (
             "they need ggml's device and buffer-type handles, which llama-cpp-python does not bind; on a CPU build "
             "every tensor already sits in host memory, where -ot ...=CPU and --cpu-moe would put it",
             ("-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "--rpc", "-fit", "-fitt", "-fitc")),
-    Ignored("ignored flags: control vectors",
-            "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
-            "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
-            ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range")),
     Ignored("ignored flags: reasoning budget",
             "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row), and its chat layer "
             "has no switch for how it parses reasoning and tool calls; `--reasoning`, `--reasoning-format` and "
             "`--reasoning-effort` act",
             ("--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")),
-    Ignored("ignored flags: HTTP server options",
-            "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
-            "--body-timeout, --max-connections...) cover timeouts and limits",
-            ("--rerank", "--sse-ping-interval", "-sps",
-             "--sleep-idle-seconds")),
-    Ignored("ignored flags: logging",
-            "kinetic logs through Python's logging, one line per event with its level and source, without "
-            "colours; -v logs every request (llama-server's -lv levels, JSON lines, prompt dumps and perf "
-            "counters have no counterpart); --log-file, --log-timestamps and --log-disable act",
-            ("--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--log-prefix", "--perf")),
+    Ignored("ignored flags: slot prompt similarity",
+            "kinetic has no similarity threshold to set: a request always goes to the idle slot whose cache holds "
+            "the longest common prefix of its prompt (the least recently used on a tie), and may also copy a "
+            "longer cached prefix from another slot or from --cache-ram",
+            ("-sps",)),
     Ignored("ignored flags: model downloads other than -hf",
             "kinetic downloads from the Hugging Face hub only (-hf), the one network source a classroom allows; "
             "the presets download a set model: give -hf and its flags instead",

@@ -200,6 +200,12 @@ FLAGS: tuple[Flag, ...] = (
          "flag)", metavar="FNAME:SCALE"),
     Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
          "/lora-adapters sets their scales"),
+    Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",
+         metavar="FNAME"),
+    Flag("control_vector_scaled", ("--control-vector-scaled",), "control vector with its scale, FNAME:SCALE (comma "
+         "list, or repeat the flag); all the vectors given are summed", metavar="FNAME:SCALE"),
+    Flag("control_vector_layer_range", ("--control-vector-layer-range",), "layers the control vectors apply to, "
+         "START END, both inclusive (default: 1 to the last)", metavar="START END"),
     Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
          metavar="PATH"),
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
@@ -215,6 +221,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("threads_http", ("--threads-http",), "worker threads for requests' blocking work (default: anyio's 40)",
          metavar="N"),
     Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
+    Flag("sleep_idle_seconds", ("--sleep-idle-seconds",), "unload the model after this many idle seconds; the next "
+         "request loads it again and waits (-1 = never)", metavar="SECONDS"),
     Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
          "--body-timeout when they are not given", metavar="N"),
     Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
@@ -268,6 +276,8 @@ FLAGS: tuple[Flag, ...] = (
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
     Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
          "hybrid/recurrent models: prompt states kept per slot (in --cache-ram; 0 = off)", metavar="N"),
+    Flag("rerank", ("--rerank", "--reranking"), "serve /rerank: a reranker model scores documents against a query "
+         "(sets --embeddings and --pooling rank)"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
@@ -285,6 +295,20 @@ FLAGS: tuple[Flag, ...] = (
     Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",
          negations=("--no-log-timestamps",)),
     Flag("log_disable", ("--log-disable",), "log nothing (the start line and errors still print)"),
+    Flag("log_verbosity", ("-lv", "--verbosity", "--log-verbosity"), "log threshold: 0 start and error lines only, "
+         "1 errors, 2 warnings, 3 info, 4 and up debug (-v: everything)", metavar="N"),
+    Flag("log_colors", ("--log-colors",), "colour the level of each log line: on, off, auto (when the log goes to "
+         "a terminal)", metavar="on|off|auto"),
+    Flag("log_prefix", ("--log-prefix",), "start each log line with its level and source",
+         negations=("--no-log-prefix",)),
+    Flag("log_jsonl", ("--log-jsonl",), "log one JSON object a line to stdout ({type, time, level, msg})",
+         negations=("--no-log-jsonl",)),
+    Flag("log_prompts_dir", ("--log-prompts-dir",), "write each generation's prompt to a file in this folder "
+         "(created if need be; for debugging)", metavar="PATH"),
+    Flag("perf", ("--perf",), "llama.cpp's internal performance timings (off: kinetic times requests itself)",
+         negations=("--no-perf",)),
+    Flag("sse_ping_interval", ("--sse-ping-interval",), "seconds a stream may stay silent (a request waiting for a "
+         "slot, a long prompt) before an SSE comment ping keeps it open (-1 = never)", metavar="N"),
 )
 
 FLAGS_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -345,6 +369,13 @@ def schema_grammar_or_error(text: str) -> str:
     from kinetic.engine.grammar import grammar_from_json_schema
 
     return grammar_from_json_schema(schema)
+
+
+def scaled_files(plain: tuple[str, ...], scaled: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """FNAME flags (scale 1) then FNAME:SCALE flags, each a comma list: (path, scale) in the order given."""
+    return tuple([(part, 1.0) for item in plain for part in item.split(",")]
+                 + [(part.rpartition(":")[0], float(part.rpartition(":")[2])) for item in scaled
+                    for part in item.split(",")])
 
 
 class SettingsError(ValueError):
@@ -447,6 +478,9 @@ class ServerSettings(BaseSettings):
     lora: tuple[str, ...] = ()
     lora_scaled: tuple[str, ...] = ()
     lora_init_without_apply: bool = False
+    control_vector: tuple[str, ...] = ()
+    control_vector_scaled: tuple[str, ...] = ()
+    control_vector_layer_range: str | None = None  # "START END", as the command line gives the two values
     path: str | None = None
     api_prefix: str | None = None
     ssl_key_file: str | None = None
@@ -458,6 +492,7 @@ class ServerSettings(BaseSettings):
     threads_http: int = -1
     spm_infill: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
+    sleep_idle_seconds: int = -1
     embd_normalize: int = 2
     reasoning_effort: str = "default"
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
@@ -497,6 +532,7 @@ class ServerSettings(BaseSettings):
     slots: bool = True
     metrics: bool = False
     embeddings: bool = False
+    rerank: bool = False  # sets embeddings and pooling rank (_rerank_sets_pooling)
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the model's own, else mean
     props: bool = False
     slot_save_path: str | None = None
@@ -507,6 +543,13 @@ class ServerSettings(BaseSettings):
     log_file: str | None = None
     log_timestamps: bool = False
     log_disable: bool = False
+    log_verbosity: int = 3  # llama-server's LOG_LEVEL_INFO
+    log_colors: Literal["on", "off", "auto"] = "auto"
+    log_prefix: bool = True
+    log_jsonl: bool = False
+    log_prompts_dir: str | None = None
+    perf: bool = False  # llama-server's default is on; the timings are only read through llama.cpp's own calls
+    sse_ping_interval: int = 30  # llama-server's
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.
     model_args: tuple[tuple[str, str | None], ...] = ()
@@ -534,6 +577,16 @@ class ServerSettings(BaseSettings):
             if word in FALSE_WORDS:
                 return False
             raise ValueError("expected on/off, true/false, 1/0 or enabled/disabled")
+        return value
+
+    @field_validator("log_colors", mode="before")
+    @classmethod
+    def _colors_word(cls, value: Any) -> Any:
+        """llama.cpp's is_truthy / is_falsey / is_autoy spellings."""
+        if isinstance(value, str):
+            word = value.strip().lower()
+            return "on" if word in TRUE_WORDS else "off" if word in FALSE_WORDS else "auto" if word in ("auto", "-1") \
+                else value
         return value
 
     @field_validator("reasoning", mode="before")
@@ -586,13 +639,14 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"{spec!r}: expected NAME=URL[,key=KEY] with an http(s) URL")
         return value
 
-    @field_validator("lora", "lora_scaled")
+    @field_validator("lora", "lora_scaled", "control_vector", "control_vector_scaled")
     @classmethod
     def _lora_files(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        scaled = info.field_name.endswith("_scaled")
         for item in value:
             for part in item.split(","):
-                path = part.rpartition(":")[0] if info.field_name == "lora_scaled" else part
-                if info.field_name == "lora_scaled":
+                path = part.rpartition(":")[0] if scaled else part
+                if scaled:
                     try:
                         float(part.rpartition(":")[2])
                     except ValueError:
@@ -601,8 +655,18 @@ class ServerSettings(BaseSettings):
                     raise ValueError(f"{path or part!r}: no such file")
         return value
 
+    @field_validator("control_vector_layer_range")
+    @classmethod
+    def _layer_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                int(value.split()[0]), int(value.split()[1])
+            except (ValueError, IndexError):
+                raise ValueError("expected two layer numbers, START END") from None
+        return value
+
     @field_validator("logit_bias", "reverse_prompt", "dry_sequence_breaker", "override_kv", "lora", "lora_scaled",
-                     mode="before")
+                     "control_vector", "control_vector_scaled", mode="before")
     @classmethod
     def _one_from_a_variable(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value  # a flag repeats; a variable holds one value
@@ -626,6 +690,13 @@ class ServerSettings(BaseSettings):
     def _log_folder(cls, value: str | None) -> str | None:
         if value is not None and not Path(value).expanduser().parent.is_dir():
             raise ValueError("its folder does not exist")
+        return value
+
+    @field_validator("sleep_idle_seconds")
+    @classmethod
+    def _sleep_seconds(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("cannot be 0 or less than -1")  # llama-server's rule
         return value
 
     @field_validator("dry_base")
@@ -725,11 +796,24 @@ class ServerSettings(BaseSettings):
             data = {"header_timeout": data["timeout"], "body_timeout": data["timeout"], **data}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rerank_sets_pooling(cls, data: Any) -> Any:
+        """--rerank is llama-server's --embeddings --pooling rank."""
+        if isinstance(data, dict) and str(data.get("rerank", "")).strip().lower() in TRUE_WORDS:
+            data = {**data, "embeddings": True, "pooling": "rank"}
+        return data
+
     @model_validator(mode="after")
     def _ssl_pair(self) -> "ServerSettings":
         if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
             raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
         return self
+
+    @property
+    def serves_rerank(self) -> bool:
+        """/rerank answers: --rerank, or --embeddings with --pooling rank (llama-server's own condition)."""
+        return self.rerank or (self.embeddings and self.pooling == "rank")
 
     @property
     def router_mode(self) -> bool:
@@ -797,10 +881,11 @@ class ServerSettings(BaseSettings):
 
     def lora_adapters(self) -> tuple[tuple[str, float], ...]:
         """--lora (scale 1) then --lora-scaled adapters, in the order given: their ids in /lora-adapters."""
-        plain = [(part, 1.0) for item in self.lora for part in item.split(",")]
-        scaled = [(part.rpartition(":")[0], float(part.rpartition(":")[2]))
-                  for item in self.lora_scaled for part in item.split(",")]
-        return tuple(plain + scaled)
+        return scaled_files(self.lora, self.lora_scaled)
+
+    def control_vectors(self) -> tuple[tuple[str, float], ...]:
+        """--control-vector (scale 1) and --control-vector-scaled files: llama.cpp sums them all."""
+        return scaled_files(self.control_vector, self.control_vector_scaled)
 
     def llama_options(self) -> LlamaOptions:
         """What the model and context flags ask of llama.cpp."""
@@ -815,7 +900,9 @@ class ServerSettings(BaseSettings):
             kv_overrides=tuple(parse_kv_override(part) for item in self.override_kv for part in item.split(",")),
             check_tensors=self.check_tensors, repack=self.repack, no_host=self.no_host, numa=self.numa,
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
-            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
+            control_vectors=self.control_vectors(),
+            control_vector_layers=tuple(int(n) for n in (self.control_vector_layer_range or "-1 -1").split()[:2]),
+            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn, perf=self.perf,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
             op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,

@@ -69,7 +69,10 @@ class LlamaOptions:
     special: bool = False  # generated special tokens show as text
     lora: tuple[tuple[str, float], ...] = ()  # --lora / --lora-scaled: (path, scale), in order (their ids)
     lora_init_without_apply: bool = False  # loaded at scale 0 until POST /lora-adapters sets one
+    control_vectors: tuple[tuple[str, float], ...] = ()  # --control-vector[-scaled]: (path, scale), summed
+    control_vector_layers: tuple[int, ...] = (-1, -1)  # --control-vector-layer-range; <= 0: 1 and the last layer
     # context (llama_context_params)
+    perf: bool = False  # --perf: llama.cpp keeps its internal timings (no_perf off)
     threads_batch: int = 0  # 0: same as the generation threads
     flash_attn: str = "auto"  # on, off, auto
     cache_type_k: str = "f16"
@@ -93,4 +96,6 @@ class LlamaOptions:
                                  for o in self.kv_overrides]
         shown["tensor_split"] = list(self.tensor_split)
         shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
+        shown["control_vectors"] = [{"path": path, "scale": scale} for path, scale in self.control_vectors]
+        shown["control_vector_layers"] = list(self.control_vector_layers)
         return shown

@@ -53,6 +53,14 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class RankScore:
+    """A document's relevance to a query (/rerank), as the model's classification head scores it."""
+
+    score: float
+    n_tokens: int  # the query-document pair's prompt tokens, counted into usage
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)

@@ -28,7 +28,7 @@ def test_llama_server_spellings_exist(spelling: str) -> None:
 def test_implemented_flag_reads_like_llama_server(flag) -> None:
     """Same spellings, same number of values, same variable as the vendored llama-server's flag."""
     assert set(flag.names) == set(flag.llama.names) and set(flag.negations) == set(flag.llama.negations)
-    assert (0 if flag.is_switch else 1) == flag.llama.values
+    assert flag.is_switch == (flag.llama.values == 0)  # a value flag reads its one or two values (cli.py)
     assert flag.llama_env == flag.llama.env
 
 
@@ -102,7 +102,8 @@ def test_issue_examples_start() -> None:
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
     assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
-    assert s.ignored_flags == ("-sps", "--keep", "-ot", "--control-vector-layer-range")
+    assert s.ignored_flags == ("-sps", "--keep", "-ot")
+    assert s.control_vector_layer_range == "1 10"  # its two values, then -np 2 read as a flag again
     assert s.kv_unified and s.reverse_prompt == ("User:",) and s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
     assert (s.dry_multiplier, s.dry_sequence_breaker, s.xtc_probability, s.xtc_threshold) == (0.8, ("none",), 0.5, 0.1)
     assert (s.gpu_layers, s.flash_attn, s.mlock) == ("99", "on", True)

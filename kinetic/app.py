@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -74,7 +75,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"Invalid JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     # drop pydantic's union-branch names (e.g. 'str', 'list[...]') from the path
-    location = [part for part in location if not any(c in part for c in "[]") and part not in {"str", "int", "float", "bool"}]
+    location = [part for part in location
+                if not any(c in part for c in "[]") and part not in {"str", "int", "float", "bool"}]
     field = ".".join(location)
     if not field:
         return f"Invalid request body: {first.get('msg')}", None

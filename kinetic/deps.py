@@ -8,8 +8,9 @@ the model until the request is done, so that an LRU unload never takes it away m
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, AsyncIterator, Callable
+from typing import Annotated
 
 from fastapi import Depends, Request
 

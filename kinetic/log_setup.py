@@ -75,7 +75,7 @@ def _colours(setting: str, handler: logging.Handler) -> bool:
     return bool(stream is not None and hasattr(stream, "isatty") and stream.isatty())
 
 
-def configure_logging(settings: "ServerSettings", root: logging.Logger | None = None) -> None:
+def configure_logging(settings: ServerSettings, root: logging.Logger | None = None) -> None:
     """The logging flags on the root logger (which main() set up with one stderr handler)."""
     root = root or logging.getLogger()
     root.setLevel(logging.DEBUG if settings.verbose else verbosity_level(settings.log_verbosity))
@@ -84,8 +84,8 @@ def configure_logging(settings: "ServerSettings", root: logging.Logger | None = 
         for name in ("httpx", "httpx2"):
             logging.getLogger(name).setLevel(logging.WARNING)
     if settings.log_jsonl:  # llama.cpp writes JSON lines to stdout, all levels
-        for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
-            root.removeHandler(handler)
+        for to_stderr in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+            root.removeHandler(to_stderr)
         root.addHandler(logging.StreamHandler(sys.stdout))
     if settings.log_file:
         root.addHandler(logging.FileHandler(settings.log_file, encoding="utf-8"))

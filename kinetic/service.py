@@ -11,19 +11,20 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 
 from kinetic import __version__
 from kinetic.chat.infill import check_fim
-from kinetic.classroom.identity import CLIENT
 from kinetic.chat.prepare import ChatLayer, RenderedChat, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Engine
 from kinetic.engine.types import GenerationRequest, ModelInfo, RankScore, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
@@ -92,18 +93,18 @@ class Service:
     chat: ChatLayer | None = None
     default_template_kwargs: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))
-    _model_file: "asyncio.Future[ModelFile] | None" = field(default=None, init=False, repr=False)
+    _model_file: asyncio.Future[ModelFile] | None = field(default=None, init=False, repr=False)
     _defaults: ServerDefaults | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> "Service":
+    def create(cls, settings: ServerSettings, engine: Engine, resolved_name: str) -> Service:
         aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
         name = aliases[0] if aliases else resolved_name
         return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
                    default_template_kwargs=settings.template_kwargs())
 
     @classmethod
-    def for_model(cls, settings: ServerSettings, engine: Engine, name: str, aliases: tuple[str, ...]) -> "Service":
+    def for_model(cls, settings: ServerSettings, engine: Engine, name: str, aliases: tuple[str, ...]) -> Service:
         """One model of a router, named by the registry (its -a, preset section or file stem)."""
         return cls(settings=settings, engine=engine, model_name=name, aliases=aliases or (name,),
                    default_template_kwargs=settings.template_kwargs())
@@ -215,7 +216,8 @@ class Service:
             asyncio.get_running_loop()
         except RuntimeError:  # loaded outside an event loop: hashed on first use instead
             return
-        self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
+        self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path,
+                                                                          self._engine_busy))
 
     def _engine_busy(self) -> bool:
         return self.engine.stats().requests_processing > 0
@@ -225,7 +227,8 @@ class Service:
         first callers share the one read."""
         if self._model_file is None or (self._model_file.done() and (self._model_file.cancelled()
                                                                      or self._model_file.exception() is not None)):
-            self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path, self._engine_busy))
+            self._model_file = asyncio.ensure_future(anyio.to_thread.run_sync(read_model_file, self.info.path,
+                                                                              self._engine_busy))
         return await asyncio.shield(self._model_file)
 
     def lora_adapters(self) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ request waits for a slot or a long prompt is evaluated. Clients skip comment lin
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 PING = b":\n\n"
 

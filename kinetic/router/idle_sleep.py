@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -26,14 +27,14 @@ log = logging.getLogger(__name__)
 MAX_POLL_S = 1.0  # how often the watch looks at the models (at most; a short N looks more often)
 
 
-def can_sleep(entry: "ModelEntry") -> bool:
+def can_sleep(entry: ModelEntry) -> bool:
     """A loaded local model whose engine knows how to sleep (an upstream model has nothing to unload)."""
     service = entry.service
     return service is not None and not entry.spec.remote and hasattr(service.engine, "sleep")
 
 
 class IdleSleep:
-    def __init__(self, registry: "ModelRegistry", seconds: float):
+    def __init__(self, registry: ModelRegistry, seconds: float):
         self.registry = registry
         self.seconds = seconds
         self._turn = asyncio.Lock()  # one fall asleep or wake-up at a time
@@ -46,12 +47,12 @@ class IdleSleep:
                 if can_sleep(entry) and not entry.sleeping and self._idle(entry):
                     await self.fall_asleep(entry)
 
-    def _idle(self, entry: "ModelEntry") -> bool:
+    def _idle(self, entry: ModelEntry) -> bool:
         service = entry.service
         return (service is not None and service.ready and entry.leases == 0 and not entry.busy
                 and time.monotonic() - entry.last_used >= self.seconds)
 
-    async def fall_asleep(self, entry: "ModelEntry") -> None:
+    async def fall_asleep(self, entry: ModelEntry) -> None:
         async with self._turn:
             service = entry.service
             # looked at again under the lock, with no await in between: a request that took the model
@@ -62,7 +63,7 @@ class IdleSleep:
                      entry.name, self.seconds)
             await anyio.to_thread.run_sync(service.engine.sleep)  # type: ignore[attr-defined]
 
-    async def awake(self, entry: "ModelEntry") -> None:
+    async def awake(self, entry: ModelEntry) -> None:
         """Returns once the model is not asleep (loading it again if it was); a request calls it first."""
         if not entry.sleeping and not self._turn.locked():
             return

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from enum import Enum
-from typing import Callable
 
 import anyio
 
@@ -34,7 +34,7 @@ IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model 
 ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
 
 
-class ModelState(str, Enum):
+class ModelState(str, Enum):  # noqa: UP042  StrEnum would change str() and format() of members
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
@@ -119,7 +119,7 @@ class ModelRegistry:
             if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
 
     @classmethod
-    def single(cls, service: Service) -> "ModelRegistry":
+    def single(cls, service: Service) -> ModelRegistry:
         """Today's server: one model, loaded at start, the `model` field ignored."""
         spec = ModelSpec(name=service.model_name, aliases=service.aliases)
         registry = cls(service.settings, [spec], None, router=False)

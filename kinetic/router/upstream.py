@@ -24,9 +24,10 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -37,10 +38,29 @@ from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Generation
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight
-from kinetic.engine.types import (EngineStats, Event, Finished, GenerationRequest, ModelInfo, SlotFileResult,
-                                  SlotState, TextDelta, Timings, Usage)
-from kinetic.errors import (InvalidRequestError, KineticError, NotFoundError, NotSupportedError, RateLimitError,
-                            ServerError, UnauthorizedError, UnavailableError)
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    ModelInfo,
+    SlotFileResult,
+    SlotState,
+    TextDelta,
+    Timings,
+    Usage,
+)
+from kinetic.errors import (
+    InvalidRequestError,
+    KineticError,
+    NotFoundError,
+    NotSupportedError,
+    RateLimitError,
+    ServerError,
+    UnauthorizedError,
+    UnavailableError,
+)
 from kinetic.router.sources import ModelSpec, UpstreamSpec
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
@@ -517,7 +537,7 @@ async def read_events(response: httpx.Response, *, is_chat: bool) -> AsyncIterat
         first = first_at or ended
         measured = Timings(cache_n=cached, prompt_n=prompt_n, prompt_ms=(first - started) * 1000,
                            predicted_n=predicted_n, predicted_ms=(ended - first) * 1000)
-    reason = "length" if finish == "length" else "stop"
+    reason: FinishReason = "length" if finish == "length" else "stop"
     yield Finished(finish_reason=reason, stop_type="limit" if reason == "length" else "eos", stopping_word="",
                    text="".join(pieces), tokens=[], usage=Usage(prompt_n, predicted_n, cached), timings=measured,
                    id_slot=-1, tokens_cached=cached, truncated=False)

@@ -175,7 +175,8 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
                          "llama-server (docs/reference/http-llamacpp.md)\n") == 1
     for flag in ("-kvu", "-ngl", "--mlock", "-fa", "-r", "--override-kv", "--dry-multiplier", "--xtc-probability"):
         assert f"warning: {flag} " not in log  # they act
-    assert log.count('warning: LLAMA_ARG_RPC (--rpc) is ignored: see "ignored flags: devices and tensor placement"') == 1
+    assert log.count('warning: LLAMA_ARG_RPC (--rpc) is ignored: '
+                     'see "ignored flags: remote devices and fitting to memory"') == 1
     assert "LLAMA_ARG_N_GPU_LAYERS" not in log
     assert "listening on http://127.0.0.1:" in log
 

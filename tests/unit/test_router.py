@@ -13,15 +13,14 @@ import httpx
 import pytest
 
 from kinetic.chat.toolcalls import ParsedCall, parse_tool_calls
-from kinetic.chat.types import (ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice,
-                                ToolSpec)
-from kinetic.cli import parse_serve_args
+from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice, ToolSpec
 from kinetic.engine.turns import DecodeTurns
+from kinetic.engine.types import Timings, Usage
 from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
-from kinetic.engine.types import Timings, Usage
 from kinetic.router.upstream import UpstreamEngine, chat_body, read_events, upstream_error
+from kinetic.serve_args import parse_serve_args
 from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
@@ -40,8 +39,8 @@ def gguf(folder: Path, name: str) -> Path:
 
 
 def test_each_a_names_the_m_it_follows() -> None:
-    s = parse_serve_args(["-a", "first", "-m", "a.gguf", "-m", "b.gguf", "-a", "bee", "-m", "dir/c-00001-of-00002.gguf"],
-                         environ={})
+    s = parse_serve_args(["-a", "first", "-m", "a.gguf", "-m", "b.gguf",
+                          "-a", "bee", "-m", "dir/c-00001-of-00002.gguf"], environ={})
     assert s.router_mode
     specs, _ = model_specs(s)
     assert [(spec.name, spec.aliases) for spec in specs] == [("first", ("first",)), ("bee", ("bee",)), ("c", ())]
@@ -274,7 +273,8 @@ def test_upstream_stream_becomes_engine_events() -> None:
     assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
     # streamed call deltas are gathered and written as <tool_call> text, the upstream's id kept
     *calls, _ = asyncio.run(events(sse(
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc", "function": {"name": "f", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc",
+                                                "function": {"name": "f", "arguments": ""}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]},
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import gguf
 import numpy as np
 import pytest
 
-from kinetic.cli import parse_serve_args
 from kinetic.engine.llama.control_vector import load_control_vectors
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.options import LlamaOptions
@@ -23,6 +22,7 @@ from kinetic.errors import InvalidRequestError, ModelLoadError
 from kinetic.log_setup import configure_logging
 from kinetic.prompt_log import write_prompt
 from kinetic.protocols.llamacpp.rerank import rerank_request, to_rerank_body
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 from kinetic.sse_ping import PING, with_pings
 from tests.control_vector_model import write_control_vector
@@ -100,7 +100,8 @@ def test_rerank_bodies_follow_llama_server() -> None:
         "results": [{"index": 1, "relevance_score": 2.0}, {"index": 0, "relevance_score": 0.1}]}
     asked = rerank_request({"query": "q", "documents": ["a", "b", "c"], "model": "x", "return_documents": True})
     body = to_rerank_body(asked, scores, model="m")
-    assert body["model"] == "x" and body["results"][0] == {"index": 1, "relevance_score": 2.0, "document": {"text": "b"}}
+    assert body["model"] == "x"
+    assert body["results"][0] == {"index": 1, "relevance_score": 2.0, "document": {"text": "b"}}
     tei = rerank_request({"query": "q", "texts": ["a", "b", "c"], "return_text": True, "top_n": 99})
     assert to_rerank_body(tei, scores, model="m") == [{"index": 1, "score": 2.0, "text": "b"},
                                                      {"index": 0, "score": 0.1, "text": "a"},

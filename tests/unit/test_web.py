@@ -115,7 +115,7 @@ def test_dashboard_access_admin_by_flag_or_by_name(tmp_path: Path) -> None:
 
 
 def test_admin_key_flag() -> None:
-    from kinetic.cli import parse_serve_args
+    from kinetic.serve_args import parse_serve_args
 
     assert parse_serve_args(["--admin-key", "sk-root"], environ={}).admin_key == "sk-root"
     assert parse_serve_args([], environ={"KINETIC_ADMIN_KEY": "sk-env"}).admin_key == "sk-env"
@@ -199,13 +199,13 @@ def test_class_stats_tokens_per_second_spread_over_generation_time() -> None:
 
 def test_class_stats_is_a_sink_of_the_request_recorder(tmp_path: Path) -> None:
     """The same records reach the ledger file and the dashboard; the dashboard's polls reach neither."""
-    from tests.unit.test_classroom import NameGate, chat as chat_route  # the ledger tests' fake route
-
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, read_ledger
+    from tests.unit.test_classroom import NameGate  # the ledger tests' fake route
+    from tests.unit.test_classroom import chat as chat_route
 
     keys = key_file(tmp_path, "sk-a alice\n")
     stats = ClassStats()

@@ -9,9 +9,9 @@ adds to the output of each layer in the range.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import llama_cpp
 import numpy as np

@@ -12,10 +12,10 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.chat.types import PreparedChat
 from kinetic.deps import RegistryDep, service_dependency
-from kinetic.router.registry import ModelEntry
 from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
+from kinetic.router.registry import ModelEntry
 from kinetic.service import Service
 from kinetic.streaming import respond
 

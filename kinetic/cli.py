@@ -206,7 +206,7 @@ def single_service(settings: ServerSettings) -> tuple[Any, str]:
                          fair_share=settings.fair_share,
                          max_in_flight_per_client=settings.max_in_flight if keyed else 0,
                          cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
-                         verbose=settings.verbose)
+                         verbose=settings.verbose, long_context=settings.long_context())
     return Service.create(settings, engine, resolved.name), f"loading {resolved.path} (answers 503 until ready)"
 
 

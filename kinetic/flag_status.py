@@ -47,12 +47,14 @@ IGNORED: tuple[Ignored, ...] = (
              "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
              "--spec-ngram-map-k4v-min-hits", "--draft", "--draft-min", "--spec-ngram-size-n", "--spec-ngram-size-m",
              "--spec-ngram-min-hits", "--spec-default")),
-    Ignored("ignored flags: context shift and cache reuse",
-            "kinetic's decode loop neither shifts a full slot's KV cells nor moves cached chunks after a changed "
-            "prefix, and spaces no checkpoints (docs/models.md): a prompt longer than a slot is a 400 and a full "
-            "slot stops with `length`",
-            ("--context-shift", "--keep", "--cache-reuse", "-cms", "--kv-unified-per-slot",
-             "--cache-idle-slots")),
+    Ignored("ignored flags: checkpoint spacing and idle-slot caching",
+            "kinetic saves at most three checkpoints per prompt (4 tokens before its end, where its last message "
+            "starts, where it parts from the longest prompt seen before it) in the shared --cache-ram cache, "
+            "least recently used out first, so there is no run of per-message checkpoints for a minimum spacing "
+            "to thin out; and a slot's cells always go to the --cache-ram cache before a new request drops them "
+            "(llama-server's default), while idle slots keep theirs because other slots copy shared prefixes "
+            "from them (--cache-ram 0 turns the saving off)",
+            ("-cms", "--cache-idle-slots")),
     Ignored("ignored flags: CPU affinity and priority",
             "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
             "the threads are llama.cpp's own, -t and -tb set how many",
@@ -63,11 +65,6 @@ IGNORED: tuple[Ignored, ...] = (
             "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "
             "llama-cpp-python binds, so kinetic takes -c, -ngl and the rest as given",
             ("--rpc", "-fit", "-fitt", "-fitc")),
-    Ignored("ignored flags: reasoning budget",
-            "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row), and its chat layer "
-            "has no switch for how it parses reasoning and tool calls; `--reasoning`, `--reasoning-format` and "
-            "`--reasoning-effort` act",
-            ("--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")),
     Ignored("ignored flags: slot prompt similarity",
             "kinetic has no similarity threshold to set: a request always goes to the idle slot whose cache holds "
             "the longest common prefix of its prompt (the least recently used on a tie), and may also copy a "

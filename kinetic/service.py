@@ -130,7 +130,10 @@ class Service:
                 n_predict=self.settings.n_predict, reasoning_format=self.settings.reasoning_format,
                 template_kwargs=self.default_template_kwargs, reasoning=self.settings.reasoning,
                 prefill_assistant=self.settings.prefill_assistant, cache_prompt=self.settings.cache_prompt,
-                spm_infill=self.settings.spm_infill)
+                spm_infill=self.settings.spm_infill, n_keep=self.settings.keep,
+                reasoning_budget=self.settings.reasoning_budget,
+                reasoning_budget_message=self.settings.reasoning_budget_message,
+                skip_chat_parsing=self.settings.skip_chat_parsing)
         return self._defaults
 
     @property

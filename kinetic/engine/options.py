@@ -103,3 +103,13 @@ class LlamaOptions:
         shown["control_vectors"] = [{"path": path, "scale": scale} for path, scale in self.control_vectors]
         shown["control_vector_layers"] = list(self.control_vector_layers)
         return shown
+
+
+@dataclass(frozen=True)
+class LongContext:
+    """--context-shift and --cache-reuse (kinetic.engine.llama.context_shift); --keep is a request default
+    (GenerationRequest.n_keep)."""
+
+    context_shift: bool = False
+    cache_reuse: int = 0  # smallest cached chunk moved instead of evaluated again; 0: off
+    slot_limit: int = 0  # --kv-unified-per-slot: most tokens one slot holds (and, without -c, the pool per slot)

@@ -47,4 +47,5 @@ def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeL
                        pooling=settings.pooling, options=settings.llama_options(),
                        fair_share=settings.fair_share, max_in_flight_per_client=max_in_flight,
                        cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
-                       verbose=settings.verbose, decode_lock=decode_lock, in_flight=in_flight)
+                       verbose=settings.verbose, decode_lock=decode_lock, in_flight=in_flight,
+                       long_context=settings.long_context())

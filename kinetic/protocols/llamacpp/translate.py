@@ -275,7 +275,8 @@ def props(service: Service) -> dict[str, Any]:
     engine = service.engine
     info = service.info
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=service.default_sampling(),
-                                                     max_tokens=service.settings.n_predict), short=True)
+                                                     max_tokens=service.settings.n_predict,
+                                                     n_keep=service.settings.keep), short=True)
     template = service.template
     return {
         "default_generation_settings": {"n_ctx": engine.slot_n_ctx, "params": defaults},

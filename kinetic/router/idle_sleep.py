@@ -41,11 +41,20 @@ class IdleSleep:
 
     async def watch(self) -> None:
         """Runs for the server's life (a task of the app's lifespan)."""
+        for entry in self.registry.entries.values():
+            entry.touch()  # llama-server counts the idle time from its start
         while True:
             await asyncio.sleep(min(MAX_POLL_S, self.seconds / 4))
             for entry in list(self.registry.entries.values()):
-                if can_sleep(entry) and not entry.sleeping and self._idle(entry):
-                    await self.fall_asleep(entry)
+                if not can_sleep(entry) or entry.sleeping:
+                    continue
+                if entry.service is not None and not entry.service.ready:
+                    entry.touch()  # still loading: its idle time starts once it is loaded
+                elif self._idle(entry):
+                    try:
+                        await self.fall_asleep(entry)
+                    except Exception:  # the watch goes on for the other models and the next round
+                        log.exception("model %s could not enter sleeping state", entry.name)
 
     def _idle(self, entry: ModelEntry) -> bool:
         service = entry.service

@@ -45,6 +45,7 @@ def sleepy(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     prompts = tmp_path_factory.mktemp("prompts")
     with KineticServer("-c", "512", "-np", "1", "--sleep-idle-seconds", str(SLEEP_S), "--sse-ping-interval", "1",
                        "--metrics", "--log-prompts-dir", str(prompts)) as server:
+        assert httpx.get(server.url + "/props").json()["is_sleeping"] is False  # idle time counts from the load
         yield server, prompts
 
 

@@ -1,6 +1,6 @@
 """Issue 23 parts 5 and 7 without a model: control vectors (files summed as llama.cpp's common sums them),
---rerank and /rerank's JSON, --sleep-idle-seconds, --sse-ping-interval's pings, --perf and the logging flags.
-Their effect on a served model: tests/e2e/test_server_flags_more.py."""
+--rerank and /rerank's JSON, --sleep-idle-seconds (on a scripted engine), --sse-ping-interval's pings, --perf
+and the logging flags. Their effect on a served model: tests/e2e/test_server_flags_more.py."""
 
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ from kinetic.errors import InvalidRequestError, ModelLoadError
 from kinetic.log_setup import configure_logging
 from kinetic.prompt_log import write_prompt
 from kinetic.protocols.llamacpp.rerank import rerank_request, to_rerank_body
+from kinetic.router import idle_sleep
+from kinetic.router.registry import ModelRegistry
 from kinetic.serve_args import parse_serve_args
-from kinetic.settings import SettingsError
+from kinetic.service import Service
+from kinetic.settings import ServerSettings, SettingsError
 from kinetic.sse_ping import PING, with_pings
 from tests.control_vector_model import write_control_vector
+from tests.scripted import ScriptedEngine
 
 
 def test_control_vector_flags_become_options(tmp_path: Path) -> None:
@@ -196,3 +200,50 @@ def test_log_prompts_dir_writes_one_file_a_prompt(tmp_path: Path) -> None:
     assert first is not None and second is not None and first != second
     assert first.stem.isdigit() and len(first.stem) == 12 and first.read_text() == "<bos>one"
     assert write_prompt(str(tmp_path / "missing"), "x") is None
+
+
+class SleepyEngine(ScriptedEngine):
+    """A scripted engine that counts its sleeps and wake-ups (LlamaEngine.sleep and wake unload and reload)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.sleeping = False
+        self.calls: list[str] = []
+
+    def sleep(self) -> None:
+        self.calls.append("sleep")
+        self.sleeping, self._ready = True, False
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+        self.sleeping, self._ready = False, True
+
+
+def test_an_idle_model_sleeps_and_a_request_wakes_it_but_a_look_does_not() -> None:
+    async def scenario() -> None:
+        engine = SleepyEngine()
+        engine._ready = True
+        service = Service.create(ServerSettings(sleep_idle_seconds=1), engine, "m")
+        service.chat = object()  # type: ignore[assignment]  # ready without a template
+        registry = ModelRegistry.single(service)
+        assert registry.sleeper is not None and ModelRegistry.single(
+            Service.create(ServerSettings(), engine, "m")).sleeper is None
+        registry.sleeper.seconds = 0.2
+        async with idle_sleep.watching(registry.sleeper):
+            await asyncio.sleep(0.1)
+            assert engine.calls == []  # the idle time counts from the start, not from the epoch
+            entry, _ = await registry.acquire(None)
+            await asyncio.sleep(0.4)
+            assert engine.calls == []  # a request in flight keeps it awake
+            registry.release(entry)
+            await asyncio.sleep(0.4)
+            assert engine.calls == ["sleep"] and registry.ready and registry.only.sleeping
+            for _ in range(3):  # /props and /metrics look without waking it or resetting its idle time
+                entry, _ = await registry.acquire(None, wake=False)
+                registry.release(entry, used=False)
+            assert engine.calls == ["sleep"]
+            entry, _ = await registry.acquire(None)
+            assert engine.calls == ["sleep", "wake"] and not registry.only.sleeping
+            registry.release(entry)
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))

@@ -55,11 +55,6 @@ IGNORED: tuple[Ignored, ...] = (
             "(llama-server's default), while idle slots keep theirs because other slots copy shared prefixes "
             "from them (--cache-ram 0 turns the saving off)",
             ("-cms", "--cache-idle-slots")),
-    Ignored("ignored flags: CPU affinity and priority",
-            "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
-            "the threads are llama.cpp's own, -t and -tb set how many",
-            ("-C", "-Cr", "--cpu-strict", "--prio", "--poll", "-Cb", "-Crb", "--cpu-strict-batch", "--prio-batch",
-             "--poll-batch")),
     Ignored("ignored flags: remote devices and fitting to memory",
             "--rpc needs ggml's RPC backend, which kinetic's llama-cpp-python build leaves out; --fit and its "
             "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "

@@ -185,6 +185,25 @@ FLAGS: tuple[Flag, ...] = (
          negations=("--no-op-offload",)),
     Flag("threads_batch", ("-tb", "--threads-batch"), "threads for prompt processing (default: same as -t)",
          metavar="N"),
+    Flag("cpu_mask", ("-C", "--cpu-mask"), "CPUs the generation threads may run on, as a hex mask (with -Cr, "
+         "either CPU)", metavar="M"),
+    Flag("cpu_range", ("-Cr", "--cpu-range"), "CPUs the generation threads may run on, as lo-hi", metavar="lo-hi"),
+    Flag("cpu_strict", ("--cpu-strict",), "pin each generation thread to one CPU of the mask: 0 or 1",
+         metavar="<0|1>"),
+    Flag("prio", ("--prio",), "process and thread priority: low(-1), normal(0), medium(1), high(2), realtime(3)",
+         metavar="N"),
+    Flag("poll", ("--poll",), "how much idle threads poll for work before they sleep: 0 (none) to 100 (default: "
+         "50)", metavar="<0...100>"),
+    Flag("cpu_mask_batch", ("-Cb", "--cpu-mask-batch"), "-C for the prompt-processing threads (default: -C's)",
+         metavar="M"),
+    Flag("cpu_range_batch", ("-Crb", "--cpu-range-batch"), "-Cr for the prompt-processing threads",
+         metavar="lo-hi"),
+    Flag("cpu_strict_batch", ("--cpu-strict-batch",), "--cpu-strict for the prompt-processing threads "
+         "(default: --cpu-strict's)", metavar="<0|1>"),
+    Flag("prio_batch", ("--prio-batch",), "thread priority of the prompt-processing threads, 0 to 3 (default: "
+         "--prio's)", metavar="N"),
+    Flag("poll_batch", ("--poll-batch",), "--poll for the prompt-processing threads (default: --poll's)",
+         metavar="<0|1>"),
     Flag("flash_attn", ("-fa", "--flash-attn"), "flash attention: on, off, auto", metavar="on|off|auto"),
     Flag("cache_type_k", ("-ctk", "--cache-type-k"), "KV cache type for K: " + ", ".join(KV_CACHE_TYPES),
          metavar="TYPE"),

@@ -17,12 +17,21 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.engine.options import LlamaOptions, LongContext, parse_kv_override
+from kinetic.engine.options import (
+    CpuParams,
+    LlamaOptions,
+    LongContext,
+    parse_cpu_mask,
+    parse_cpu_range,
+    parse_kv_override,
+)
 from kinetic.serve_flags import FLAGS as FLAGS  # re-exported: the router's presets read the table from here
 from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
 from kinetic.setting_values import (
     SWITCH_TYPES,
     ByteSize,
+    CpuMask,
+    CpuRange,
     DeviceList,
     ExistingFile,
     ExistingFolder,
@@ -145,6 +154,16 @@ class ServerSettings(BaseSettings):
     no_host: bool = False
     op_offload: bool = True
     threads_batch: int = 0
+    cpu_mask: CpuMask | None = None
+    cpu_range: CpuRange | None = None
+    cpu_strict: Annotated[int, Field(ge=0, le=1)] = 0
+    prio: Annotated[int, Field(ge=-1, le=3)] = 0
+    poll: Annotated[int, Field(ge=0, le=100)] = 50
+    cpu_mask_batch: CpuMask | None = None
+    cpu_range_batch: CpuRange | None = None
+    cpu_strict_batch: Annotated[int, Field(ge=0, le=1)] | None = None  # None: --cpu-strict's
+    prio_batch: Annotated[int, Field(ge=0, le=3)] | None = None
+    poll_batch: Annotated[int, Field(ge=0, le=100)] | None = None
     flash_attn: OnOffAuto = "auto"
     cache_type_k: KvCacheType = "f16"
     cache_type_v: KvCacheType = "f16"
@@ -400,6 +419,20 @@ class ServerSettings(BaseSettings):
 
         return tuple(devices.parse_device_list(self.device))
 
+    def cpu_params(self, *, batch: bool = False) -> CpuParams:
+        """The generation pool's CPU flags, or the prompt pool's: each -batch flag not given takes the other's."""
+        cpus = set(parse_cpu_mask(self.cpu_mask) if self.cpu_mask else ()) | set(
+            parse_cpu_range(self.cpu_range) if self.cpu_range else ())
+        strict, prio, poll = bool(self.cpu_strict), self.prio, self.poll
+        if batch:
+            if self.cpu_mask_batch or self.cpu_range_batch:
+                cpus = set(parse_cpu_mask(self.cpu_mask_batch) if self.cpu_mask_batch else ()) | set(
+                    parse_cpu_range(self.cpu_range_batch) if self.cpu_range_batch else ())
+            strict = strict if self.cpu_strict_batch is None else bool(self.cpu_strict_batch)
+            prio = prio if self.prio_batch is None else self.prio_batch
+            poll = poll if self.poll_batch is None else self.poll_batch
+        return CpuParams(cpus=tuple(sorted(cpus)), strict=strict, priority=prio, poll=poll)
+
     def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
         """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""
         if not (self.override_tensor or self.cpu_moe or self.n_cpu_moe or self.n_cpu_ffn):
@@ -425,7 +458,8 @@ class ServerSettings(BaseSettings):
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
             control_vectors=self.control_vectors(),
             control_vector_layers=tuple(int(n) for n in (self.control_vector_layer_range or "-1 -1").split()[:2]),
-            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn, perf=self.perf,
+            threads_batch=max(self.threads_batch, 0), cpu=self.cpu_params(), cpu_batch=self.cpu_params(batch=True),
+            flash_attn=self.flash_attn, perf=self.perf,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
             op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,

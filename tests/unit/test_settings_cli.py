@@ -141,11 +141,11 @@ def test_main_serves_what_parse_serve_args_reads(monkeypatch: pytest.MonkeyPatch
 
     served: list[ServerSettings] = []
     monkeypatch.setattr(kinetic.cli, "serve", lambda settings: served.append(settings) or 0)
-    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--prio", "2"]
+    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--video-fps", "2"]
     assert main(["serve", *argv]) == 0
     assert served == [parse_serve_args(argv)]
     assert served[0].model_args == (("a.gguf", "x"), ("hf:org/repo:Q8_0", None))
-    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--prio",)
+    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--video-fps",)
 
 
 BAD = [

@@ -19,6 +19,7 @@ from llama_cpp import _logger as llama_logger
 
 from kinetic.engine.llama.control_vector import apply_control_vector, load_control_vectors
 from kinetic.engine.llama.params import init_numa, model_params
+from kinetic.engine.llama.threads import attach_threadpools
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
@@ -95,8 +96,10 @@ class LoadedModel:
         return LoraAdapter(path=path, handle=handle, scale=scale)
 
     def new_context(self, params: Any) -> _internals.LlamaContext:
-        """A context with the server's LoRA adapters applied at their scales, and its control vector."""
+        """A context with the server's LoRA adapters applied at their scales, its control vector, and thread pools
+        made with the CPU flags when any is given."""
         ctx = _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        attach_threadpools(ctx, self.options.cpu, self.options.cpu_batch, params.n_threads, params.n_threads_batch)
         self.apply_lora(ctx)
         if self.control_vector is not None:
             apply_control_vector(ctx.ctx, self.control_vector, self.options.control_vector_layers,

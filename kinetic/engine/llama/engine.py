@@ -185,8 +185,8 @@ class LlamaEngine:
         self._asleep = (self._require_model().info, self.stats())
         self.sleeping = True
         self.close()
-        # llama.cpp's contexts sit in reference cycles (the scheduler and its decode thread's objects): without a
-        # collection now, the weights and KV cache would stay in memory until Python's next full one
+        # some of the Python objects that own llama.cpp's contexts and weights sit in reference cycles: without a
+        # collection now they, and the memory, would stay until Python's next full collection (seen: RSS unchanged)
         gc.collect()
 
     def wake(self) -> None:

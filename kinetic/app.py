@@ -39,6 +39,7 @@ from kinetic.protocols.ollama.routes import router as ollama_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
 from kinetic.protocols.responses.routes import router as responses_router
+from kinetic.router import idle_sleep
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.service import Service
 from kinetic.streaming import ClientDisconnected
@@ -227,6 +228,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with idle_sleep.watching(registry.sleeper), models_lifespan(app):
+            yield
+
+    @asynccontextmanager
+    async def models_lifespan(app: FastAPI) -> AsyncIterator[None]:
         if registry.router:
             if on_ready is not None:
                 on_ready()
@@ -267,6 +273,7 @@ def create_app(
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
+    app.state.sse_ping_interval = settings.sse_ping_interval  # read by kinetic.streaming
 
     @app.exception_handler(KineticError)
     async def kinetic_error(request: Request, exc: KineticError) -> JSONResponse:

@@ -46,13 +46,14 @@ def autoload_override(request: Request) -> bool | None:
 
 @asynccontextmanager
 async def model_service(request: Request, *, missing: str | None = None,
-                        unknown: str | None = None) -> AsyncIterator[Service]:
+                        unknown: str | None = None, wake: bool = True) -> AsyncIterator[Service]:
     """The Service of the model `request` names, leased for the block. `missing` and `unknown`
-    (with `{name}`) reword the router's 400 and 404 in a protocol's own words."""
+    (with `{name}`) reword the router's 400 and 404 in a protocol's own words; `wake` False leaves a
+    sleeping model asleep (--sleep-idle-seconds: /props and /metrics answer without loading it)."""
     registry = get_registry(request)
     name = await requested_model(request) if registry.router else None
     try:
-        entry, service = await registry.acquire(name, autoload=autoload_override(request))
+        entry, service = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
     except ModelMissingError:
         if missing is None:
             raise
@@ -64,7 +65,7 @@ async def model_service(request: Request, *, missing: str | None = None,
     try:
         yield service
     finally:
-        registry.release(entry)
+        registry.release(entry, used=wake)
 
 
 async def get_service(request: Request) -> AsyncIterator[Service]:

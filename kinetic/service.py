@@ -26,9 +26,10 @@ from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Engine
-from kinetic.engine.types import GenerationRequest, ModelInfo, SamplingParams
+from kinetic.engine.types import GenerationRequest, ModelInfo, RankScore, SamplingParams
 from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.models import cache_dir
+from kinetic.prompt_log import write_prompt
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
@@ -171,16 +172,24 @@ class Service:
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         self.require_generation()
         generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+        self._log_prompt(generation)
         return replace(generation, client=CLIENT.get()), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         self.require_generation()
         generation = await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
+        self._log_prompt(generation)
         return replace(generation, client=CLIENT.get())
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
         generation = await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
+        self._log_prompt(generation)
         return replace(generation, client=CLIENT.get())
+
+    def _log_prompt(self, generation: GenerationRequest) -> None:
+        """--log-prompts-dir: the prompt as the model reads it, one file per request (llama-server's)."""
+        if self.settings.log_prompts_dir:
+            write_prompt(self.settings.log_prompts_dir, self.engine.detokenize(generation.prompt_tokens, special=True))
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
@@ -251,6 +260,13 @@ class Service:
     async def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
         """Raw vectors per input: one pooled, or one per token with --pooling none (native /embedding)."""
         return await anyio.to_thread.run_sync(self.engine.embed_all, inputs)
+
+    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        """Each document's score against the query (--rerank); blocks a worker thread, not the event loop."""
+        ranker = getattr(self.engine, "rerank", None)  # a llama engine's; an upstream model has none
+        if ranker is None or not self.settings.serves_rerank:
+            raise NotSupportedError("This server does not support reranking. Start it with `--reranking`")
+        return await anyio.to_thread.run_sync(ranker, query, documents)
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         # embed() blocks while it waits for the decode lock and runs llama_decode

@@ -21,6 +21,7 @@ import anyio
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
 from kinetic.router.events import ModelEvents
+from kinetic.router.idle_sleep import IdleSleep
 from kinetic.router.sources import ModelSpec
 from kinetic.service import Service
 from kinetic.settings import ServerSettings
@@ -89,6 +90,11 @@ class ModelEntry:
         stats = self.service.engine.stats()
         return stats.requests_processing > 0 or stats.requests_deferred > 0
 
+    @property
+    def sleeping(self) -> bool:
+        """Unloaded by --sleep-idle-seconds (idle_sleep.py) until a request wakes it."""
+        return self.service is not None and bool(getattr(self.service.engine, "sleeping", False))
+
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
@@ -109,6 +115,8 @@ class ModelRegistry:
         self.decode_lock = DecodeTurns()
         self.events = ModelEvents()  # GET /models/sse
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
+        self.sleeper: IdleSleep | None = IdleSleep(self, settings.sleep_idle_seconds) \
+            if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
 
     @classmethod
     def single(cls, service: Service) -> ModelRegistry:
@@ -126,7 +134,7 @@ class ModelRegistry:
         if self.router:
             return True
         service = self.only.service
-        return service is not None and service.ready
+        return service is not None and (service.ready or self.only.sleeping)  # a request wakes a sleeping one
 
     @property
     def only(self) -> ModelEntry:
@@ -147,29 +155,35 @@ class ModelRegistry:
             raise ModelNotFoundError(name)
         return entry
 
-    async def acquire(self, name: str | None, *, autoload: bool | None = None) -> tuple[ModelEntry, Service]:
+    async def acquire(self, name: str | None, *, autoload: bool | None = None,
+                      wake: bool = True) -> tuple[ModelEntry, Service]:
         """The Service of the model a request names, loaded first if need be, with a lease taken on it
-        (release() it when the request is done) so that it is not unloaded under the request."""
+        (release() it when the request is done) so that it is not unloaded under the request. `wake`
+        False: a sleeping model is answered as it is (llama-server's routes that bypass sleep)."""
         entry = self.resolve(name)
         while entry.draining:  # another model waits for its room: wait for the switch, then load it again
             await entry.open.wait()
         entry.leases += 1
         try:
+            if self.sleeper is not None and wake:
+                await self.sleeper.awake(entry)
             service = await self._loaded_service(entry, autoload)
         except BaseException:
             entry.leases -= 1
             raise
-        entry.touch()
+        if wake:  # a look at a sleeping model's state (/props, /metrics) is no use of it: the idle time runs on
+            entry.touch()
         return entry, service
 
-    def release(self, entry: ModelEntry) -> None:
+    def release(self, entry: ModelEntry, *, used: bool = True) -> None:
         entry.leases -= 1
-        entry.touch()
+        if used:
+            entry.touch()
 
     async def _loaded_service(self, entry: ModelEntry, autoload: bool | None) -> Service:
         if not self.router:
             service = entry.service
-            if service is None or not service.ready:
+            if service is None or not (service.ready or entry.sleeping):
                 raise UnavailableError("Loading model")
             return service
         if entry.state is ModelState.LOADED and entry.service is not None:

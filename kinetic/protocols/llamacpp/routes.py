@@ -1,5 +1,6 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
-/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template, /cors-proxy."""
+/infill, /embedding (and /embeddings), /rerank (and its aliases), /tokenize, /detokenize, /apply-template,
+/cors-proxy."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kinetic.engine.base import submit_together
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import cors_proxy, translate
+from kinetic.protocols.llamacpp import cors_proxy, rerank, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -49,7 +50,7 @@ async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
     if registry.router and not request.query_params.get("model"):
         return translate.router_props(max_instances=registry.settings.models_max,
                                       autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
-    async with model_service(request) as service:
+    async with model_service(request, wake=False) as service:  # answered asleep (--sleep-idle-seconds)
         return translate.props(service)
 
 
@@ -141,7 +142,12 @@ async def slot_action(id_slot: str, request: Request, service: ServiceDep, actio
 
 
 @router.get("/metrics")
-async def get_metrics(request: Request, service: ServiceDep) -> Response:
+async def get_metrics(request: Request) -> Response:
+    async with model_service(request, wake=False) as service:  # answered asleep: a scraper keeps no model up
+        return _metrics(request, service)
+
+
+def _metrics(request: Request, service: Service) -> Response:
     if not service.settings.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
     response = PlainTextResponse(translate.metrics_text(service.engine.stats(scrape=True), viewer=_viewer(request)),
@@ -193,6 +199,22 @@ async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[st
     return translate.to_native_embeddings(vectors, pooling=service.engine.embedding_pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
                                           else service.settings.embd_normalize)
+
+
+@router.post("/rerank")
+@router.post("/reranking")
+@router.post("/v1/rerank")
+@router.post("/v1/reranking")
+async def rerank_documents(request: Request, service: ServiceDep) -> Any:
+    if not service.settings.serves_rerank:  # checked before the body, as llama-server does
+        raise NotSupportedError("This server does not support reranking. Start it with `--reranking`")
+    try:
+        raw = await request.json()
+    except ValueError:
+        raise InvalidRequestError("Invalid JSON body", param="body") from None
+    body = rerank.rerank_request(raw)
+    scores = await service.rerank(body.query, body.documents)
+    return rerank.to_rerank_body(body, scores, model=service.model_name)
 
 
 @router.get("/lora-adapters")

@@ -297,7 +297,7 @@ def props(service: Service) -> dict[str, Any]:
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
         "build_info": service.system_fingerprint,
-        "is_sleeping": False,
+        "is_sleeping": bool(getattr(engine, "sleeping", False)),  # --sleep-idle-seconds
         "ui_settings": service.settings.ui_settings(),
         # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
         "llama_params": service.settings.llama_options().describe(),

@@ -69,11 +69,6 @@ IGNORED: tuple[Ignored, ...] = (
             "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "
             "llama-cpp-python binds, so kinetic takes -c, -ngl and the rest as given",
             ("--rpc", "-fit", "-fitt", "-fitc")),
-    Ignored("ignored flags: slot prompt similarity",
-            "kinetic has no similarity threshold to set: a request always goes to the idle slot whose cache holds "
-            "the longest common prefix of its prompt (the least recently used on a tie), and may also copy a "
-            "longer cached prefix from another slot or from --cache-ram",
-            ("-sps",)),
     Ignored("ignored flags: model downloads other than -hf",
             "kinetic downloads from the Hugging Face hub only (-hf), the one network source a classroom allows; "
             "the presets download a set model: give -hf and its flags instead",

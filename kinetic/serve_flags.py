@@ -348,6 +348,9 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N"),
     Flag("kv_unified_per_slot", ("--kv-unified-per-slot",), "most tokens one slot may hold; without -c the KV "
          "cache is sized to slots x N", metavar="N"),
+    Flag("slot_prompt_similarity", ("-sps", "--slot-prompt-similarity"), "share of a prompt an idle slot's cache "
+         "must hold for the request to go to it, else to the least recently used idle slot (default: 0.1; 0 = "
+         "always the least recently used)", metavar="SIMILARITY"),
     Flag("rerank", ("--rerank", "--reranking"), "serve /rerank: a reranker model scores documents against a query "
          "(sets --embeddings and --pooling rank)"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",

@@ -159,6 +159,9 @@ class LongContext:
     context_shift: bool = False
     cache_reuse: int = 0  # smallest cached chunk moved instead of evaluated again; 0: off
     slot_limit: int = 0  # --kv-unified-per-slot: most tokens one slot holds (and, without -c, the pool per slot)
+    # -sps: the share of a prompt an idle slot's cache must hold for the slot to be picked by it; else the
+    # least recently used idle slot (llama-server's get_available_slot); 0: always the least recently used
+    slot_similarity: float = 0.1
 
 
 # llama.cpp's speculative decoding kinds (common/speculative.cpp), and the ones kinetic runs

@@ -280,3 +280,19 @@ def test_cpu_mask_pins_llama_cpps_threads(model_lock: None) -> None:
         assert "0" in allowed and len(set(allowed)) == 2  # the pinned pool, and the rest on every CPU
         cpu = httpx.get(server.url + "/props").json()["llama_params"]["cpu"]
         assert cpu == {"cpus": [0], "strict": False, "priority": "normal", "poll": 0}
+
+
+def test_slot_prompt_similarity_chooses_between_the_cached_slot_and_the_least_recently_used(
+        model_lock: None) -> None:
+    """-sps: a prompt goes to the idle slot holding its longest cached prefix only when that prefix is more than
+    the threshold's share of the prompt; else to the least recently used idle slot (llama-server's choice)."""
+    shared = "The weather in Rome today is sunny and the people walk along the river."
+    first = shared + " In the evening they eat in the small restaurants of Trastevere and talk about football."
+    second = shared + " A completely different story follows here about mountains, snow and winter sports."
+    for threshold, same_slot in (("0.1", True), ("0.9", False)):
+        with KineticServer("-np", "2", "-c", "1024", "-n", "2", "--temp", "0", "-sps", threshold) as server:
+            one = completion(server, prompt=first)
+            two = completion(server, prompt=second)
+            share = two["timings"]["cache_n"] / two["tokens_evaluated"] if same_slot else None
+            assert (one["id_slot"] == two["id_slot"]) is same_slot, (threshold, one["id_slot"], two["id_slot"])
+            assert share is None or 0.1 < share < 0.9  # the prompts really share a part between the thresholds

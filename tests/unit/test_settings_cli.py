@@ -105,7 +105,7 @@ def test_issue_examples_start() -> None:
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
     assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
-    assert s.ignored_flags == ("-sps",) and s.keep == -1
+    assert s.ignored_flags == () and s.keep == -1 and s.long_context().slot_similarity == 0.5
     assert s.control_vector_layer_range == "1 10"  # its two values, then -np 2 read as a flag again
     assert s.override_tensor == ("exps=CPU",)
     assert s.kv_unified and s.reverse_prompt == ("User:",)

@@ -60,7 +60,8 @@ class SlotAdmission:
 
     def _assign_pending(self) -> None:
         """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
-        holding the longest common prefix of the prompt wins."""
+        holding the longest common prefix of the prompt wins, if that is more than -sps of the prompt, else
+        the least recently used one."""
         while self._pending and any(s.job is None for s in self.slots):
             for client, job in self._pending.in_order():
                 idle = [s for s in self.slots if s.job is None]
@@ -68,7 +69,7 @@ class SlotAdmission:
                     idle = [s for s in idle if s.id == job.request.id_slot]
                 if idle:
                     prompt = job.request.prompt_tokens
-                    slot = max(idle, key=lambda s: (self._usable_prefix(s.tokens, prompt), -s.last_used))
+                    slot = max(idle, key=lambda s: (self._similar_prefix(s.tokens, prompt), -s.last_used))
                     self._pending.served(client, job)
                     try:
                         self._start(slot, job)
@@ -84,6 +85,12 @@ class SlotAdmission:
                     break
             else:
                 return  # every waiting job wants a busy slot
+
+    def _similar_prefix(self, tokens: list[int], prompt: list[int]) -> int:
+        """The usable prefix when it is more than -sps of the prompt (llama-server's slot similarity), else 0."""
+        threshold = self.long_context.slot_similarity
+        n = self._usable_prefix(tokens, prompt) if threshold > 0 else 0
+        return n if prompt and n / len(prompt) > threshold else 0
 
     def _usable_prefix(self, tokens: list[int], prompt: list[int]) -> int:
         """How much of what a slot holds `prompt` could start from (on exact states: all of it, or none)."""

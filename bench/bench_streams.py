@@ -240,7 +240,9 @@ def main() -> None:
     args.model = model_path(args.model)
     args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
     args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
-    flags = ["-t", str(args.threads)]
+    # Both load without repacked weights: kinetic's default (kinetic/engine/llama/params.py), and on a CPU
+    # with AMX llama-server's repacked kernels crash on the bundled model.
+    flags = ["-t", str(args.threads), "--no-repack"]
     if not args.defaults:
         flags += ["-c", str(args.ctx), "-np", str(args.parallel)]
     from filelock import FileLock

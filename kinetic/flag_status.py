@@ -56,14 +56,12 @@ IGNORED: tuple[Ignored, ...] = (
             "the vendored llama-server refuses them at start (\"the argument has been removed\"); kinetic accepts "
             "and ignores them, use --spec-ngram-simple-size-n/-m",
             ("--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits")),
-    Ignored("ignored flags: checkpoint spacing and idle-slot caching",
+    Ignored("ignored flags: checkpoint spacing",
             "kinetic saves at most three checkpoints per prompt (4 tokens before its end, where its last message "
             "starts, where it parts from the longest prompt seen before it) in the shared --cache-ram cache, "
             "least recently used out first, so there is no run of per-message checkpoints for a minimum spacing "
-            "to thin out; and a slot's cells always go to the --cache-ram cache before a new request drops them "
-            "(llama-server's default), while idle slots keep theirs because other slots copy shared prefixes "
-            "from them (--cache-ram 0 turns the saving off)",
-            ("-cms", "--cache-idle-slots")),
+            "to thin out",
+            ("-cms",)),
     Ignored("ignored flags: remote devices and fitting to memory",
             "--rpc needs ggml's RPC backend, which kinetic's llama-cpp-python build leaves out; --fit and its "
             "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "

@@ -348,6 +348,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N"),
     Flag("kv_unified_per_slot", ("--kv-unified-per-slot",), "most tokens one slot may hold; without -c the KV "
          "cache is sized to slots x N", metavar="N"),
+    Flag("cache_idle_slots", ("--cache-idle-slots",), "save a slot's cached prompt to the --cache-ram cache "
+         "before a new request takes the slot (default: on)", negations=("--no-cache-idle-slots",)),
     Flag("slot_prompt_similarity", ("-sps", "--slot-prompt-similarity"), "share of a prompt an idle slot's cache "
          "must hold for the request to go to it, else to the least recently used idle slot (default: 0.1; 0 = "
          "always the least recently used)", metavar="SIMILARITY"),

@@ -239,6 +239,7 @@ class ServerSettings(BaseSettings):
     cache_reuse: Annotated[int, Field(ge=0)] = 0
     kv_unified_per_slot: Annotated[int, Field(ge=0)] = 0
     slot_prompt_similarity: Annotated[float, Field(ge=0, le=1)] = 0.1
+    cache_idle_slots: bool = True
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None
@@ -501,7 +502,8 @@ class ServerSettings(BaseSettings):
 
     def long_context(self) -> LongContext:
         return LongContext(context_shift=self.context_shift, cache_reuse=self.cache_reuse,
-                           slot_limit=self.kv_unified_per_slot, slot_similarity=self.slot_prompt_similarity)
+                           slot_limit=self.kv_unified_per_slot, slot_similarity=self.slot_prompt_similarity,
+                           cache_idle_slots=self.cache_idle_slots)
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""

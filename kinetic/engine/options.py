@@ -162,6 +162,8 @@ class LongContext:
     # -sps: the share of a prompt an idle slot's cache must hold for the slot to be picked by it; else the
     # least recently used idle slot (llama-server's get_available_slot); 0: always the least recently used
     slot_similarity: float = 0.1
+    # --cache-idle-slots: a slot's cells go to the --cache-ram cache before a new request drops them
+    cache_idle_slots: bool = True
 
 
 # llama.cpp's speculative decoding kinds (common/speculative.cpp), and the ones kinetic runs

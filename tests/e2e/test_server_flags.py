@@ -296,3 +296,17 @@ def test_slot_prompt_similarity_chooses_between_the_cached_slot_and_the_least_re
             share = two["timings"]["cache_n"] / two["tokens_evaluated"] if same_slot else None
             assert (one["id_slot"] == two["id_slot"]) is same_slot, (threshold, one["id_slot"], two["id_slot"])
             assert share is None or 0.1 < share < 0.9  # the prompts really share a part between the thresholds
+
+
+def test_cache_idle_slots_saves_a_slots_prompt_before_a_new_one_takes_it(model_lock: None) -> None:
+    """--cache-idle-slots (the default): one slot, prompt A, then B, then A again: A comes back from the
+    --cache-ram cache; with --no-cache-idle-slots A's cells went with B and A is evaluated again."""
+    first = "The weather in Rome today is sunny and the people walk along the river, talking about the news."
+    other = "Mountains, snow and winter sports fill the second story, which shares nothing with the first one."
+    for flag, restored in (("--cache-idle-slots", True), ("--no-cache-idle-slots", False)):
+        with KineticServer("-np", "1", "-c", "1024", "-n", "2", "--temp", "0", "--cache-ram", "64", flag) as server:
+            completion(server, prompt=first)
+            completion(server, prompt=other)
+            again = completion(server, prompt=first)
+            cached, prompt = again["timings"]["cache_n"], again["tokens_evaluated"]
+            assert (cached == prompt - 1) is restored, (flag, cached, prompt)  # all but the re-evaluated last

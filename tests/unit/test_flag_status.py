@@ -96,7 +96,7 @@ def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) 
     assert serve(settings) == 1
     err = capsys.readouterr().err
     assert '--rpc is ignored: see "ignored flags: remote devices and fitting to memory"' in err
-    assert '-cms is ignored: see "ignored flags: checkpoint spacing and idle-slot caching"' in err
+    assert '-cms is ignored: see "ignored flags: checkpoint spacing"' in err
 
 
 def test_help_shows_which_flags_act(capsys: pytest.CaptureFixture[str]) -> None:

@@ -112,7 +112,7 @@ class SlotAdmission:
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
         saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
-        if len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+        if self.long_context.cache_idle_slots and len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # about to go
             self.host_cache.save(slot.id, slot.tokens)
         if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
             return self._restore(saved, n_saved, slot)
@@ -132,7 +132,7 @@ class SlotAdmission:
         limit = len(prompt) - 1
         n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
         saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
-        if not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+        if self.long_context.cache_idle_slots and not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # about to go
             self.host_cache.save(slot.id, slot.tokens)
         if saved is not None and n_saved > n_own:
             return self._restore(saved, n_saved, slot)

@@ -84,6 +84,7 @@ class Engine(Tokenizer, Protocol):
 
     n_slots: int
     slot_n_ctx: int
+    n_batch: int  # most prompt tokens decoded in one step (infill lays its context out within it)
 
     @property
     def ready(self) -> bool: ...
@@ -105,6 +106,11 @@ class Engine(Tokenizer, Protocol):
     async def submit(self, request: GenerationRequest) -> Generation:
         """Validates and queues a request; errors a client should see as 4xx are raised here,
         before any response bytes are sent."""
+
+    async def submit_many(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Several requests of one client call (a list of prompts, n_cmpl), started together where the
+        engine can (the llama engine: same decode step, so the same arithmetic for the same prompt).
+        Either all are queued or none."""
 
     # embeddings
     @property
@@ -128,6 +134,12 @@ class Engine(Tokenizer, Protocol):
 
     def slot_erase(self, id_slot: int) -> SlotFileResult: ...
 
+    # LoRA adapters loaded with the model (GET/POST /lora-adapters)
+    def lora_adapters(self) -> list[tuple[Path, float]]: ...
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """Blocking: waits for the current decode step."""
+
     # state, for /slots and /metrics
     def slot_states(self) -> list[SlotState]: ...
 
@@ -135,13 +147,9 @@ class Engine(Tokenizer, Protocol):
         """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""
 
 
-async def submit_together(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
-    """Several requests of one client call (a list of prompts, n_cmpl), started together where the
-    engine can (the llama backend's `submit_many`: same decode step, so the same arithmetic for the
-    same prompt); elsewhere one by one. Either all are queued or none (the ones queued are cancelled)."""
-    many = getattr(engine, "submit_many", None)
-    if many is not None:
-        return await many(requests)
+async def submit_each(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
+    """submit_many for an engine that cannot start requests in one step: one by one, all or none
+    (the ones queued are cancelled when a later one is refused)."""
     generations: list[Generation] = []
     try:
         for request in requests:

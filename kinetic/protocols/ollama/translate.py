@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
@@ -19,7 +19,7 @@ from kinetic.chat import types as neutral
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.toolcalls import ParsedCall
 from kinetic.engine.types import Finished, GenerationRequest, ModelInfo, TextDelta, TokenLogprob
-from kinetic.errors import ContextOverflowError, InvalidRequestError, KineticError, NotFoundError, field_error
+from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, NotSupportedError, field_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.ollama.types import (
     ChatRequest,
@@ -74,7 +74,7 @@ class ServedModel:
 
 
 class ModelFile(Protocol):
-    """The served GGUF as /api/tags shows it (kinetic.service.ModelFile, read off the event loop)."""
+    """The served GGUF as /api/tags shows it (kinetic.backends.model_file.ModelFile, read off the event loop)."""
 
     @property
     def sha256(self) -> str: ...
@@ -139,6 +139,12 @@ def tags(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any
     return {"models": [model_entry(served, info, file)]}
 
 
+def no_model_file(name: str, route: str) -> NotSupportedError:
+    """/api/show of a remote model: kinetic never sees its file, so has nothing to show."""
+    return NotSupportedError(f"model '{name}' cannot serve {route}: it is served by another server, whose model "
+                             "file kinetic does not read")
+
+
 def unloaded_entry(name: str) -> dict[str, Any]:
     """A router's model that is not loaded: /api/tags lists it by name (its facts come with loading)."""
     return {"name": name, "model": name, "modified_at": timestamp(0), "size": 0, "digest": "",
@@ -196,8 +202,8 @@ def _in_options(err: InvalidRequestError) -> InvalidRequestError:
     return InvalidRequestError(message, param=field)
 
 
-def generation_options(options: Options | None, *, logprobs: bool | None = None,
-                       top_logprobs: int | None = None) -> neutral.GenerationOptions:
+def generation_options(options: Options | None, *, logprobs: bool | None = None, top_logprobs: int | None = None,
+                       context: list[int] | None = None) -> neutral.GenerationOptions:
     opts = options or Options()
     try:
         sampling = common.sampling_options(opts)
@@ -213,7 +219,8 @@ def generation_options(options: Options | None, *, logprobs: bool | None = None,
     if opts.num_ctx is not None and opts.num_ctx < 1:
         raise field_error("options.num_ctx", f"Value must be >= 1, but got {opts.num_ctx}")
     return neutral.GenerationOptions(sampling=sampling, max_tokens=max_tokens, stop=common.stop_list(opts.stop),
-                                     n_probs=max(top_logprobs or 0, 1) if logprobs else 0)
+                                     n_probs=max(top_logprobs or 0, 1) if logprobs else 0,
+                                     context_limit=opts.num_ctx, prior_tokens=tuple(context or ()))
 
 
 def output_constraint(fmt: Format) -> neutral.OutputConstraint:
@@ -313,7 +320,8 @@ def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.Chat
     messages.append(neutral.Message(role="user", parts=(neutral.TextPart(body.prompt or ""),) + _images(body.images)))
     return neutral.ChatRequest(
         messages=tuple(messages),
-        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
+        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+                                   context=body.context),
         template_kwargs=kwargs, reasoning_format=reasoning_format, output=output_constraint(body.format))
 
 
@@ -332,31 +340,6 @@ def raw_prepared(generation: GenerationRequest) -> neutral.PreparedChat:
     """A raw prompt seen as a chat with no template: every generated character is the response."""
     return neutral.PreparedChat(prompt="", prompt_tokens=len(generation.prompt_tokens), starts_in_reasoning=False,
                                 reasoning_format="none", tool_mode="none", tool_names=())
-
-
-def with_context(generation: GenerationRequest, context: list[int] | None, bos_id: int) -> GenerationRequest:
-    """The deprecated `context` of an earlier /api/generate, continued by this prompt (whose own
-    BOS would otherwise land in the middle)."""
-    if not context:
-        return generation
-    tokens = generation.prompt_tokens
-    if tokens and tokens[0] == bos_id:
-        tokens = tokens[1:]
-    return replace(generation, prompt_tokens=list(context) + tokens)
-
-
-def limit_context(generation: GenerationRequest, options: Options | None, served: ServedModel) -> GenerationRequest:
-    """`num_ctx` below the slot's context is a limit on prompt + answer; above it, it is ignored
-    (Ollama reloads the model for a bigger context, kinetic serves the one it loaded)."""
-    num_ctx = options.num_ctx if options is not None else None
-    if num_ctx is None or num_ctx >= served.n_ctx:
-        return generation
-    n_prompt = len(generation.prompt_tokens)
-    if n_prompt >= num_ctx:
-        raise ContextOverflowError(n_prompt, num_ctx)
-    room = num_ctx - n_prompt
-    max_tokens = room if generation.max_tokens < 0 else min(generation.max_tokens, room)
-    return replace(generation, max_tokens=max_tokens)
 
 
 # -------------------------------------------------------------------------------- outward
@@ -441,7 +424,7 @@ def _final(body: dict[str, Any], finished: Finished, ctx: ReplyContext) -> dict[
 
 def to_response(deltas: list[TextDelta], finished: Finished, ctx: ReplyContext) -> dict[str, Any]:
     """The whole answer as one object (`stream: false`)."""
-    answer = parse_answer(finished.text, ctx.prepared)
+    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     calls = [tool_call(call, index) for index, call in enumerate(answer.calls)]
     body = _body(ctx, content=answer.content or "", thinking=answer.reasoning, calls=calls, done=True)
     if ctx.n_probs:
@@ -485,7 +468,7 @@ class LineEncoder:
         if isinstance(event, TextDelta):
             logprob = event.logprob if self.ctx.n_probs else None
             return self._lines(self.answer.push(event.text), logprob)
-        lines = [line for piece in self.answer.finish() for line in self._lines(piece)]
+        lines = [line for piece in self.answer.finish(event.calls) for line in self._lines(piece)]
         if self.calls:
             calls = [tool_call(ParsedCall(name=c.name, arguments=c.arguments, id=c.id), index)
                      for index, c in sorted(self.calls.items())]
@@ -524,11 +507,11 @@ def shorten(vector: list[float], dimensions: int | None) -> list[float]:
     return [v / norm for v in head] if norm > 0 else head
 
 
-def to_embed_response(body: EmbedRequest, inputs: list[list[int]], vectors: list[list[float]],
+def to_embed_response(body: EmbedRequest, n_tokens: int, vectors: list[list[float]],
                       started_ns: int) -> dict[str, Any]:
     return {"model": body.model, "embeddings": [shorten(v, body.dimensions) for v in vectors],
             "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
-            "prompt_eval_count": sum(len(tokens) for tokens in inputs)}
+            "prompt_eval_count": n_tokens}
 
 
 def embeddings_input(body: EmbeddingsRequest, served: ServedModel) -> list[neutral.PromptInput]:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout wi
 
 from kinetic.launch import KineticServer, model_lock  # noqa: E402
 
+
 def big_schema(n_properties: int) -> dict:
     kinds = [{"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 0, "maximum": 99},
              {"type": "number"}, {"type": "boolean"}, {"type": "array", "items": {"type": "string"}, "maxItems": 3},
@@ -46,7 +47,7 @@ def stream_gaps(url: str, tokens: int) -> list[float]:
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 stamps.append(time.perf_counter())
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 def send_schema_requests(url: str, senders: int, schema: dict) -> None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections import Counter
 import os
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
             k, ls = summary[("kinetic", n)], summary[("llama-server", n)]
             # each round's own ratio: how far one round can stray from the median (the run's noise)
             per_round = [aggregate_tps(a) / aggregate_tps(b)
-                      for a, b in zip(figures[("kinetic", n)], figures[("llama-server", n)])
+                      for a, b in zip(figures[("kinetic", n)], figures[("llama-server", n)], strict=False)
                       if all(r.ok for r in a + b)]
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round else "-"
             ratio_rows.append([n, k[0] / ls[0], spread, k[1] / ls[1], k[2] / ls[2]])

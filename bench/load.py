@@ -15,13 +15,14 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
-from kinetic.launch import MODEL_LOCK_PATH, free_port, stop_process, wait_until_healthy
+from kinetic.launch import MODEL_LOCK_PATH, free_port, stop_process, wait_until_healthy  # noqa: F401  MODEL_LOCK_PATH: re-exported to the bench scripts
 
 LAB_SYSTEM = ("Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli "
               "linguistici: spieghi llama.cpp, llama-server, kinetic, i token, la cache KV, il time to first "
@@ -45,7 +46,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
         failure = wait_until_healthy(self.proc, self.url, 180)
         if failure is not None:

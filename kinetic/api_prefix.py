@@ -3,7 +3,7 @@ around the app, so the routers stay where a reader finds them. A path outside th
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kinetic.llama_flags import LlamaFlag, llama_server_flags
-from kinetic.settings import FLAGS_BY_SPELLING
+from kinetic.serve_flags import FLAGS_BY_SPELLING
 
 CLI_ACTIONS = ("-h", "--version")  # handled by the command line itself: help, version
 DIFFERENCES_PAGE = "docs/reference/http-llamacpp.md"
@@ -58,10 +58,11 @@ IGNORED: tuple[Ignored, ...] = (
             "the threads are llama.cpp's own, -t and -tb set how many",
             ("-C", "-Cr", "--cpu-strict", "--prio", "--poll", "-Cb", "-Crb", "--cpu-strict-batch", "--prio-batch",
              "--poll-batch")),
-    Ignored("ignored flags: devices and tensor placement",
-            "they need ggml's device and buffer-type handles, which llama-cpp-python does not bind; on a CPU build "
-            "every tensor already sits in host memory, where -ot ...=CPU and --cpu-moe would put it",
-            ("-dev", "-ot", "-cmoe", "-ncmoe", "-ncffn", "--rpc", "-fit", "-fitt", "-fitc")),
+    Ignored("ignored flags: remote devices and fitting to memory",
+            "--rpc needs ggml's RPC backend, which kinetic's llama-cpp-python build leaves out; --fit and its "
+            "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "
+            "llama-cpp-python binds, so kinetic takes -c, -ngl and the rest as given",
+            ("--rpc", "-fit", "-fitt", "-fitc")),
     Ignored("ignored flags: control vectors",
             "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
             "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
@@ -90,8 +91,8 @@ IGNORED: tuple[Ignored, ...] = (
              "--vision-gemma-12b-default")),
     Ignored("ignored flags: llama-server internals",
             "what they switch is fixed in kinetic: batching is always continuous, there is no warm-up decode, "
-            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere (see the --tools row), and there is no shell completion "
-            "or cache listing",
+            "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere "
+            "(see the --tools row), and there is no shell completion or cache listing",
             ("-cb", "--warmup", "-dt", "--tools-runtime", "--mcp-servers-config",
              "--mcp-servers-json", "-cl", "--completion-bash")),
 )
@@ -131,7 +132,7 @@ def variable_warning(name: str) -> str:
         return f"warning: {name} is not a kinetic setting; ignored"
     flag = next((f for f in llama_server_flags() if name in (f.env, f.negative_env)), None)
     reason = ignored_by_flag().get(_first(flag)) if flag is not None else None
-    if reason is None:
+    if flag is None or reason is None:
         return f"warning: {name} is a llama-server variable kinetic does not implement; ignored"
     return (f"warning: {name} ({_first(flag)}) is ignored: see \"{reason.row}\" under Differences from "
             f"llama-server ({DIFFERENCES_PAGE})")

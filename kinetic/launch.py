@@ -13,9 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -72,7 +73,7 @@ class KineticServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "KineticServer":
+    def start(self) -> KineticServer:
         command = [sys.executable, "-m", "kinetic", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                    *self.args]
         log = self.log_path.open("w")
@@ -93,7 +94,7 @@ class KineticServer:
         if self.proc is not None:
             stop_process(self.proc)
 
-    def __enter__(self) -> "KineticServer":
+    def __enter__(self) -> KineticServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
 from kinetic.protocols.common.translate import sampler_order
-from kinetic.settings import LOGIT_BIAS_ENTRY, ServerSettings, schema_grammar_or_error
+from kinetic.setting_values import LOGIT_BIAS_ENTRY, schema_grammar_or_error
+from kinetic.settings import ServerSettings
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -176,7 +177,7 @@ async def respond_many(request: Request, generations: list[Generation], *, strea
     """Several generations answered as one: their events merged into one stream, or a JSON array
     of their bodies in order (all cancelled if the client leaves)."""
     if stream:
-        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders)]))
+        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]))
 
     async def all_results() -> list[tuple[list[TextDelta], Finished]]:
         try:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import h11
 import uvicorn
@@ -102,7 +103,7 @@ class _LingeringTransport:
     becomes a half close (FIN after the answer) and input is drained until the client closes or
     LINGER_S passes. Everything else goes to the real transport."""
 
-    def __init__(self, transport: asyncio.Transport, protocol: "LimitedH11Protocol"):
+    def __init__(self, transport: asyncio.Transport, protocol: LimitedH11Protocol):
         self._transport = transport
         self._protocol = protocol
 
@@ -134,13 +135,15 @@ def raw_response(response: Response) -> bytes:
 class LimitedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the limits above (one instance per connection)."""
 
+    conn: _RecordingConnection
+
     def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         assert isinstance(config, TransportConfig), "LimitedH11Protocol needs a TransportConfig"
         self.limits = config.limits
         self.error_response = config.error_response
-        self.conn = _RecordingConnection(h11.SERVER, config.h11_max_incomplete_event_size)
+        self.conn = _RecordingConnection(h11.SERVER, config.limits.max_header_bytes)
         self._inner_app = self.app
         self.app = self._limited_app
         self._header_timer: asyncio.TimerHandle | None = None

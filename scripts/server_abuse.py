@@ -9,10 +9,10 @@ Every check sends one kind of abuse and asserts the server's answer (status, JSO
 the connection closed), then the server must still answer /health. The results are printed as a
 table. The role walk calls every route of docs/reference/routes.md with the student key and the admin key
 given (the management routes must refuse the student with 403 and let the admin through), or, with
-no keys given, checks that an open server refuses no route. The server's limits (--max-connections, --header-timeout, --max-header-size,
---max-body-size, --body-timeout) are read from the command after `--`, or given to this script
-with the same flags when it tests a --url. Traffic goes only to the URL given (loopback in
-practice); every loop is bounded in count and time.
+no keys given, checks that an open server refuses no route. The server's limits (--max-connections,
+--header-timeout, --max-header-size, --max-body-size, --body-timeout) are read from the command after `--`,
+or given to this script with the same flags when it tests a --url. Traffic goes only to the URL given
+(loopback in practice); every loop is bounded in count and time.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -59,7 +60,7 @@ class Target:
     def connect(self, timeout: float = 10.0) -> socket.socket:
         return socket.create_connection(self.address, timeout=timeout)
 
-    def raw(self, payload: bytes, *, timeout: float = 10.0) -> "Answer":
+    def raw(self, payload: bytes, *, timeout: float = 10.0) -> Answer:
         """Sends bytes on a fresh TCP connection; returns the answer and whether the server closed."""
         with self.connect(timeout) as sock:
             try:
@@ -97,7 +98,7 @@ def read_answer(sock: socket.socket, *, wait_for_close: bool = True) -> Answer:
             closed = sock.recv(1) == b""
     except (ConnectionResetError, BrokenPipeError):
         closed = True
-    except socket.timeout:
+    except TimeoutError:
         pass
     head, _, body = data.partition(b"\r\n\r\n")
     return Answer(_status(data), body, closed)
@@ -155,7 +156,8 @@ def malformed_json(t: Target) -> None:
 def wrong_types(t: Target) -> None:
     for field, value in (("max_tokens", "many"), ("temperature", "hot"), ("messages", "hi"), ("stream", [1])):
         r = httpx.post(t.url + CHAT, json={**HELLO, field: value})
-        expect(r.status_code == 400 and field in r.json()["error"]["message"], f"{field}: {r.status_code} {r.text[:160]}")
+        expect(r.status_code == 400 and field in r.json()["error"]["message"],
+               f"{field}: {r.status_code} {r.text[:160]}")
 
 
 @check("a body declared over --max-body-size gets a JSON 413 before it is sent")
@@ -513,7 +515,8 @@ def table(results: list[Result]) -> str:
     rows += [(r.description, "FAIL" if r.failure else "ok", f"{r.seconds:.1f}",
               (r.failure or "").replace("|", "/").replace("\n", " ")[:200]) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + " |"
+             for row in rows]
     lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
     return "\n".join(lines)
 

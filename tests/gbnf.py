@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -34,22 +33,22 @@ class Ref:
 
 @dataclass(frozen=True)
 class Repeat:
-    node: "Node"
+    node: Node
     low: int
     high: int | None
 
 
 @dataclass(frozen=True)
 class Seq:
-    items: tuple["Node", ...]
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Alt:
-    options: tuple["Node", ...]
+    options: tuple[Node, ...]
 
 
-Node = Union[Literal, CharClass, Ref, Repeat, Seq, Alt]
+Node = Literal | CharClass | Ref | Repeat | Seq | Alt
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "/": "/", "-": "-", "^": "^"}
 
 

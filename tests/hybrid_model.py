@@ -22,8 +22,9 @@ tokens even with an exact cache, and the tests compare greedy texts.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

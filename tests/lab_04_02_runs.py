@@ -10,9 +10,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 LAB_DIR = Path(__file__).resolve().parents[1] / "labs" / "lab-04-02-client-openai"
 CHAT_PY, CHAT_MJS = LAB_DIR / "chat.py", LAB_DIR / "chat.mjs"
@@ -153,9 +153,9 @@ def broken_variants(good: str, readme: str) -> dict[str, str]:
                     if re.match(r"\s*\[(finish_reason|server:|\d+ chunk|\d+ token)", line)]
     readme_copy = good
     for pattern in (r"\[finish_reason=\w+ prompt=\d+.*\]", r"\[server: cache_n=\d+.*\]", r"\[\d+ chunk.*\]"):
-        example = next(l for l in readme_lines if re.fullmatch(pattern, l))
+        example = next(line for line in readme_lines if re.fullmatch(pattern, line))
         readme_copy = _replace_line(readme_copy, pattern, lambda m, e=example: e)
-    token_examples = iter([l for l in readme_lines if re.fullmatch(r"\[\d+ token, .*\]", l)])
+    token_examples = iter([line for line in readme_lines if re.fullmatch(r"\[\d+ token, .*\]", line)])
     readme_copy = re.sub(r"\[\d+ token, [\d.]+ t/s\]", lambda m: next(token_examples, m[0]), readme_copy)
     return {
         "broken-missing-section.md": good[:start] + good[end:],

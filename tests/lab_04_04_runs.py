@@ -51,8 +51,8 @@ def template_style(one_slot: list[str], four_slots: list[str], name: str | None 
     text = text.replace("```text\n```", "```text\n" + "\n".join(o.rstrip() for o in one_slot) + "\n```", 1)
     text = text.replace("```text\n```", "```text\n" + "\n".join(o.rstrip() for o in four_slots) + "\n```", 1)
     text = text.replace("## 3. The default -np\n", "## 3. The default -np\n\nNot run: my laptop has 4 GB.\n", 1)
-    text = text.replace("| np | clients | aggregate t/s | per stream t/s | TTFT p50 s | TTFT p95 s |\n|---|---|---|---|---|---|",
-                        table(one_slot + four_slots), 1)
+    text = text.replace("| np | clients | aggregate t/s | per stream t/s | TTFT p50 s | TTFT p95 s |\n"
+                        "|---|---|---|---|---|---|", table(one_slot + four_slots), 1)
     if name:
         text = text.replace("\nName:\n", f"\nName: {name}\n", 1)
     for key, heading in (("aggregate", "## 5."), ("memory", "## 6."), ("class", "## 7.")):
@@ -90,9 +90,10 @@ def broken_variants(good: str, readme: str) -> dict[str, str]:
     readme_copy = good
     block = r"\[np=.*\]\n\[aggregato.*\]\n\[cache.*\]\n\[id: .*\]"
     for index, found in enumerate(re.findall(block, good)[:len(readme_runs)]):
-        readme_copy = readme_copy.replace(found, "\n".join(l.strip() for l in readme_runs[index].splitlines()))
+        readme_copy = readme_copy.replace(found, "\n".join(line.strip() for line in readme_runs[index].splitlines()))
     # the table made from the copied runs, as a student who copies would make it
-    readme_copy = re.sub(r"\| np \|.*(?:\n\|.*)*", lambda m: table(re.findall(block, readme_copy)), readme_copy, count=1)
+    readme_copy = re.sub(r"\| np \|.*(?:\n\|.*)*", lambda m: table(re.findall(block, readme_copy)), readme_copy,
+                         count=1)
     return {
         "broken-missing-section.md": good[:start],
         "broken-physics.md": _replace(good, r"(\d+) token in", lambda m: f"{int(m[1]) + 2} token in"),

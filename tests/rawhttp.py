@@ -56,7 +56,7 @@ def read_response(sock: socket.socket, *, check_close: bool = True) -> RawRespon
             closed = sock.recv(1) == b""
         except (ConnectionResetError, BrokenPipeError):
             closed = True
-        except socket.timeout:
+        except TimeoutError:
             closed = False
     return parse(data, closed=closed)
 

@@ -185,7 +185,7 @@ class ScriptedServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "ScriptedServer":
+    def __enter__(self) -> ScriptedServer:
         self.thread.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -4,7 +4,7 @@ the one way tests wait for a server's state."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kinetic.launch import MODEL_LOCK_PATH, STARTUP_TIMEOUT_S, KineticServer, free_port
 

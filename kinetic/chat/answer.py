@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kinetic.chat.callformats import JSON, reasoning_enders
+from kinetic.chat.callformats import reasoning_enders
+from kinetic.chat.callformats.detect import JSON
 from kinetic.chat.reasoning import ReasoningSplitter
 from kinetic.chat.toolcalls import (
     AutoCallStream,

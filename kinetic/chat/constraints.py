@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic.chat.callformats import FORMATS, JSON
+from kinetic.chat.callformats import FORMATS
+from kinetic.chat.callformats.detect import JSON
 from kinetic.chat.toolcalls import tool_call_schema
 from kinetic.chat.types import ChatRequest, OutputConstraint, ToolMode
 from kinetic.engine.grammar import grammar_from_json_schema

@@ -6,7 +6,7 @@ Repo-level pattern (https://arxiv.org/pdf/2409.12186) when the model has FIM_REP
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kinetic.errors import NotSupportedError
 

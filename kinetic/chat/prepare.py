@@ -7,10 +7,12 @@ runs them in a worker thread, never on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
-from kinetic.chat.callformats import FoundCall, rendered_calls
+from kinetic.chat.callformats import rendered_calls
+from kinetic.chat.callformats.base import FoundCall
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
@@ -31,7 +33,6 @@ from kinetic.engine.base import Engine
 from kinetic.engine.text import common_prefix
 from kinetic.engine.types import GenerationRequest, SamplingParams
 from kinetic.errors import ContextOverflowError, InvalidRequestError, field_error
-
 
 # SamplingOptions fields that pass to SamplingParams under the same name when the client set them
 EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
@@ -246,7 +247,7 @@ class ChatLayer:
             raise InvalidRequestError("Prompt contains invalid tokens", param=param)
         return tokens
 
-    def mixed_tokens(self, prompt: list[int | str], *, lead: Callable[[str], list[int]]) -> list[int]:
+    def mixed_tokens(self, prompt: Sequence[int | str], *, lead: Callable[[str], list[int]]) -> list[int]:
         """Token ids as they are, text tokenized in place; `lead` tokenizes text that comes first
         (with BOS), later text gets none: llama-server's tokenize_mixed."""
         tokens: list[int] = []
@@ -344,7 +345,7 @@ class ChatLayer:
         with `truncate`, a longer input is cut to the context instead (Ollama's default)."""
         limit = self.engine.embedding_n_ctx
         token_lists = []
-        for item, param in zip(inputs, params):
+        for item, param in zip(inputs, params, strict=False):
             if isinstance(item, str):
                 tokens = self.engine.tokenize(item, add_special=True, parse_special=True)
             else:

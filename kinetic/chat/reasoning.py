@@ -32,7 +32,8 @@ class ReasoningSplitter:
         if self.format == "none":
             return "", text
         self._buffer += text
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         while self._buffer:
             tag = CLOSE_TAG if self.inside else OPEN_TAG
             index = self._buffer.find(tag)

@@ -31,7 +31,7 @@ from jinja2.parser import Parser
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kinetic.chat.callformats import detect_call_format
+from kinetic.chat.callformats.detect import detect_call_format
 from kinetic.errors import InvalidRequestError
 
 BUILTIN_NAMES = ("chatml", "gemma", "llama3")  # kinetic's Jinja built-ins (they render tools too)
@@ -159,10 +159,10 @@ class ChatTemplate:
     def _probe_tool_calls(self) -> bool:
         call = {"id": "call00001", "type": "function",
                 "function": {"name": "kinetic_probe_tool", "arguments": {"arg": "kinetic_probe_value"}}}
-        probe = [{"role": "user", "content": "User message"},
-                 {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
-                 {"role": "user", "content": "User message"}]
+        probe: list[dict[str, Any]] = [{"role": "user", "content": "User message"},
+                                       {"role": "assistant", "content": "", "tool_calls": [call]},
+                                       {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                                       {"role": "user", "content": "User message"}]
         try:  # no tools listed, so the name can only come from the call
             return "kinetic_probe_tool" in self.render(probe, kwargs={"enable_thinking": False})
         except InvalidRequestError:
@@ -224,8 +224,8 @@ class LlamaBuiltinTemplate(ChatTemplate):
         roles = [str(m.get("role", "")).encode("utf-8") for m in messages]
         texts = [_text(m.get("content")).encode("utf-8") for m in messages]
         chat = (llama_cpp.llama_chat_message * len(messages))(
-            *(llama_cpp.llama_chat_message(role=r, content=t) for r, t in zip(roles, texts)))
-        size = 2 * sum(len(r) + len(t) for r, t in zip(roles, texts)) + 256
+            *(llama_cpp.llama_chat_message(role=r, content=t) for r, t in zip(roles, texts, strict=True)))
+        size = 2 * sum(len(r) + len(t) for r, t in zip(roles, texts, strict=True)) + 256
         for _ in range(2):  # the first call says how long the prompt is when the buffer was short
             buffer = ctypes.create_string_buffer(size)
             length = llama_cpp.llama_chat_apply_template(self.source.encode("utf-8"), chat, len(messages),

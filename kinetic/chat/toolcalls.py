@@ -19,10 +19,13 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from kinetic.chat.callformats import JSON, ParameterSchemas, format_markers, parse_in_format
+from kinetic.chat.callformats import format_markers, parse_in_format
+from kinetic.chat.callformats.base import ParameterSchemas
+from kinetic.chat.callformats.detect import JSON
 from kinetic.engine.text import held_suffix
 
 ALPHANUMERIC = string.ascii_letters + string.digits
@@ -115,7 +118,8 @@ def _calls_from(value: Any, names: set[str] | None) -> list[ParsedCall] | None:
 
 def _decode_all(text: str, separators: str = " \t\r\n;,") -> list[Any] | None:
     """Every JSON value in `text`, written one after another; None if anything else is there."""
-    values, pos = [], 0
+    values: list[Any] = []
+    pos = 0
     while True:
         while pos < len(text) and text[pos] in separators:
             pos += 1

@@ -8,7 +8,7 @@ Fields left None take the server's defaults there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class MediaPart:
     kind: str
 
 
-ContentPart = Union[TextPart, MediaPart]
+ContentPart = TextPart | MediaPart
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class ChatRequest:
 
 
 # Text, token ids, or both mixed ([12, "text", 34]: the text is tokenized in place, BOS only when it leads)
-PromptInput = Union[str, list[int], list[Union[int, str]]]
+PromptInput = str | list[int] | list[int | str]
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,7 +51,7 @@ def recorded(path: str) -> bool:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class LedgerWriter:
@@ -135,7 +136,7 @@ def tool_calls_of(obj: dict[str, Any]) -> list[dict[str, str]]:
     found = []
     for call in calls if isinstance(calls, list) else []:
         if isinstance(call, dict) and isinstance(call.get("id"), str) and call["id"]:
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = raw if isinstance(raw := call.get("function"), dict) else {}
             found.append({"id": call["id"], "name": str(function.get("name") or "")})
     return found
 
@@ -144,7 +145,7 @@ def absorb(record: dict[str, Any], obj: Any) -> None:
     """Copies what the client can see of usage, timings, id, model and finish into `record`."""
     if not isinstance(obj, dict):
         return
-    message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
+    message = found if isinstance(found := obj.get("message"), dict) else {}
     for source in (obj, message):
         if isinstance(source.get("id"), str) and "id" not in record:
             record["id"] = source["id"]
@@ -166,7 +167,7 @@ def absorb(record: dict[str, Any], obj: Any) -> None:
     if calls:
         record.setdefault("tool_calls", []).extend(calls)
     finish = _first_choice(obj).get("finish_reason")
-    delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+    delta = found_delta if isinstance(found_delta := obj.get("delta"), dict) else {}
     for candidate in (finish, obj.get("stop_reason"), delta.get("stop_reason"), obj.get("done_reason"),
                       obj.get("stop_type") if obj.get("stop") is True else None):
         if isinstance(candidate, str) and candidate:
@@ -219,7 +220,7 @@ class ResponseReader:
         self._sent.clear()
         self._sent_bytes = 0
 
-    def _frame(self, line: bytes, when: float) -> None:
+    def _frame(self, line: bytes | bytearray, when: float) -> None:
         if line.startswith(b"data:"):
             line = line[5:].strip()
         elif not line.startswith(b"{"):  # SSE `event:` lines, comments, blank separators

@@ -24,7 +24,7 @@ from kinetic.errors import ForbiddenError, UnauthorizedError
 ADMIN_KEY_HINT = "start kinetic with --admin-key KEY, or name a key `admin` in the key file"
 
 
-class Role(str, Enum):
+class Role(str, Enum):  # noqa: UP042  StrEnum would change str() and format() of members
     STUDENT = "student"
     ADMIN = "admin"
 

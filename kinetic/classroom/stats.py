@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 UNKNOWN = "unknown"
 CHAT_ROUTES = frozenset({"/v1/chat/completions", "/chat/completions"})
@@ -68,7 +69,7 @@ def tokens_of(record: dict[str, Any]) -> tuple[int, int]:
     """Tokens in and out: the usage the client got, else the timings (a stream without
     `stream_options.include_usage` carries only those), else for tokens out the content chunks
     received (a stream stopped by its client never gets to the chunk with the numbers)."""
-    timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
+    timings = found if isinstance(found := record.get("timings"), dict) else {}
     prompt = record.get("prompt_tokens")
     if not isinstance(prompt, int):
         prompt = _int(timings.get("prompt_n")) + _int(timings.get("cache_n"))
@@ -90,7 +91,7 @@ def ttft_of(record: dict[str, Any]) -> float | None:
 
 
 def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class ClassStats:
@@ -144,7 +145,7 @@ class ClassStats:
 
     def _add_tokens(self, record: dict[str, Any], end: float) -> None:
         """Spreads the request's generated tokens evenly over the time it spent generating them."""
-        timings = record.get("timings") if isinstance(record.get("timings"), dict) else {}
+        timings = found if isinstance(found := record.get("timings"), dict) else {}
         tokens = _int(timings.get("predicted_n")) or _int(record.get("completion_tokens"))
         if tokens <= 0:
             return

@@ -7,8 +7,9 @@ the bottom of the engine package: it imports only the neutral types, and every b
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import AsyncIterator, Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from kinetic.engine.types import (
     EngineStats,
@@ -31,7 +32,7 @@ class Generation:
     slot (or drops it from the queue if it never got one).
     """
 
-    def __init__(self, queue: "asyncio.Queue[Event | BaseException]", cancel: Callable[[], None]):
+    def __init__(self, queue: asyncio.Queue[Event | BaseException], cancel: Callable[[], object]):
         self._queue = queue
         self._cancel = cancel
         self.done = False

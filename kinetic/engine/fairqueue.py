@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -62,6 +62,8 @@ class LlamaOptions:
     lazy_mode: str = "auto"  # off, auto, on
     kv_overrides: tuple[KvOverride, ...] = ()
     check_tensors: bool = False
+    devices: tuple[str, ...] | None = None  # -dev: offload devices by name; () none; None llama.cpp's default
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # -ot, --cpu-moe...: (name pattern, buffer type name)
     # llama.cpp's use_extra_bufts; off by default, unlike llama-server (see params.model_params)
     repack: bool = False
     no_host: bool = False
@@ -92,5 +94,7 @@ class LlamaOptions:
         shown["kv_overrides"] = [f"{o.key}={o.type}:{str(o.value).lower() if o.type == 'bool' else o.value}"
                                  for o in self.kv_overrides]
         shown["tensor_split"] = list(self.tensor_split)
+        shown["tensor_overrides"] = [f"{pattern}={buft}" for pattern, buft in self.tensor_overrides]
+        shown["devices"] = None if self.devices is None else list(self.devices)
         shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
         return shown

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two token sequences share."""
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

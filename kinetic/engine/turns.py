@@ -42,7 +42,7 @@ class DecodeTurns:
         with self._cv:
             return self._serving != self._next_ticket
 
-    def __enter__(self) -> "DecodeTurns":
+    def __enter__(self) -> DecodeTurns:
         self.acquire()
         return self
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -168,7 +168,7 @@ class Finished:
     calls: tuple[StructuredCall, ...] = ()
 
 
-Event = Union[TextDelta, PromptProgress, Finished]
+Event = TextDelta | PromptProgress | Finished
 
 
 @dataclass(frozen=True)

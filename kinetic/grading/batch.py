@@ -7,6 +7,7 @@ at 47.6 t/s) is never enough.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from kinetic.grading.checks import CheckResult, Context, Fingerprint, Lab
@@ -39,7 +40,7 @@ def example_fingerprints(lab: Lab, graded: Path) -> dict[tuple[str, str], tuple[
     return found
 
 
-def _same(a: list[Fingerprint], b: dict[tuple[str, str], object]) -> list[Fingerprint]:
+def _same(a: list[Fingerprint], b: Mapping[tuple[str, str], object]) -> list[Fingerprint]:
     return [fp for fp in a if (fp.label, fp.value) in b]
 
 

@@ -11,14 +11,15 @@ Points come from the lab's rules: `@lab.check(points=2)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kinetic.grading.deliverable import Deliverable
 
 if TYPE_CHECKING:
-    from kinetic.grading.ledger_view import LedgerView
+    from kinetic.grading.ledger_view import StudentLedger
     from kinetic.grading.live import LiveServer
 
 Status = Literal["pass", "fail", "skipped", "unchecked"]
@@ -50,7 +51,7 @@ class Context:
     deliverable: Deliverable
     lab_dir: Path
     server: LiveServer | None = None
-    ledger: LedgerView | None = None
+    ledger: StudentLedger | None = None  # the ledger as one student's: LedgerView.for_student
     cache: dict[str, Any] = field(default_factory=dict)  # a lab's parsed outputs, built once
 
     def parsed(self, key: str, build: Callable[[], Any]) -> Any:

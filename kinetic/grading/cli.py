@@ -42,7 +42,8 @@ def add_grade_command(subparsers: Any) -> None:
     )
     grade.add_argument("lab", metavar="LAB", help="the lab's folder or id, e.g. lab-04-02")
     grade.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="a deliverable, or a folder of them")
-    grade.add_argument("--ledger", type=Path, metavar="FILE", help="the ledger of the class server (kinetic serve --ledger)")
+    grade.add_argument("--ledger", type=Path, metavar="FILE",
+                       help="the ledger of the class server (kinetic serve --ledger)")
     grade.add_argument("--api-key-file", type=Path, metavar="FILE",
                        help="the class server's key file: its names are the students' ids")
     grade.add_argument("--server", metavar="URL", help="a running kinetic serve to check the numbers against")

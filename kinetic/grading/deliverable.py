@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -150,7 +151,7 @@ def parse_deliverable(text: str, path: Path | None = None) -> Deliverable:
     # A lone level-1 heading above deeper ones is the document's title, not a section.
     levels = [level for heading, level, _ in raw_sections if heading]
     title_level = 1 if levels and min(levels) == 1 and any(level > 1 for level in levels) else 0
-    sections = [Section(heading, [l for l, _ in lines if l.strip()], [l for l, code in lines if not code and l.strip()])
+    sections = [Section(heading, [t for t, _ in lines if t.strip()], [t for t, code in lines if not code and t.strip()])
                 for heading, level, lines in raw_sections if heading and level != title_level]
     return Deliverable(path, text, sections, code_lines, prose_lines)
 

@@ -7,15 +7,18 @@ the caller by the key's name from `--api-key-file`. Both are compared after `nor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, TypeVar
 
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import read_ledger
 from kinetic.grading.deliverable import normalize_name
 
 Record = dict[str, Any]
+T = TypeVar("T")
 
 
 def describe_record(record: Record) -> str:
@@ -35,7 +38,7 @@ class LedgerView:
         self._by_key = {normalize_name(n): n for n in reversed(self.names)}
 
     @classmethod
-    def from_files(cls, ledger: Path, key_file: Path | None = None) -> "LedgerView":
+    def from_files(cls, ledger: Path, key_file: Path | None = None) -> LedgerView:
         roster = KeyRing(file=key_file).names if key_file else []
         return cls(read_ledger(ledger), roster, str(key_file or ledger))
 
@@ -46,7 +49,7 @@ class LedgerView:
                 return name
         return None
 
-    def for_student(self, candidates: list[str]) -> "StudentLedger":
+    def for_student(self, candidates: list[str]) -> StudentLedger:
         return StudentLedger(self, self.resolve(candidates), candidates)
 
 
@@ -80,6 +83,20 @@ class StudentLedger:
                 return record, []
         return None, [r for r in self.view.records if r.get("client") != self.name and matches(r)]
 
+    def match_each(self, pasted: Iterable[T], matches: Callable[[T, Record], bool], missing: Callable[[T], str],
+                   hint: str) -> str:
+        """Each pasted output is one of this student's requests (each a different one): "matches ..." naming
+        them, or a Failure for the first that is not, `missing(item)` saying what was looked for."""
+        from kinetic.grading.checks import Failure
+
+        matched = []
+        for item in pasted:
+            record, others = self.find(partial(matches, item))
+            if record is None:
+                raise Failure(f"no {missing(item)}: {whose(others)}", hint)
+            matched.append(describe_record(record))
+        return "matches " + ", ".join(matched)
+
     def rejected(self) -> list[Record]:
         """401 answers to calls from an address this student used: a rejected call carries no valid
         key, so the address is all that ties it to a student."""
@@ -96,7 +113,7 @@ def whose(others: list[Record]) -> str:
     return f"these numbers are those of {describe_record(first)}, a request of {owner}"
 
 
-def author_ledger(ledger: "StudentLedger | None") -> "StudentLedger":
+def author_ledger(ledger: StudentLedger | None) -> StudentLedger:
     """The deliverable author's part of the ledger; a Failure when the ledger knows no such student."""
     from kinetic.grading.checks import Failure
 

@@ -104,7 +104,8 @@ class LiveServer:
         def fetch() -> Any | None:
             response = httpx.post(self.url + "/v1/chat/completions", timeout=self.timeout,
                                   headers={"Authorization": "Bearer kinetic-grade-wrong-key"},
-                                  json={"model": "local", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+                                  json={"model": "local", "max_tokens": 1,
+                                        "messages": [{"role": "user", "content": "hi"}]})
             if response.status_code != 401:
                 return None
             try:

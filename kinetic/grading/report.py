@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kinetic.grading.checks import FACES, CheckResult, Fingerprint
@@ -99,8 +100,8 @@ def render_left_out(left_out: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def render_json(reports: list[StudentReport], lab: str, *, left_out: list[tuple[str, str]] = (),
-                notes: list[str] = ()) -> str:
+def render_json(reports: list[StudentReport], lab: str, *, left_out: Sequence[tuple[str, str]] = (),
+                notes: Sequence[str] = ()) -> str:
     return json.dumps({
         "lab": lab,
         "passed": all(r.passed for r in reports),

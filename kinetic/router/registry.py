@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from enum import Enum
-from typing import Callable
 
 import anyio
 
-from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.backends.base import ModelBackend
+from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
 from kinetic.router.events import ModelEvents
 from kinetic.router.sources import ModelSpec
@@ -34,7 +34,7 @@ IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model 
 ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
 
 
-class ModelState(str, Enum):
+class ModelState(str, Enum):  # noqa: UP042  StrEnum would change str() and format() of members
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
@@ -109,7 +109,7 @@ class ModelRegistry:
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
 
     @classmethod
-    def single(cls, settings: ServerSettings, backend: ModelBackend) -> "ModelRegistry":
+    def single(cls, settings: ServerSettings, backend: ModelBackend) -> ModelRegistry:
         """One model already built (unloaded), loaded at start; the `model` field ignored."""
         spec = ModelSpec(name=backend.name, aliases=backend.aliases)
         return cls(settings, [spec], lambda _spec, _lock: backend, router=False)

@@ -9,7 +9,7 @@ a `[*]` section of defaults for every model, `load-on-startup = true`; kinetic a
 from __future__ import annotations
 
 import configparser
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kinetic.errors import ModelLoadError
 from kinetic.models import SHARD_PATTERN
-from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, TRUE_WORDS
+from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, TRUE_WORDS, ServerSettings
 
 # Preset keys that say what the model is rather than how to run it.
 PATH_KEYS = frozenset({"model", "m"})
@@ -42,7 +42,7 @@ class UpstreamSpec:
     model: str | None = None  # the id the upstream knows the model by (default: kinetic's name)
 
     @classmethod
-    def parse(cls, value: str) -> "UpstreamSpec":
+    def parse(cls, value: str) -> UpstreamSpec:
         """`URL[,key=KEY][,model=ID]`."""
         url, *options = [part.strip() for part in value.split(",")]
         found: dict[str, str] = {}

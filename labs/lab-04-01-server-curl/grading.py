@@ -15,7 +15,7 @@ from typing import Any
 
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip, Unchecked
 from kinetic.grading.deliverable import Deliverable
-from kinetic.grading.ledger_view import Record, describe_record, whose
+from kinetic.grading.ledger_view import Record, author_ledger, describe_record
 
 lab = Lab("lab-04-01", "kinetic serve and its routes", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
@@ -54,7 +54,8 @@ def health(deliverable: Deliverable) -> dict[str, Any] | None:
 
 
 def answer(deliverable: Deliverable) -> list[str] | None:
-    found = [s for s in deliverable.sections if ANSWER_HEADING.search(s.heading) and not OUTPUT_HEADING.search(s.heading)]
+    found = [s for s in deliverable.sections
+             if ANSWER_HEADING.search(s.heading) and not OUTPUT_HEADING.search(s.heading)]
     return found[-1].prose if found else None
 
 
@@ -121,7 +122,8 @@ def props_read(ctx: Context) -> str:
     slots = found.get("total_slots")
     n_ctx = (found.get("default_generation_settings") or {}).get("n_ctx")
     if not isinstance(slots, int) or slots < 1 or not isinstance(n_ctx, int) or n_ctx < 1:
-        raise Failure(f"total_slots={slots!r} and n_ctx={n_ctx!r} are not a server's", "paste the whole output of /props")
+        raise Failure(f"total_slots={slots!r} and n_ctx={n_ctx!r} are not a server's",
+                      "paste the whole output of /props")
     alias = found.get("model_alias")
     models = {c.get("model") for c in completions(ctx.deliverable)}
     if alias and models and models != {alias}:
@@ -196,7 +198,8 @@ def answer_explains_cache(ctx: Context) -> None:
     text = "\n".join(answer(ctx.deliverable) or [])
     if not text:
         raise Skip("no answer (see outputs_present)")
-    missing = [what for what, pattern in (("the cache (or KV)", CACHE_TERMS), ("the prompt or its tokens", PROMPT_TERMS))
+    missing = [what for what, pattern in (("the cache (or KV)", CACHE_TERMS),
+                                          ("the prompt or its tokens", PROMPT_TERMS))
                if not pattern.search(text)]
     if missing:
         raise Failure(f"the answer does not mention {' nor '.join(missing)}",
@@ -208,23 +211,16 @@ def answer_explains_cache(ctx: Context) -> None:
 @lab.check(points=2, needs="ledger")
 def completions_in_ledger(ctx: Context) -> str:
     """each completion is one of your requests in the ledger: same id, same usage, same timings."""
-    ledger = ctx.ledger
-    assert ledger is not None
-    if ledger.name is None:
-        raise Failure(f"no request of {ledger.who()}", "write your name as in the class key file on the Name: line")
-    matched = []
-    for completion in _two(ctx):
-        def same(r: Record, c: dict[str, Any] = completion) -> bool:
-            usage = c.get("usage") or {}
-            return (r.get("id") == c.get("id") and r.get("timings") == c["timings"]
-                    and r.get("prompt_tokens") == usage.get("prompt_tokens")
-                    and r.get("completion_tokens") == usage.get("completion_tokens"))
-        record, others = ledger.find(same)
-        if record is None:
-            raise Failure(f"no request of {ledger.name} is {completion.get('id')}: {whose(others)}",
-                          "send the requests yourself, with your key, and paste their answers unedited")
-        matched.append(describe_record(record))
-    return "matches " + ", ".join(matched)
+    ledger = author_ledger(ctx.ledger)
+
+    def same(c: dict[str, Any], r: Record) -> bool:
+        usage = c.get("usage") or {}
+        return (r.get("id") == c.get("id") and r.get("timings") == c["timings"]
+                and r.get("prompt_tokens") == usage.get("prompt_tokens")
+                and r.get("completion_tokens") == usage.get("completion_tokens"))
+
+    return ledger.match_each(_two(ctx), same, lambda c: f"request of {ledger.name} is {c.get('id')}",
+                             "send the requests yourself, with your key, and paste their answers unedited")
 
 
 @lab.check(needs="ledger", optional=True)

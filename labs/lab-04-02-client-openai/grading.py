@@ -31,6 +31,16 @@ from kinetic.grading.ledger_view import (
     timing,
     whose,
 )
+from kinetic.grading.usage_lines import (
+    CHAT_ROUTES,
+    NUM,
+    SERVER_RE,
+    USAGE_RE,
+    UsageRun,
+    numbers_problem,
+    served_as_printed,
+    within_clock,
+)
 
 lab = Lab("lab-04-02", "OpenAI-compatible clients", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
@@ -54,15 +64,6 @@ PROMPT_SPEED_FACTOR = 10.0
 # other work swings further (measured on the course machine: 16.9 then 92.6 t/s; more than 10x apart
 # under load). It catches numbers from different machines or invented ones, not a slow moment.
 SAME_SERVER_FACTOR = 25.0
-# The wall time chat.py prints may exceed what the server's speeds account for by HTTP and client
-# overhead: allowed up to this factor plus a fixed margin.
-WALL_FACTOR = 3.0
-WALL_MARGIN_S = 2.0
-CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
-
-NUM = r"(\d+(?:\.\d+)?)"
-USAGE_RE = re.compile(rf"\[finish_reason=(\w+) prompt=(\d+) tok, completion=(\d+) tok, {NUM}s\]")
-SERVER_RE = re.compile(rf"\[server: cache_n=(\d+) prompt {NUM} t/s, (?:generazione|generation) {NUM} t/s\]")
 STREAM_RE = re.compile(rf"\[(\d+) chunks?, (?:primo token dopo|first token after) {NUM}s, (?:totale|total) {NUM}s\]")
 TOKENS_RE = re.compile(rf"\[(\d+) tokens?, {NUM} t/s\]")
 END_RE = re.compile(r"^\W*\[(?:fine|end)\]\W*$")
@@ -77,19 +78,6 @@ ANSWER_TERMS = {
     "api_key": re.compile(r"api[_ ]?key", re.I),
     "model": re.compile(r"\bmodel", re.I),
 }
-
-
-@dataclass(frozen=True)
-class FullRun:
-    finish_reason: str
-    prompt: int
-    completion: int
-    seconds: float
-    cache_n: int
-    prompt_tps: float
-    generation_tps: float
-    usage_line: str
-    server_line: str
 
 
 @dataclass(frozen=True)
@@ -109,7 +97,7 @@ class TokensLine:
 
 @dataclass
 class Outputs:
-    full: list[FullRun]
+    full: list[UsageRun]
     stray_usage: bool  # a usage line without its [server: ...] line, or the reverse
     stream: list[StreamRun]
     tokens: list[TokensLine]
@@ -120,7 +108,7 @@ class Outputs:
 
 def parse_outputs(deliverable: Deliverable) -> Outputs:
     lines = deliverable.lines
-    full: list[FullRun] = []
+    full: list[UsageRun] = []
     usage = None
     stray = False
     for line in lines:
@@ -131,19 +119,18 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
             if usage is None:
                 stray = True
                 continue
-            full.append(FullRun(usage[1], int(usage[2]), int(usage[3]), float(usage[4]), int(server[1]),
-                                float(server[2]), float(server[3]), usage[0], server[0]))
+            full.append(UsageRun.read(usage, server))
             usage = None
     stray = stray or usage is not None
     stream = [StreamRun(int(m[1]), float(m[2]), float(m[3]), m[0]) for m in map(STREAM_RE.search, lines) if m]
     tokens = [TokensLine(int(m[1]), float(m[2]), m[0]) for m in map(TOKENS_RE.search, lines) if m]
     error = next((m[0].strip("` ") for m in map(ERROR_RE.search, lines) if m), None)
     if error is None:
-        error = next((l.strip() for l in lines if "Error code" in l or "AuthenticationError" in l), None)
+        error = next((text.strip() for text in lines if "Error code" in text or "AuthenticationError" in text), None)
     answers = [s for s in deliverable.sections if ANSWER_HEADING.search(s.heading)
                and not OUTPUT_HEADING.search(s.heading)]
     answer = answers[-1].prose if answers else None
-    return Outputs(full, stray, stream, tokens, any(END_RE.match(l) for l in lines), error, answer)
+    return Outputs(full, stray, stream, tokens, any(END_RE.match(text) for text in lines), error, answer)
 
 
 def outputs(ctx: Context) -> Outputs:
@@ -188,20 +175,13 @@ def error_matches(payload: Any, body: Any) -> bool:
     return isinstance(message, str) and payload == message
 
 
-def server_seconds(run: FullRun, slack: float) -> float:
-    """Seconds the server's own speeds imply, with each speed moved by `slack` (rounding)."""
-    prompt_tokens = max(run.prompt - run.cache_n, 0)
-    prompt_s = prompt_tokens / max(run.prompt_tps + slack, 1e-3) if prompt_tokens else 0.0
-    return prompt_s + run.completion / max(run.generation_tps + slack, 1e-3)
-
-
 def ratio_off(reported: float, measured: float) -> float:
     if reported <= 0 or measured <= 0:
         return float("inf")
     return max(reported / measured, measured / reported)
 
 
-def _full_runs(ctx: Context) -> list[FullRun]:
+def _full_runs(ctx: Context) -> list[UsageRun]:
     runs = outputs(ctx).full
     if not runs:
         raise Skip("chat.py's usage and [server: ...] lines are missing (see outputs_present)")
@@ -238,24 +218,12 @@ def outputs_present(ctx: Context) -> None:
 def chat_py_numbers_agree(ctx: Context) -> None:
     """the numbers in chat.py's full output agree with each other."""
     for run in _full_runs(ctx):
-        if run.cache_n > run.prompt:
-            raise Failure(f"cache_n={run.cache_n} is larger than prompt={run.prompt}",
-                          "the server can reuse at most the prompt's own tokens: paste the numbers of one run")
-        if not 1 <= run.completion <= MAX_TOKENS or run.generation_tps <= 0:
-            raise Failure(f"completion={run.completion} tok at {run.generation_tps} t/s: chat.py asks for 1 to "
-                          f"{MAX_TOKENS} tokens", "run python chat.py again and paste that run's output")
+        problem = numbers_problem(run, MAX_TOKENS)
+        if problem:
+            raise Failure(*problem)
         if run.finish_reason == "length" and run.completion != MAX_TOKENS:
             raise Failure(f"finish_reason=length after {run.completion} tokens, but chat.py stops at {MAX_TOKENS}",
                           "copy the usage line of one run without editing it")
-        fastest = server_seconds(run, slack=0.05)  # speeds rounded to 0.1: the real ones may be 0.05 higher
-        if fastest > run.seconds + 0.1:
-            raise Failure(f"at the speeds you report the server needs at least {fastest:.1f}s, "
-                          f"but the whole request took {run.seconds}s",
-                          "copy the usage and server lines of the same run, without editing the numbers")
-        slowest = server_seconds(run, slack=-0.05)
-        if run.seconds > WALL_FACTOR * slowest + WALL_MARGIN_S:
-            raise Failure(f"the request took {run.seconds}s but the server's speeds account for only {slowest:.1f}s",
-                          "copy the usage and server lines of the same run, without editing the numbers")
 
 
 @lab.check()
@@ -328,12 +296,8 @@ def _chat_ok(record: Record, *, stream: bool) -> bool:
     return record.get("route") in CHAT_ROUTES and record.get("status") == 200 and bool(record.get("stream")) == stream
 
 
-def _full_numbers(run: FullRun, record: Record) -> bool:
-    return (_chat_ok(record, stream=False) and record.get("prompt_tokens") == run.prompt
-            and record.get("completion_tokens") == run.completion and record.get("finish_reason") == run.finish_reason
-            and timing(record, "cache_n") == run.cache_n
-            and printed_alike(timing(record, "prompt_per_second"), run.prompt_tps)
-            and printed_alike(timing(record, "predicted_per_second"), run.generation_tps))
+def _full_numbers(run: UsageRun, record: Record) -> bool:
+    return not record.get("stream") and served_as_printed(record, run)
 
 
 @lab.check(points=2, needs="ledger")
@@ -343,12 +307,13 @@ def chat_py_in_ledger(ctx: Context) -> str:
     ledger = author_ledger(ctx.ledger)
     matched = []
     for run in _full_runs(ctx):
-        record, others = ledger.find(lambda r: _full_numbers(run, r) and r.get("duration_s", 0) <= run.seconds + 0.05)
+        record, others = ledger.find(lambda r, run=run: _full_numbers(run, r) and within_clock(r, run))
         if record is None:
-            slow, _ = ledger.find(lambda r: _full_numbers(run, r))
+            slow, _ = ledger.find(lambda r, run=run: _full_numbers(run, r))
             if slow is not None:
-                raise Failure(f"{describe_record(slow)} has these numbers but took the server {slow['duration_s']:.2f}s, "
-                              f"more than the {run.seconds}s chat.py says", "paste the lines of one run, unedited")
+                raise Failure(f"{describe_record(slow)} has these numbers but took the server "
+                              f"{slow['duration_s']:.2f}s, more than the {run.seconds}s chat.py says",
+                              "paste the lines of one run, unedited")
             raise Failure(f"no request of {ledger.name} matches {run.usage_line} {run.server_line}: {whose(others)}",
                           "run python chat.py yourself, with your key, and paste its output unedited")
         matched.append(describe_record(record))
@@ -363,17 +328,13 @@ def stream_in_ledger(ctx: Context) -> str:
     runs = outputs(ctx).stream
     if not runs:
         raise Skip("chat.py --stream's line is missing (see outputs_present)")
-    matched = []
-    for run in runs:
-        def same(r: Record) -> bool:
-            return _chat_ok(r, stream=True) and r.get("chunks") == run.chunks \
-                and float(r.get("ttft_s") or 0) <= run.ttft + 0.005 and float(r.get("duration_s") or 0) <= run.total + 0.05
-        record, others = ledger.find(same)
-        if record is None:
-            raise Failure(f"no streamed request of {ledger.name} matches {run.line}: {whose(others)}",
-                          "run python chat.py --stream yourself, with your key, and paste its output unedited")
-        matched.append(describe_record(record))
-    return "matches " + ", ".join(matched)
+
+    def same(run: StreamRun, r: Record) -> bool:
+        return _chat_ok(r, stream=True) and r.get("chunks") == run.chunks \
+            and float(r.get("ttft_s") or 0) <= run.ttft + 0.005 and float(r.get("duration_s") or 0) <= run.total + 0.05
+
+    return ledger.match_each(runs, same, lambda run: f"streamed request of {ledger.name} matches {run.line}",
+                             "run python chat.py --stream yourself, with your key, and paste its output unedited")
 
 
 @lab.check(needs="ledger")
@@ -383,16 +344,13 @@ def chat_mjs_in_ledger(ctx: Context) -> str:
     lines = outputs(ctx).tokens
     if not lines:
         raise Skip("chat.mjs's line is missing (see outputs_present)")
-    matched = []
-    for line in lines:
-        record, others = ledger.find(lambda r: r.get("route") in CHAT_ROUTES and r.get("status") == 200
-                                     and timing(r, "predicted_n") == line.tokens
-                                     and printed_alike(timing(r, "predicted_per_second"), line.tps))
-        if record is None:
-            raise Failure(f"no request of {ledger.name} matches {line.line}: {whose(others)}",
-                          "run node chat.mjs (with the Authorization header and your key) and paste its output")
-        matched.append(describe_record(record))
-    return "matches " + ", ".join(matched)
+
+    def same(line: TokensLine, r: Record) -> bool:
+        return r.get("route") in CHAT_ROUTES and r.get("status") == 200 and timing(r, "predicted_n") == line.tokens \
+            and printed_alike(timing(r, "predicted_per_second"), line.tps)
+
+    return ledger.match_each(lines, same, lambda line: f"request of {ledger.name} matches {line.line}",
+                             "run node chat.mjs (with the Authorization header and your key) and paste its output")
 
 
 @lab.check(needs="ledger", optional=True)
@@ -418,7 +376,7 @@ def _server_prompt_count(ctx: Context) -> int:
     return ctx.server.count_prompt_tokens(CHAT_PY_MESSAGES, CHAT_TEMPLATE_KWARGS)
 
 
-def _same_model(ctx: Context, run: FullRun) -> None:
+def _same_model(ctx: Context, run: UsageRun) -> None:
     counted = _server_prompt_count(ctx)
     if run.prompt != counted:
         raise Unchecked(f"you report prompt={run.prompt} tok where this server's model counts {counted} for "

@@ -30,11 +30,19 @@ from kinetic.grading.ledger_view import (
     StudentLedger,
     author_ledger,
     describe_record,
-    printed_alike,
-    timing,
     whose,
 )
 from kinetic.grading.schema import UnsupportedSchema, schema_errors
+from kinetic.grading.usage_lines import (
+    CHAT_ROUTES,
+    NUM,
+    SERVER_RE,
+    USAGE_RE,
+    UsageRun,
+    numbers_problem,
+    served_as_printed,
+    within_clock,
+)
 
 lab = Lab("lab-04-03", "Structured output and tool calls", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
@@ -59,17 +67,9 @@ TOOL_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {"citta": {"t
 GRAMMAR_ANSWER = re.compile(r"(lunedì|martedì|mercoledì|giovedì|venerdì|sabato|domenica) alle "
                             r"([01][0-9]|2[0-3]):[0-5][0-9]")
 MAX_TOKENS = 120  # the most any of the scripts asks for (structured.py; tools.py asks for 60)
-# The wall time a script prints may exceed what the server's speeds account for by HTTP and client
-# overhead: allowed up to this factor plus a fixed margin (as in lab 04-02).
-WALL_FACTOR = 3.0
-WALL_MARGIN_S = 2.0
-CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_ROUTES = ("/completion", "/completions")
 
-NUM = r"(\d+(?:\.\d+)?)"
 ID_RE = re.compile(r"\[id=(\S+?)\]")
-USAGE_RE = re.compile(rf"\[finish_reason=(\w+) prompt=(\d+) tok, completion=(\d+) tok, {NUM}s\]")
-SERVER_RE = re.compile(rf"\[server: cache_n=(\d+) prompt {NUM} t/s, (?:generazione|generation) {NUM} t/s\]")
 VALID_RE = re.compile(r"\[(?:valido|valid): (.*)\][`\s]*$")
 JSON_RE = re.compile(r"\[json(?:: (\w+)| non valido| not valid)")
 CALL_RE = re.compile(r"\[tool_call id=(\S+) (?:nome|name)=(\S+?)(?: (?:argomenti|arguments)=(.*))?\][`\s]*$")
@@ -82,20 +82,12 @@ ANSWER_HEADING = re.compile(r"answer|risposta|question|domanda|perch|why", re.I)
 OUTPUT_HEADING = re.compile(r"structured\.py|tools\.py|curl|grammar|grammatica|400|json_object|--", re.I)
 
 
-@dataclass
-class Run:
-    """One request: its id, usage line and server line, and what the script printed around it."""
+@dataclass(frozen=True)
+class Run(UsageRun):
+    """One request: its id, usage line and server line, and the calls the script printed before them."""
 
-    id: str
-    finish_reason: str
-    prompt: int
-    completion: int
-    seconds: float
-    cache_n: int
-    prompt_tps: float
-    generation_tps: float
+    id: str = ""
     calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # (id, name, arguments)
-    usage_line: str = ""
 
 
 @dataclass
@@ -135,8 +127,7 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
         line = lines[index]
         if (match := ID_RE.search(line)) and index + 2 < len(lines) \
                 and (usage := USAGE_RE.search(lines[index + 1])) and (server := SERVER_RE.search(lines[index + 2])):
-            run = Run(match[1], usage[1], int(usage[2]), int(usage[3]), float(usage[4]), int(server[1]),
-                      float(server[2]), float(server[3]), pending_calls, usage[0])
+            run = Run.read(usage, server, id=match[1], calls=pending_calls)
             out.runs.append(run)
             pending_calls = []
             if pending_kind is not None:
@@ -180,7 +171,7 @@ def parse_outputs(deliverable: Deliverable) -> Outputs:
                 out.auto.append((out.runs[-1], int(match[1])))
         elif (match := STREAM_RE.search(line)) is not None:
             call = streaming or {"id": None, "name": None}
-            out.stream_calls.append({**call, "arguments": "".join(l.strip() for l in buffer if l.strip() not in
+            out.stream_calls.append({**call, "arguments": "".join(b.strip() for b in buffer if b.strip() not in
                                                                 ("```", "~~~")),
                                      "chunks": int(match[1]), "ttft": float(match[2]), "total": float(match[3]),
                                      "finish_reason": match[4]})
@@ -218,16 +209,6 @@ def fingerprints(ctx: Context) -> list[Fingerprint]:
     prints += [Fingerprint(f"the tool call id {call[0]}", call[0], 3) for run in found.runs for call in run.calls]
     prints += [Fingerprint("the /completion timings", f"{g['timings'].get('predicted_ms')}", 3) for g in found.grammar]
     return prints
-
-
-def server_seconds(run: Run, slack: float) -> float:
-    """Seconds the server's own speeds imply, with each speed moved by `slack` (rounding). The fastest
-    reading (slack > 0) leaves the first token out: the server's generation speed may be counted over
-    the tokens after it, which weighs on answers of a few tokens."""
-    prompt_tokens = max(run.prompt - run.cache_n, 0)
-    prompt_s = prompt_tokens / max(run.prompt_tps + slack, 1e-3) if prompt_tokens else 0.0
-    generated = max(run.completion - 1, 0) if slack > 0 else run.completion
-    return prompt_s + generated / max(run.generation_tps + slack, 1e-3)
 
 
 def _call_problem(name: str, arguments: str | None) -> str | None:
@@ -311,21 +292,9 @@ def runs_agree(ctx: Context) -> None:
     if not runs:
         raise Skip("no [id=...] run is pasted (see outputs_present)")
     for run in runs:
-        if run.cache_n > run.prompt:
-            raise Failure(f"{run.id}: cache_n={run.cache_n} is larger than prompt={run.prompt}",
-                          "the server can reuse at most the prompt's own tokens: paste the numbers of one run")
-        if not 1 <= run.completion <= MAX_TOKENS or run.generation_tps <= 0:
-            raise Failure(f"{run.id}: completion={run.completion} tok at {run.generation_tps} t/s is no answer "
-                          "these scripts can get", "paste the lines of a run that generated text")
-        fastest = server_seconds(run, slack=0.05)
-        if fastest > run.seconds + 0.1:
-            raise Failure(f"{run.id}: at the speeds you report the server needs at least {fastest:.1f}s, "
-                          f"but the whole request took {run.seconds}s",
-                          "copy the lines of the same run, without editing the numbers")
-        slowest = server_seconds(run, slack=-0.05)
-        if run.seconds > WALL_FACTOR * slowest + WALL_MARGIN_S:
-            raise Failure(f"{run.id}: the request took {run.seconds}s but the server's speeds account for only "
-                          f"{slowest:.1f}s", "copy the lines of the same run, without editing the numbers")
+        problem = numbers_problem(run, MAX_TOKENS)
+        if problem:
+            raise Failure(f"{run.id}: {problem[0]}", problem[1])
 
 
 @lab.check(points=2)
@@ -444,12 +413,7 @@ def answer_explains(ctx: Context) -> None:
 def _record_of(ledger: StudentLedger, run: Run) -> Record:
     """The student's request behind a run: same id, same numbers, no longer than the script's clock."""
     def same(r: Record) -> bool:
-        return (r.get("id") == run.id and r.get("route") in CHAT_ROUTES and r.get("status") == 200
-                and r.get("prompt_tokens") == run.prompt and r.get("completion_tokens") == run.completion
-                and r.get("finish_reason") == run.finish_reason and timing(r, "cache_n") == run.cache_n
-                and printed_alike(timing(r, "prompt_per_second"), run.prompt_tps)
-                and printed_alike(timing(r, "predicted_per_second"), run.generation_tps)
-                and float(r.get("duration_s") or 0) <= run.seconds + 0.05)
+        return r.get("id") == run.id and served_as_printed(r, run) and within_clock(r, run)
     record = next((r for r in ledger.mine if same(r)), None)
     if record is None:
         others = [r for r in ledger.view.records if r.get("client") != ledger.name and same(r)]
@@ -544,16 +508,10 @@ def grammar_in_ledger(ctx: Context) -> str:
     answers = outputs(ctx).grammar
     if not answers:
         raise Skip("the /completion output is missing (see outputs_present)")
-    matched = []
-    for obj in answers:
-        timings = obj["timings"]
-        record, others = ledger.find(lambda r: r.get("route") in COMPLETION_ROUTES and r.get("status") == 200
-                                     and r.get("timings") == timings)
-        if record is None:
-            raise Failure(f"no /completion request of {ledger.name} has these timings: {whose(others)}",
-                          "send grammar.json to the class server with your key and paste what curl printed")
-        matched.append(describe_record(record))
-    return "matches " + ", ".join(matched)
+    return ledger.match_each(
+        answers, lambda obj, r: r.get("route") in COMPLETION_ROUTES and r.get("status") == 200
+        and r.get("timings") == obj["timings"], lambda obj: f"/completion request of {ledger.name} has these timings",
+        "send grammar.json to the class server with your key and paste what curl printed")
 
 
 @lab.check(needs="ledger")

@@ -22,12 +22,11 @@ from datetime import datetime
 from kinetic.grading import Context, Failure, Fingerprint, Lab, Skip
 from kinetic.grading.deliverable import Deliverable
 from kinetic.grading.ledger_view import Record, author_ledger
+from kinetic.grading.usage_lines import CHAT_ROUTES, NUM
 
 lab = Lab("lab-04-04", "One server, many clients", deliverable_min_outputs=2, copy_weight=3, copy_points=1)
 
 MAX_TOKENS = 32  # load.py's max_tokens, with ignore_eos: every request generates exactly this many
-CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
-NUM = r"(\d+(?:\.\d+)?)"
 RUN_RE = re.compile(rf"\[np=(\d+|\?), (\d+) clients?, (\d+) (?:richieste|requests), (\d+) token in {NUM}s\]")
 SPEED_RE = re.compile(rf"\[(?:aggregato|aggregate) {NUM} t/s, per stream {NUM} t/s, TTFT p50 {NUM}s p95 {NUM}s\]")
 CACHE_RE = re.compile(r"\[cache: prompt (\d+) tok, cache_n (?:medio|mean) (\d+)\]")
@@ -238,7 +237,7 @@ def load_runs_in_ledger(ctx: Context) -> str:
             elsewhere += 1
             continue
         records = []
-        for short, found in zip(run.ids, anyone):
+        for short, found in zip(run.ids, anyone, strict=True):
             mine = [r for r in found if r.get("client") == ledger.name]
             if not mine:
                 owner = found[0].get("client") if found else None
@@ -268,4 +267,5 @@ def load_runs_in_ledger(ctx: Context) -> str:
     if not notes:
         raise Failure(f"none of the runs is in the ledger of {ctx.ledger.view.source}",
                       "run load.py once against the class server, with your key, and paste it")
-    return "; ".join(notes) + (f"; {elapsed} run(s) on another server: file checks only" if (elapsed := elsewhere) else "")
+    return "; ".join(notes) + (f"; {elapsed} run(s) on another server: file checks only"
+                               if (elapsed := elsewhere) else "")

@@ -48,7 +48,8 @@ def one_request(index: int) -> dict:
             tokens += 1
     end = time.perf_counter()
     return {"start": start, "ttft": (first or end) - start, "end": end, "id": response_id,
-            "tokens": timings.get("predicted_n", tokens), "prompt": timings.get("prompt_n", 0) + timings.get("cache_n", 0),
+            "tokens": timings.get("predicted_n", tokens),
+            "prompt": timings.get("prompt_n", 0) + timings.get("cache_n", 0),
             "cache_n": timings.get("cache_n", 0)}
 
 
@@ -100,7 +101,8 @@ def main() -> None:
           f"TTFT p50 {percentile(ttfts, 0.5):.2f}s p95 {percentile(ttfts, 0.95):.2f}s]")
     print(f"[cache: prompt {max(r['prompt'] for r in results)} tok, cache_n medio "
           f"{sum(r['cache_n'] for r in results) / len(results):.0f}]")
-    print("[id: " + " ".join(r["id"].removeprefix("chatcmpl-")[:8] for r in sorted(results, key=lambda r: r["start"])) + "]")
+    ids = [r["id"].removeprefix("chatcmpl-")[:8] for r in sorted(results, key=lambda r: r["start"])]
+    print("[id: " + " ".join(ids) + "]")
 
 
 if __name__ == "__main__":

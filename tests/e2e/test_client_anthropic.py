@@ -7,7 +7,7 @@ free text is never checked for wording."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import anthropic
 import httpx

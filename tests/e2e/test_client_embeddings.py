@@ -23,7 +23,7 @@ def norm(vector: list[float]) -> float:
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / (norm(a) * norm(b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (norm(a) * norm(b))
 
 
 def test_langchain_openai_embeddings(live_server: KineticServer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import ollama
@@ -86,7 +86,7 @@ def test_ps_shows_the_resident_model(client: ollama.Client) -> None:
     models = client.ps().models
     assert [m.model for m in models] == [MODEL_ALIAS]
     assert models[0].context_length == 2048 and models[0].size_vram == 0
-    assert models[0].expires_at > datetime.now(timezone.utc)
+    assert models[0].expires_at > datetime.now(UTC)
 
 
 def test_version_and_tags_answer_head(live_server: KineticServer) -> None:

@@ -10,7 +10,8 @@ text is never checked for wording."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema

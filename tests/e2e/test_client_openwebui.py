@@ -97,7 +97,7 @@ def test_streamed_chat_with_only_the_default_fields_then_stop(live_server: Kinet
     with httpx.stream("POST", live_server.url + "/api/chat", content=json.dumps(body), headers=HEADERS,
                       timeout=120) as r:
         assert r.status_code == 200
-        first = [json.loads(line) for _, line in zip(range(3), r.iter_lines())]
+        first = [json.loads(line) for _, line in zip(range(3), r.iter_lines(), strict=False)]
     assert all(line["done"] is False and line["message"]["role"] == "assistant" for line in first)
     after = httpx.post(live_server.url + "/api/chat", content=json.dumps({**body, "stream": False,
                                                                          "options": {"num_predict": 1}}),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -68,7 +69,7 @@ def raw_exchange(url: str, request: bytes, timeout: float = 10) -> tuple[int, di
         while True:
             try:
                 chunk = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not chunk:
                 break

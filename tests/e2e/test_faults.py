@@ -10,8 +10,9 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -112,7 +113,7 @@ def keyed_router(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_unloading_a_busy_model_ends_each_protocols_stream_and_fails_the_waiting(keyed_router: KineticServer) -> None:
     url = keyed_router.url
     streams = {protocol: OpenStream(url, path, body("chat-a"), key=f"sk-{name}")
-               for (protocol, (path, body)), name in zip(STREAMS.items(), STUDENTS)}
+               for (protocol, (path, body)), name in zip(STREAMS.items(), STUDENTS, strict=False)}
     for stream in streams.values():
         stream.wait_for_content()
     # a fifth request waits: the four slots are busy

@@ -10,17 +10,24 @@ import io
 import json
 import re
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
 from kinetic.classroom.ledger import read_ledger
 from tests.lab_04_02_runs import (
-    CHAT_PY, LAB_DIR, STYLES, Runs, broken_variants, run, student_runs, template_style,
+    CHAT_PY,
+    LAB_DIR,
+    STYLES,
+    Runs,
+    broken_variants,
+    run,
+    student_runs,
+    template_style,
 )
 from tests.server import KineticServer
 
@@ -44,7 +51,8 @@ def classroom(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture(scope="module")
-def runs(classroom: tuple[KineticServer, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Runs]]:
+def runs(classroom: tuple[KineticServer, Path, Path],
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Runs]]:
     """alice runs the lab once per writing style, bob and erin once; each also runs chat.py without
     the key (step 8) and pastes that error line."""
     server, _, _ = classroom
@@ -106,7 +114,7 @@ def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_pa
     _, keys, ledger = classroom
     folder = tmp_path / "submissions"
     (folder / "bob").mkdir(parents=True)
-    for (style, render), alice_runs in zip(STYLES.items(), runs["alice"]):
+    for (style, render), alice_runs in zip(STYLES.items(), runs["alice"], strict=False):
         name = None if style == "plain" else "alice"  # the plain file names its author by its file name
         (folder / ("alice.md" if style == "plain" else f"lab-04-02-{style}.md")).write_text(
             render(alice_runs, name), encoding="utf-8")
@@ -163,7 +171,8 @@ def test_made_up_copied_readme_and_other_students_work_fails_with_the_reason(cla
     assert students["erin"]["chat_py_numbers_agree"]["status"] == "pass"  # consistent, and still made up
 
 
-def test_a_server_error_while_grading_is_could_not_check_and_the_batch_completes(classroom, runs, tmp_path: Path) -> None:
+def test_a_server_error_while_grading_is_could_not_check_and_the_batch_completes(classroom, runs,
+                                                                                 tmp_path: Path) -> None:
     server, keys, ledger = classroom
     folder = tmp_path / "submissions"
     folder.mkdir()
@@ -174,7 +183,8 @@ def test_a_server_error_while_grading_is_could_not_check_and_the_batch_completes
     assert code == 1 and len(report["students"]) == 2
     for checks in by_student(report).values():
         for name in ("prompt_tokens_match_server", "speeds_plausible"):
-            assert checks[name]["status"] == "unchecked" and "HTTP 401 from /apply-template" in checks[name]["rationale"]
+            assert checks[name]["status"] == "unchecked"
+            assert "HTTP 401 from /apply-template" in checks[name]["rationale"]
             assert checks[name]["points"] == 0
         assert checks["error_401_matches_server"]["status"] == "pass"
         assert all(checks[name]["status"] == "pass" for name in LEDGER_CHECKS)

@@ -9,8 +9,8 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -54,7 +54,8 @@ def curl(command: str, url: str, key: str | None) -> str:
 
 def student_outputs(live: KineticServer, key: str | None) -> dict[str, str]:
     listening = next(line for line in live.log().splitlines() if line.startswith("listening on "))
-    return {"listening": listening, "health": curl(CURL_HEALTH, live.url, None), "props": curl(CURL_PROPS, live.url, key),
+    return {"listening": listening, "health": curl(CURL_HEALTH, live.url, None),
+            "props": curl(CURL_PROPS, live.url, key),
             "first": curl(CURL_CHAT, live.url, key), "second": curl(CURL_CHAT, live.url, key)}
 
 
@@ -116,7 +117,8 @@ def test_real_outputs_pass_with_the_ledger_and_the_server(server, style, tmp_pat
     (student,) = report["students"]
     checks = {c["name"]: c for c in student["checks"]}
     assert code == 0 and student["passed"], [c for c in checks.values() if c["status"] != "pass"]
-    assert student["student"] == "lucia" and re.search(r"matches chatcmpl-\w+ at .*, chatcmpl-\w+", checks["completions_in_ledger"]["note"])
+    assert student["student"] == "lucia"
+    assert re.search(r"matches chatcmpl-\w+ at .*, chatcmpl-\w+", checks["completions_in_ledger"]["note"])
     assert checks["props_in_ledger"]["status"] == "pass" and checks["prompt_tokens_match_server"]["status"] == "pass"
 
 

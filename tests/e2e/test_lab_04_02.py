@@ -10,14 +10,23 @@ import json
 import re
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from kinetic.grading.labs import load_lab
 from tests.lab_04_02_runs import (
-    CHAT_MJS, CHAT_PY, LAB_DIR, NODE, STYLES, broken_variants, edited_copy, run, student_runs, template_style,
+    CHAT_MJS,
+    CHAT_PY,
+    LAB_DIR,
+    NODE,
+    STYLES,
+    broken_variants,
+    edited_copy,
+    run,
+    student_runs,
+    template_style,
 )
 from tests.server import KineticServer
 

@@ -13,8 +13,8 @@ import io
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,7 +22,14 @@ from kinetic.classroom.ledger import read_ledger
 from kinetic.grading.labs import load_lab
 from tests.lab_04_02_runs import run
 from tests.lab_04_03_runs import (
-    LAB_DIR, STYLES, STRUCTURED_PY, TOOLS_PY, Runs, broken_variants, student_runs, template_style,
+    LAB_DIR,
+    STRUCTURED_PY,
+    STYLES,
+    TOOLS_PY,
+    Runs,
+    broken_variants,
+    student_runs,
+    template_style,
 )
 from tests.server import KineticServer
 
@@ -48,7 +55,8 @@ def classroom(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def runs(classroom: tuple[KineticServer, Path, Path]) -> dict[str, Runs]:
     server, _, _ = classroom
-    return {"alice": student_runs(server.url, KEYS["alice"]), "bob": student_runs(server.url, KEYS["bob"], stream=False)}
+    return {"alice": student_runs(server.url, KEYS["alice"]),
+            "bob": student_runs(server.url, KEYS["bob"], stream=False)}
 
 
 def grading_rules():

@@ -20,7 +20,13 @@ import pytest
 from kinetic.classroom.ledger import read_ledger
 from tests.lab_04_02_runs import run
 from tests.lab_04_04_runs import (
-    LAB_DIR, RUN_ON_FOUR_SLOTS, RUNS_ON_ONE_SLOT, STYLES, broken_variants, load, template_style,
+    LAB_DIR,
+    RUN_ON_FOUR_SLOTS,
+    RUNS_ON_ONE_SLOT,
+    STYLES,
+    broken_variants,
+    load,
+    template_style,
 )
 from tests.server import KineticServer
 
@@ -62,11 +68,12 @@ def grade(folder: Path, ledger: Path, keys: Path, *extra: str) -> tuple[int, dic
 
 def test_load_prints_its_four_lines_with_the_servers_slots(class_runs) -> None:
     outputs, _, _ = class_runs
-    for out, (np_slots, (clients, requests)) in zip(outputs["alice"], [(1, RUNS_ON_ONE_SLOT[0]), (1, RUNS_ON_ONE_SLOT[1]),
-                                                                         (4, RUN_ON_FOUR_SLOTS)]):
+    expected = [(1, RUNS_ON_ONE_SLOT[0]), (1, RUNS_ON_ONE_SLOT[1]), (4, RUN_ON_FOUR_SLOTS)]
+    for out, (np_slots, (clients, requests)) in zip(outputs["alice"], expected, strict=False):
         match = RUN_LINES.match(out)
         assert match, out
-        assert (int(match[1]), int(match[2]), int(match[3]), int(match[4])) == (np_slots, clients, requests, 32 * requests)
+        assert ((int(match[1]), int(match[2]), int(match[3]), int(match[4]))
+                == (np_slots, clients, requests, 32 * requests))
         assert int(match[6]) <= int(match[5]) and len(match[7].split()) == requests
     # the shared system prompt: after the first request, the slot reuses most of the prompt
     first = RUN_LINES.match(outputs["alice"][0])
@@ -89,7 +96,8 @@ def test_real_work_passes_with_the_ledger(class_runs, tmp_path: Path) -> None:
     code, report = grade(folder, ledger, keys)
     checks = {c["name"]: c for c in report["students"][0]["checks"]}
     assert code == 0 and report["passed"], [(c["name"], c["rationale"]) for c in checks.values() if not c["passed"]]
-    assert checks["load_runs_in_ledger"]["note"] == "2 requests, 1 at once; 4 requests, 4 at once; 4 requests, 4 at once"
+    assert (checks["load_runs_in_ledger"]["note"]
+            == "2 requests, 1 at once; 4 requests, 4 at once; 4 requests, 4 at once")
     assert report["students"][0]["points"] == report["students"][0]["max_points"] == 10
 
 
@@ -102,8 +110,8 @@ def test_copied_edited_and_example_runs_fail_with_the_reason(class_runs, tmp_pat
     (folder / "carol.md").write_text(template_style(alice[:2], alice[2:], "carol"), encoding="utf-8")
     # bob ran two clients on one slot and says four: the physics still holds, the ledger does not
     bob = outputs["bob"]
-    (folder / "bob.md").write_text(template_style([bob[0].replace(", 2 client,", ", 4 client,"), bob[1]], bob[2:], "bob"),
-                                   encoding="utf-8")
+    (folder / "bob.md").write_text(template_style([bob[0].replace(", 2 client,", ", 4 client,"), bob[1]], bob[2:],
+                                                  "bob"), encoding="utf-8")
     good = template_style(alice[:2], alice[2:], "dave")
     (folder / "dave.md").write_text(broken_variants(good, (LAB_DIR / "README.md").read_text(encoding="utf-8"))
                                     ["broken-readme-copy.md"], encoding="utf-8")
@@ -133,7 +141,6 @@ def test_copied_edited_and_example_runs_fail_with_the_reason(class_runs, tmp_pat
 def test_regenerate_reference_deliverables(model_lock: None) -> None:
     reference = LAB_DIR / "reference"
     reference.mkdir(exist_ok=True)
-    runs: dict[str, tuple[list[str], list[str]]] = {}
     with KineticServer("-c", "2048", "-np", "1") as server:
         one = {style: [load(server.url, None, c, r) for c, r in RUNS_ON_ONE_SLOT] for style in STYLES}
     with KineticServer("-c", "4096", "-np", "4") as server:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -194,3 +196,28 @@ def test_copies_of_a_prompt_in_one_request_give_one_greedy_text(model_lock: None
             both = requests.post(server.url + "/completion", json={"prompt": prompt}, timeout=120).json()
             assert [r["content"] for r in both] == [alone["content"]] * 2
             assert [r["tokens_predicted"] for r in both] == [64, 64]
+
+
+# --------------------------------------------------------------------------- a unified cache outgrown
+
+
+def test_slots_outgrowing_a_unified_cache_fail_in_llama_servers_words(model_lock: None) -> None:
+    """llama.cpp's test_completion_unified: four slots share 256 KV cells and ask for more than that in
+    all. The decode that finds no free cell fails the requests in it with llama-server's message (its
+    clients match "context size has been exceeded"), the others finish, and the server goes on serving."""
+    with KineticServer("-c", "256", "-np", "4", "-kvu") as server:
+        def complete(n_predict: int) -> requests.Response:
+            return requests.post(server.url + "/completion", json={"prompt": "A", "n_predict": n_predict}, timeout=120)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(complete, [70, 70, 70, 70]))
+        failed = [a for a in answers if a.status_code != 200]
+        assert failed, "280 tokens fit in 256 cells?"
+        for answer in failed:
+            assert answer.status_code == 500
+            assert "context size has been exceeded" in answer.json()["error"]["message"].lower()
+        for answer in answers:
+            if answer.status_code == 200:
+                assert answer.json()["timings"]["predicted_n"] == 70
+        assert complete(8).json()["timings"]["predicted_n"] == 8
+        assert all(not s["is_processing"] for s in requests.get(server.url + "/slots", timeout=30).json())

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest

@@ -60,8 +60,10 @@ def test_chat_full_response_usage_and_timings(openai_client: openai.OpenAI) -> N
 
 def test_chat_repeat_reuses_cache(openai_client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Tell me about caching in language model servers, please."}]
-    first = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4, extra_body={"id_slot": 0})
-    second = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4, extra_body={"id_slot": 0})
+    first = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4,
+                                                  extra_body={"id_slot": 0})
+    second = openai_client.chat.completions.create(model="local", messages=messages, max_tokens=4,
+                                                   extra_body={"id_slot": 0})
     n_prompt = second.usage.prompt_tokens
     assert first.model_extra["timings"]["cache_n"] < n_prompt - 1
     assert second.model_extra["timings"]["cache_n"] == n_prompt - 1  # all but the last token
@@ -180,7 +182,8 @@ def test_sampling_fields_and_unknown_fields_accepted(openai_client: openai.OpenA
 def test_stop_string_is_not_returned(openai_client: openai.OpenAI) -> None:
     # ignore_eos and greedy decoding: the 12-token continuation is fixed, so a piece of its middle is
     # certain to come up again when it is the stop string.
-    kwargs = dict(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, extra_body={"ignore_eos": True, **COLD})
+    kwargs = dict(model="local", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                  extra_body={"ignore_eos": True, **COLD})
     text = openai_client.completions.create(**kwargs).choices[0].text
     assert len(text) >= 12, text
     stop = text[len(text) // 2:len(text) // 2 + 3]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -43,7 +42,7 @@ def states(server: KineticServer, key: str | None = None) -> dict[str, str]:
 
 
 def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
 def test_models_are_listed_unloaded_until_asked_for(router: KineticServer) -> None:

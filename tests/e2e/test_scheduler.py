@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -111,13 +111,14 @@ def test_more_requests_in_flight_than_allowed_get_429(model_lock: None) -> None:
         assert third.status_code == 429 and third.headers["retry-after"] == "1"
         assert third.json()["error"]["type"] == "rate_limit_error"
         anthropic_third = httpx.post(url + "/v1/messages", headers={"x-api-key": "ka"},
-                                     json={"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+                                     json={"model": "m", "max_tokens": 2,
+                                           "messages": [{"role": "user", "content": "hi"}]})
         assert anthropic_third.status_code == 429
-        assert anthropic_third.json() == {"type": "error", "error": {"type": "rate_limit_error",
-                                                                     "message": anthropic_third.json()["error"]["message"]}}
+        message = anthropic_third.json()["error"]["message"]
+        assert anthropic_third.json() == {"type": "error", "error": {"type": "rate_limit_error", "message": message}}
         # another key is not limited by the first one's requests
-        other = httpx.post(url + "/completion", headers={"Authorization": "Bearer kb"}, json={"prompt": "z", "n_predict": 1},
-                           timeout=300)
+        other = httpx.post(url + "/completion", headers={"Authorization": "Bearer kb"},
+                           json={"prompt": "z", "n_predict": 1}, timeout=300)
         assert other.status_code == 200
         for thread in threads:
             thread.join(timeout=300)

@@ -6,9 +6,9 @@ import importlib.util
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 import httpx
 import pytest

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import anthropic
 import httpx
@@ -32,8 +32,9 @@ PROMPT = "The weather in Rome today is sunny and the people walk along the river
 @pytest.fixture(scope="module")
 def constrained(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
     slots = tmp_path_factory.mktemp("slots-q8")
-    with KineticServer("-a", "flagged", "-c", "1024", "-np", "1", "-n", "48", "--temp", "0", "--top-k", "1", "--seed", "3",
-                       "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1", "--samplers", "top_k;temperature",
+    with KineticServer("-a", "flagged", "-c", "1024", "-np", "1", "-n", "48", "--temp", "0", "--top-k", "1",
+                       "--seed", "3", "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1",
+                       "--samplers", "top_k;temperature",
                        "--json-schema", json.dumps(SCHEMA), "-r", r"\x7d", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
                        "-ngl", "99", "-tb", "1", "--slot-save-path", str(slots)) as server:
         yield server
@@ -46,6 +47,7 @@ def special(model_lock: None, constrained: KineticServer,
     with KineticServer("-c", "1024", "-np", "2", "-kvu", "-n", "3", "--temp", "0", "--special", "--ignore-eos",
                        "-l", f"{START_OF_TURN}+100", "--no-mmap",
                        "--override-kv", "tokenizer.ggml.add_bos_token=bool:false", "--ui-config", '{"theme": "dark"}',
+                       "-ot", r"blk\.0\.attn_q\.weight=CPU", "--cpu-moe", "-ncffn", "1", "-dev", "none",
                        "--slot-save-path", str(slots)) as server:
         yield server
 
@@ -111,7 +113,8 @@ def test_special_tokens_ignore_eos_and_logit_bias_act(special: KineticServer) ->
     forced = completion(special, return_tokens=True)
     assert forced["tokens"] == [START_OF_TURN] * 3 and forced["content"] == "<start_of_turn>" * 3  # --special
     assert forced["generation_settings"]["logit_bias"] == [{"bias": 100.0, "token": START_OF_TURN}]
-    own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)  # the request's own (empty) bias replaces the server's
+    # the request's own (empty) bias replaces the server's
+    own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)
     assert own["generation_settings"]["logit_bias"] == [] and own["tokens"] != [START_OF_TURN] * 3
 
 
@@ -119,6 +122,16 @@ def test_kv_unified_gives_each_slot_the_whole_context(special: KineticServer) ->
     props = httpx.get(special.url + "/props").json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 1024  # not 1024 / 2
     assert props["ui_settings"] == {"theme": "dark"}  # --ui-config
+
+
+def test_tensor_placement_flags_reach_llama_cpp_and_props(special: KineticServer) -> None:
+    """-ot, --cpu-moe, -ncffn and -dev none: llama.cpp loaded the model with them (it answers) and /props shows
+    them; on this CPU build every tensor sits in host memory either way (the params: tests/unit/test_llama_params)."""
+    llama = httpx.get(special.url + "/props").json()["llama_params"]
+    assert llama["devices"] == []
+    assert llama["tensor_overrides"] == [r"blk\.0\.attn_q\.weight=CPU", r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU",
+                                         r"blk\.0\.ffn_(up|down|gate)\.=CPU"]
+    assert completion(special)["tokens_predicted"] == 3
 
 
 def test_override_kv_changes_the_models_metadata(constrained: KineticServer, special: KineticServer) -> None:

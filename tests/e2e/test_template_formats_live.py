@@ -11,8 +11,9 @@ Qwen3 (thinks by itself, Hermes calls) and LFM2.5 (Python-style calls, no tool_c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anthropic
 import httpx

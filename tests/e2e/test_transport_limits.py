@@ -7,7 +7,7 @@ import select
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import httpx

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -62,7 +63,7 @@ def open_chat(page: Any, server: KineticServer, key: str) -> None:
     page.wait_for_selector("#key-form:not([hidden])")  # a keyed server: the page asks first
     page.fill("#key-form input", key)
     page.click("#key-form button")
-    page.wait_for_function("document.getElementById('model').textContent === %s" % json.dumps(ALIAS))
+    page.wait_for_function(f"document.getElementById('model').textContent === {json.dumps(ALIAS)}")
 
 
 def numbers(turn: Any) -> dict[str, str]:

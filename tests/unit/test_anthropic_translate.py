@@ -67,7 +67,8 @@ def test_consecutive_user_turns_merge_and_images_are_kept_for_refusal() -> None:
 
 @pytest.mark.parametrize("raw, expected", [
     (None, ToolChoice("auto")), ({"type": "any"}, ToolChoice("required")),
-    ({"type": "tool", "name": "get_weather"}, ToolChoice("required", "get_weather")), ({"type": "none"}, ToolChoice("none")),
+    ({"type": "tool", "name": "get_weather"}, ToolChoice("required", "get_weather")),
+    ({"type": "none"}, ToolChoice("none")),
 ])
 def test_tool_choice(raw: dict | None, expected: ToolChoice) -> None:
     assert translate.to_chat_request(messages(tools=[TOOL], tool_choice=raw)).tool_choice == expected

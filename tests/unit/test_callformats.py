@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from kinetic.chat.answer import AnswerStream, parse_answer
-from kinetic.chat.callformats import FORMATS, FoundCall, detect_call_format, prefixed_rules
+from kinetic.chat.callformats import FORMATS
+from kinetic.chat.callformats.base import FoundCall
+from kinetic.chat.callformats.detect import detect_call_format
+from kinetic.chat.callformats.gbnf import prefixed_rules
 from kinetic.chat.constraints import schema_grammar
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate

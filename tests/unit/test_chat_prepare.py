@@ -70,7 +70,8 @@ def test_tools_are_rendered_for_auto_not_for_none_and_forced_gets_a_grammar(laye
 
 def test_tool_calls_and_results_reach_the_prompt(layer: ChatLayer) -> None:
     messages = (user("weather?"),
-                Message(role="assistant", tool_calls=(ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)),
+                Message(role="assistant",
+                        tool_calls=(ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)),
                 Message(role="tool", parts=(TextPart("sunny and 31 degrees"),), tool_call_id="c1"))
     _, prepared = layer.prepare_chat(ChatRequest(messages=messages))
     assert "sunny and 31 degrees" in prepared.prompt

@@ -14,7 +14,7 @@ from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, LlamaBuiltinTemplate, choose_template, known_names
 from kinetic.chat.types import ChatRequest, Message, TextPart, ToolCall
 from kinetic.errors import InvalidRequestError
-from kinetic.cli import parse_serve_args
+from kinetic.serve_args import parse_serve_args
 from tests.scripted import ScriptedEngine
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "templates"
@@ -137,7 +137,8 @@ def test_llama_cpp_format_names_render_through_llama_cpp() -> None:
     command_r = choose_template(gguf_template=None, architecture="gemma3", bos_token="<bos>", eos_token="<eos>",
                                 override="command-r")
     assert isinstance(command_r, LlamaBuiltinTemplate) and command_r.origin == "llama.cpp:command-r"
-    prompt = command_r.render([{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}])
+    prompt = command_r.render([{"role": "system", "content": "You are a test."},
+                               {"role": "user", "content": "Hi there"}])
     assert prompt == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
                       "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
                       "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
@@ -153,7 +154,8 @@ def test_format_names_are_accepted_on_the_command_line() -> None:
 # ------------------------------------------------------------------ continuing the last message
 
 LLAMA31 = "meta-llama-Llama-3.1-8B-Instruct"
-HEADER = "<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+HEADER = ("<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|>"
+          "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 @pytest.mark.parametrize("prefill, expected", [(("Whill",), "Whill"), (("Wh", "ill"), "Wh\n\nill")])

@@ -38,7 +38,8 @@ def test_gemma_lists_tools_and_renders_tool_round_trip() -> None:
 def test_other_architectures_fall_back_to_chatml() -> None:
     template = choose_template(gguf_template=None, architecture="llama", bos_token="<s>", eos_token="</s>")
     assert template.origin == "builtin:chatml"
-    assert template.render([{"role": "user", "content": "Hi"}]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (template.render([{"role": "user", "content": "Hi"}])
+            == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_gguf_template_wins_and_sees_kwargs() -> None:

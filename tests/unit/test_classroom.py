@@ -68,8 +68,10 @@ def test_reading_while_a_line_is_being_written_skips_the_partial_line(tmp_path: 
 
 def test_absorb_reads_every_protocols_numbers() -> None:
     openai: dict[str, object] = {}
-    absorb(openai, {"id": "chatcmpl-1", "model": "m", "choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 0}},
+    absorb(openai, {"id": "chatcmpl-1", "model": "m",
+                    "choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+                              "prompt_tokens_details": {"cached_tokens": 0}},
                     "timings": TIMINGS})
     assert openai == {"id": "chatcmpl-1", "model": "m", "prompt_tokens": 9, "completion_tokens": 3, "cached_tokens": 0,
                       "timings": TIMINGS, "finish_reason": "length"}
@@ -80,7 +82,8 @@ def test_absorb_reads_every_protocols_numbers() -> None:
                          "finish_reason": "max_tokens"}
     assert content_of({"choices": [{"delta": {"content": "a"}}]}) == "a"
     assert content_of({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "b"}}) == "b"
-    assert content_of({"content": "c", "stop": False}) == "c" and content_of({"choices": [{"delta": {"role": "x"}}]}) == ""
+    assert content_of({"content": "c", "stop": False}) == "c"
+    assert content_of({"choices": [{"delta": {"role": "x"}}]}) == ""
 
 
 ANSWER_DELAY_S = 0.05  # the full answer's time in the handler: the ledger's duration includes it
@@ -136,11 +139,14 @@ def test_middleware_records_names_numbers_streams_and_401s_without_text(tmp_path
     started = time.monotonic()
     assert client.post("/v1/chat/completions", headers=alice, json={"messages": messages}).status_code == 200
     took = time.monotonic() - started
-    assert client.post("/v1/chat/completions", headers=alice, json={"messages": messages, "stream": True}).status_code == 200
+    assert client.post("/v1/chat/completions", headers=alice,
+                       json={"messages": messages, "stream": True}).status_code == 200
     assert client.post("/v1/chat/completions", json={"messages": messages}).status_code == 401
-    assert client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a-typo"}, json={}).status_code == 401
+    assert client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a-typo"},
+                       json={}).status_code == 401
     full, stream, missing, wrong = read_ledger(path)
-    assert (full["client"], full["auth"], full["status"], full["stream"], full["id"]) == ("alice", "ok", 200, False, "chatcmpl-j")
+    assert ((full["client"], full["auth"], full["status"], full["stream"], full["id"])
+            == ("alice", "ok", 200, False, "chatcmpl-j"))
     assert full["prompt_tokens"] == 9 and full["completion_tokens"] == 3 and full["timings"] == TIMINGS
     assert full["finish_reason"] == "stop" and full["route"] == "/v1/chat/completions"
     assert ANSWER_DELAY_S <= full["duration_s"] <= took + 0.001  # the request's own time, as the client saw it
@@ -161,7 +167,7 @@ def test_ledger_content_keeps_prompt_and_answer(tmp_path: Path) -> None:
 
 
 def test_serve_flags_for_the_ledger() -> None:
-    from kinetic.cli import parse_serve_args
+    from kinetic.serve_args import parse_serve_args
 
     settings = parse_serve_args(["--ledger", "class.jsonl", "--ledger-content"], environ={})
     assert settings.ledger == "class.jsonl" and settings.ledger_content

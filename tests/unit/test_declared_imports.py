@@ -53,4 +53,5 @@ def test_the_grader_imports_only_base_dependencies_at_load_time() -> None:
 
 def test_serve_extra_is_in_dev_and_test_libraries_are_not_in_serve() -> None:
     assert "kinetic[serve]" in PROJECT["optional-dependencies"]["dev"]
-    assert not dist_names(PROJECT["optional-dependencies"]["serve"]) & {"pytest", "openai", "anthropic", "mkdocs-material"}
+    serve = dist_names(PROJECT["optional-dependencies"]["serve"])
+    assert not serve & {"pytest", "openai", "anthropic", "mkdocs-material"}

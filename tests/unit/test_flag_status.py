@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.cli import main, parse_serve_args
+from kinetic.cli import main
 from kinetic.flag_status import (
     CLI_ACTIONS,
     IGNORED,
@@ -22,7 +22,8 @@ from kinetic.flag_status import (
     warning,
 )
 from kinetic.llama_flags import llama_server_flags
-from kinetic.settings import FLAGS, FLAGS_BY_SPELLING
+from kinetic.serve_args import parse_serve_args
+from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
@@ -82,9 +83,9 @@ def test_ignored_flags_warn_naming_their_row() -> None:
         for name in reason.flags:
             assert f'"{reason.row}"' in warning(name), name
     assert "ignored flags: image, audio and video input" in warning("--mmproj")  # any spelling
-    assert '"ignored flags: devices and tensor placement"' in variable_warning("LLAMA_ARG_RPC")
+    assert '"ignored flags: remote devices and fitting to memory"' in variable_warning("LLAMA_ARG_RPC")
     assert variable_warning("KINETIC_PROT") == "warning: KINETIC_PROT is not a kinetic setting; ignored"
-    assert ignored_by_flag()["--rpc"].row == "ignored flags: devices and tensor placement"
+    assert ignored_by_flag()["--rpc"].row == "ignored flags: remote devices and fitting to memory"
 
 
 def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,14 +96,12 @@ def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) 
                                 environ={})
     assert serve(settings) == 1
     err = capsys.readouterr().err
-    assert '--rpc is ignored: see "ignored flags: devices and tensor placement"' in err
+    assert '--rpc is ignored: see "ignored flags: remote devices and fitting to memory"' in err
     assert '--control-vector is ignored: see "ignored flags: control vectors"' in err
 
 
 def test_help_shows_which_flags_act(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["serve", "--help"])
-    assert exited.value.code == 0
+    assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in FLAGS:
         assert flag.names[0] in out

@@ -20,7 +20,8 @@ def test_level_one_headings_are_sections_when_there_is_nothing_deeper() -> None:
 
 
 def test_bold_labels_and_text_on_the_label_line() -> None:
-    d = parse_deliverable("**1. chat.py**\n\n~~~\nout\n~~~\n\n- **Answer:** base_url and api_key\nmore\n__Risposta__\nsì\n")
+    d = parse_deliverable("**1. chat.py**\n\n~~~\nout\n~~~\n\n"
+                          "- **Answer:** base_url and api_key\nmore\n__Risposta__\nsì\n")
     assert [s.heading for s in d.sections] == ["1. chat.py", "Answer", "Risposta"]
     assert d.sections[1].prose == ["base_url and api_key", "more"]
 

@@ -68,7 +68,8 @@ def test_every_writing_style_is_read_right_and_passes(path: Path) -> None:
 def test_the_styles_are_really_different() -> None:
     texts = {p.stem: p.read_text(encoding="utf-8") for p in GOOD}
     assert "```" in texts["good"] and "## " in texts["good"]
-    assert "~~~" in texts["good-bold-labels"] and "**" in texts["good-bold-labels"] and "## " not in texts["good-bold-labels"]
+    bold = texts["good-bold-labels"]
+    assert "~~~" in bold and "**" in bold and "## " not in bold
     assert "\n    [finish_reason=" in texts["good-italian"] and "## Errore 401" in texts["good-italian"]
     assert "```" not in texts["good-plain"] and "~~~" not in texts["good-plain"] and "#" not in texts["good-plain"]
 
@@ -87,12 +88,14 @@ def test_error_payload_forms() -> None:
     line = f"openai.AuthenticationError: Error code: 401 - {body}"
     assert RULES.parse_error_payload(line) == (401, body)
     assert RULES.parse_error_payload(f"`{line}`") == (401, body)
-    assert RULES.error_matches(RULES.parse_error_payload("AuthenticationError: Error code: 401 - Invalid API Key")[1], body)
+    payload = RULES.parse_error_payload("AuthenticationError: Error code: 401 - Invalid API Key")[1]
+    assert RULES.error_matches(payload, body)
 
 
 # --- against a ledger (records written here; the e2e tests use a real server's) ---
 
-FULL = "[finish_reason=length prompt=28 tok, completion=80 tok, 1.2s]\n[server: cache_n=0 prompt 300.1 t/s, generazione 90.4 t/s]\n"
+FULL = ("[finish_reason=length prompt=28 tok, completion=80 tok, 1.2s]\n"
+        "[server: cache_n=0 prompt 300.1 t/s, generazione 90.4 t/s]\n")
 STREAM = "[80 chunk, primo token dopo 0.10s, totale 1.0s]\n"
 MJS = "[80 token, 88.2 t/s]\n[fine]\n"
 ERROR = ("openai.AuthenticationError: Error code: 401 - {'error': {'message': 'Invalid API Key', "
@@ -110,7 +113,8 @@ ALICE = [
                                             "predicted_n": 80}),
     record("alice", id="chatcmpl-stream", stream=True, duration_s=0.95, ttft_s=0.09, chunks=80, finish_reason="length",
            timings={"cache_n": 27, "predicted_n": 80, "predicted_per_second": 91.0}),
-    record("alice", id="chatcmpl-mjs", stream=False, duration_s=0.9, timings={"predicted_n": 80, "predicted_per_second": 88.21}),
+    record("alice", id="chatcmpl-mjs", stream=False, duration_s=0.9,
+           timings={"predicted_n": 80, "predicted_per_second": 88.21}),
     record(None, status=401, duration_s=0.001),
 ]
 
@@ -125,7 +129,8 @@ def deliverable(tmp_path: Path, name: str, full: str = FULL) -> Path:
 def test_ledger_matches_each_number_to_the_students_own_request(tmp_path: Path) -> None:
     results = statuses(deliverable(tmp_path, "Alice"), ledger=LedgerView(ALICE))
     assert {n: s[0] for n, s in results.items() if "ledger" in n} == {
-        "chat_py_in_ledger": "pass", "stream_in_ledger": "pass", "chat_mjs_in_ledger": "pass", "error_401_in_ledger": "pass"}
+        "chat_py_in_ledger": "pass", "stream_in_ledger": "pass", "chat_mjs_in_ledger": "pass",
+        "error_401_in_ledger": "pass"}
     assert "chatcmpl-full at 08:00:00" in results["chat_py_in_ledger"][1]
 
 
@@ -144,7 +149,8 @@ def test_ledger_names_the_other_student_and_the_made_up_numbers(tmp_path: Path) 
 def test_a_request_longer_than_the_clients_clock_does_not_match(tmp_path: Path) -> None:
     slow = [dict(ALICE[0], duration_s=1.4), *ALICE[1:]]
     results = statuses(deliverable(tmp_path, "alice"), ledger=LedgerView(slow))
-    assert results["chat_py_in_ledger"][0] == "fail" and "took the server 1.40s, more than the 1.2s" in results["chat_py_in_ledger"][1]
+    assert results["chat_py_in_ledger"][0] == "fail"
+    assert "took the server 1.40s, more than the 1.2s" in results["chat_py_in_ledger"][1]
 
 
 # --- live checks that cannot run ---

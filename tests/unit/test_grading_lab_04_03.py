@@ -58,7 +58,8 @@ def test_the_checked_schemas_are_the_scripts() -> None:
     grammar = json.loads((LAB_DIR / "grammar.json").read_text(encoding="utf-8"))["grammar"]
     for day in ("lunedì", "martedì", "mercoledì", "giovedì", "venerdì", "sabato", "domenica"):
         assert f'"{day}"' in grammar
-    assert RULES.GRAMMAR_ANSWER.fullmatch("domenica alle 23:59") and not RULES.GRAMMAR_ANSWER.fullmatch("lunedì alle 24:00")
+    assert RULES.GRAMMAR_ANSWER.fullmatch("domenica alle 23:59")
+    assert not RULES.GRAMMAR_ANSWER.fullmatch("lunedì alle 24:00")
 
 
 def test_reference_set_is_complete() -> None:
@@ -138,6 +139,8 @@ def test_a_wrong_id_sent_back_fails_and_missing_text_is_could_not_check(tmp_path
             message["tool_call_id"] = "someone-else"
     assert "not for" in statuses(good, view)["tool_call_in_ledger"][1]
     bare = statuses(good, ledger_for(good, content=False))
-    assert bare["schema_answer_in_ledger"][0] == "unchecked" and "--ledger-content" in bare["schema_answer_in_ledger"][1]
+    assert bare["schema_answer_in_ledger"][0] == "unchecked"
+    assert "--ledger-content" in bare["schema_answer_in_ledger"][1]
     old = statuses(good, ledger_for(good, call_ids=False))
-    assert old["tool_call_in_ledger"][0] == "unchecked" and "does not record tool calls" in old["tool_call_in_ledger"][1]
+    assert old["tool_call_in_ledger"][0] == "unchecked"
+    assert "does not record tool calls" in old["tool_call_in_ledger"][1]

@@ -4,7 +4,7 @@ of the runs, the reference set, and the ledger's view of a run's concurrency."""
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -90,11 +90,11 @@ def test_each_broken_reference_fails_exactly_its_check(name: str) -> None:
 
 
 def ledger_of(run_ids: list[str], starts: list[float], duration: float, client: str = "alice") -> LedgerView:
-    base = datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    base = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     records = [{"client": client, "route": "/v1/chat/completions", "status": 200, "stream": True,
                 "id": f"chatcmpl-{short}XYZ", "duration_s": duration, "ttft_s": 0.1, "timings": {"predicted_n": 32},
                 "time": (base + timedelta(seconds=start + duration)).isoformat().replace("+00:00", "Z")}
-               for short, start in zip(run_ids, starts)]
+               for short, start in zip(run_ids, starts, strict=False)]
     return LedgerView(records, ["alice", "bob"])
 
 

@@ -49,7 +49,8 @@ def test_grade_good_deliverable_exits_zero_with_a_readable_report(capsys: pytest
     assert out.count(":) ") == len(OFFLINE_CHECKS) and "10/10 points (8 passed)" in out and ":(" not in out
 
 
-def test_grade_folder_lists_left_out_files_and_a_summary(lab: str, submissions: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_grade_folder_lists_left_out_files_and_a_summary(lab: str, submissions: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["grade", lab, str(submissions)]) == 1
     out = capsys.readouterr().out
     summary = out[out.index("\nstudent "):out.index("not graded")].strip().splitlines()
@@ -84,7 +85,8 @@ def test_json_has_the_gradebook_content(lab: str, submissions: Path, capsys: pyt
     assert {item["path"].split("/")[-1] for item in report["left_out"]} == {"notes.md", "chat.py", "README.md"}
 
 
-def test_missing_path_or_lab_exits_two_but_a_dead_server_does_not_stop_grading(capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_path_or_lab_exits_two_but_a_dead_server_does_not_stop_grading(
+        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["grade", "lab-04-02", str(REFERENCE / "nobody.md")]) == 2
     assert main(["grade", "lab-99-99", str(REFERENCE / "good.md")]) == 2
     url = f"http://127.0.0.1:{free_port()}"

@@ -9,10 +9,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from kinetic.cli import parse_serve_args
-from kinetic.engine.llama import params
+from kinetic.engine.llama import devices, params
 from kinetic.engine.llama.params import context_params, model_params
 from kinetic.engine.options import LlamaOptions, parse_kv_override
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 
 
@@ -143,7 +143,44 @@ def test_list_devices_prints_and_exits(capsys: pytest.CaptureFixture[str]) -> No
 
     assert main(["serve", "--list-devices", "-m", "/no/such.gguf"]) == 0  # exits before any model is read
     out = capsys.readouterr().out
-    assert out.startswith("Available devices:\n") and ("CPU only" in out) != llama_cpp.llama_supports_gpu_offload()
+    assert out.startswith("Available devices:\n")
+    offload = [d for d in devices.devices() if d.type != "CPU"]  # ggml's registry: the CPU is never listed
+    assert out.count("\n  ") == max(len(offload), 1) and ("(none)" in out) == (not offload)
+
+
+def test_tensor_overrides_reach_the_model_params_as_a_null_terminated_array() -> None:
+    """-ot, --cpu-moe, --n-cpu-moe and --n-cpu-ffn become llama.cpp's (pattern, buffer type) list, in its order."""
+    chosen = options("-ot", r"blk\.0\.attn_q=CPU,token_embd=CPU", "--cpu-moe", "-ncmoe", "2", "-ncffn", "1")
+    patterns = [pattern for pattern, _ in chosen.tensor_overrides]
+    assert patterns == [r"blk\.0\.attn_q", "token_embd", devices.FFN_EXPERTS_PATTERN,
+                        rf"blk\.0{devices.FFN_EXPERTS_PATTERN}", rf"blk\.1{devices.FFN_EXPERTS_PATTERN}",
+                        rf"blk\.0{devices.FFN_DENSE_PATTERN}"]
+    built = model_params(chosen)
+    array = ctypes.cast(built.params.tensor_buft_overrides, ctypes.POINTER(devices.TensorBufferOverride))
+    cpu = devices.buffer_types()["CPU"]
+    assert [array[i].pattern.decode() for i in range(6)] == patterns and array[6].pattern is None
+    assert {array[i].buft for i in range(6)} == {cpu} and not array[6].buft
+    assert chosen.describe()["tensor_overrides"][0] == r"blk\.0\.attn_q=CPU"
+    assert not model_params(options()).params.tensor_buft_overrides
+
+
+def test_device_none_is_an_empty_null_terminated_list() -> None:
+    """-dev none: no offload (llama.cpp reads a list holding only NULL); no -dev: NULL, every device."""
+    built = model_params(options("-dev", "none"))
+    array = ctypes.cast(built.params.devices, ctypes.POINTER(ctypes.c_void_p))
+    assert array[0] is None and options("-dev", "none").describe()["devices"] == []
+    assert not model_params(options()).params.devices
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["-dev", "CUDA7"], "for -dev: invalid device: CUDA7"),
+    (["-ot", "token_embd=VRAM9"], "for -ot: unknown buffer type 'VRAM9' \\(available: .*CPU"),
+    (["-ot", "token_embd"], "for -ot: 'token_embd' is not <tensor name pattern>=<buffer type>"),
+    (["-ncmoe", "-1"], "for -ncmoe"),
+])
+def test_bad_device_and_override_values_name_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        options(*argv)
 
 
 def test_on_a_cpu_with_amx_the_weights_stay_off_the_extra_buffer_types(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,8 @@ def sdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """
     if override := os.environ.get("KINETIC_LLAMA_SDIST"):
         return Path(override)
-    if getattr(request.config, "cache", None) is not None:  # kept between runs in .pytest_cache: one download, then none
+    # kept between runs in .pytest_cache: one download, then none
+    if getattr(request.config, "cache", None) is not None:
         cache = Path(request.config.cache.mkdir("llama-cpp-python-sdist"))
     else:
         cache = tmp_path_factory.mktemp("llama-cpp-python-sdist")

@@ -41,6 +41,13 @@ def test_to_prompt_request_fields() -> None:
     assert err.value.param == "n_predict"
 
 
+@pytest.mark.parametrize("logit_bias", [{"496": False}, [[496, False]]])
+def test_logit_bias_false_bans_the_token_in_both_forms(logit_bias: object) -> None:
+    # pydantic's lax float once read `false` as 0.0: a ban that changed nothing
+    [req] = translate.to_prompt_requests(CompletionRequest.model_validate({"prompt": "hi", "logit_bias": logit_bias}))
+    assert req.options.sampling.logit_bias == {496: float("-inf")}
+
+
 def test_logprobs_is_n_probs() -> None:
     [req] = translate.to_prompt_requests(CompletionRequest(prompt="hi", logprobs=3))
     assert req.options.n_probs == 3

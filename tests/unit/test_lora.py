@@ -8,9 +8,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from kinetic.cli import parse_serve_args
 from kinetic.errors import InvalidRequestError
 from kinetic.protocols.llamacpp.translate import lora_scales
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 from tests.lora_model import write_lora
 

@@ -22,20 +22,12 @@ from kinetic.engine.types import (
     TokenProb,
     Usage,
 )
-from kinetic.errors import (
-    InvalidRequestError,
-    NotFoundError,
-    ServerError,
-)
-from kinetic.protocols.ollama import translate
-from kinetic.protocols.ollama.types import (
-    ChatRequest,
-    EmbedRequest,
-    GenerateRequest,
-)
+from kinetic.errors import InvalidRequestError, NotFoundError, ServerError
+from kinetic.protocols.ollama import model_facts, replies, translate
+from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest
 
-SERVED = translate.ServedModel(name="tiny", aliases=("tiny", "tiny-2"), thinks=False, n_ctx=2048)
-THINKER = translate.ServedModel(name="tiny", aliases=("tiny",), thinks=True, n_ctx=2048)
+SERVED = model_facts.ServedModel(name="tiny", aliases=("tiny", "tiny-2"), thinks=False, n_ctx=2048)
+THINKER = model_facts.ServedModel(name="tiny", aliases=("tiny",), thinks=True, n_ctx=2048)
 HI = [{"role": "user", "content": "hi"}]
 INFO = ModelInfo(path=Path("m.gguf"), architecture="gemma3", description="gemma3 270M Q4_K - Medium", n_vocab=10,
                  n_ctx_train=32768, n_embd=640, n_params=268098176, size=1, vocab_type=1, bos_token="<bos>",
@@ -62,11 +54,11 @@ def prepared(mode: str = "none", reasoning_format: str = "auto") -> PreparedChat
                         tool_mode=mode, tool_names=("get_weather",) if mode != "none" else ())  # type: ignore[arg-type]
 
 
-def context(kind: str = "chat", mode: str = "none", **fields: Any) -> translate.ReplyContext:
-    return translate.ReplyContext(model="tiny:latest", prepared=prepared(mode), started_ns=0, kind=kind, **fields)
+def context(kind: str = "chat", mode: str = "none", **fields: Any) -> replies.ReplyContext:
+    return replies.ReplyContext(model="tiny:latest", prepared=prepared(mode), started_ns=0, kind=kind, **fields)
 
 
-def lines(encoder: translate.LineEncoder, pieces: list[str], done: Finished) -> list[dict[str, Any]]:
+def lines(encoder: replies.LineEncoder, pieces: list[str], done: Finished) -> list[dict[str, Any]]:
     frames = [f for p in pieces for f in encoder.encode(TextDelta(text=p, token_id=1))] + encoder.encode(done)
     assert all(f.endswith(b"\n") and f.count(b"\n") == 1 for f in frames)  # NDJSON: no blank lines
     return [json.loads(f) for f in frames]
@@ -77,24 +69,24 @@ def lines(encoder: translate.LineEncoder, pieces: list[str], done: Finished) -> 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny:latest", "tiny-2", "tiny-2:latest"])
 def test_check_model_accepts_the_name_aliases_and_latest(name: str) -> None:
-    translate.check_model(name, SERVED)
+    model_facts.check_model(name, SERVED)
 
 
 def test_check_model_unknown_is_404_as_ollama_words_it() -> None:
     with pytest.raises(NotFoundError) as info:
-        translate.check_model("llama3", SERVED)
+        model_facts.check_model("llama3", SERVED)
     assert info.value.status == 404 and info.value.message == 'model "llama3" not found'
     with pytest.raises(NotFoundError):
-        translate.check_model("tiny:7b", SERVED)
+        model_facts.check_model("tiny:7b", SERVED)
 
 
 def test_check_model_missing_is_400() -> None:
     with pytest.raises(InvalidRequestError, match="model is required"):
-        translate.check_model("", SERVED)
+        model_facts.check_model("", SERVED)
 
 
 def test_check_model_latest_on_an_alias_that_has_it() -> None:
-    translate.check_model("m", translate.ServedModel(name="m:latest", aliases=("m:latest",), thinks=False, n_ctx=1))
+    model_facts.check_model("m", model_facts.ServedModel(name="m:latest", aliases=("m:latest",), thinks=False, n_ctx=1))
 
 
 # ------------------------------------------------------------------------ inward
@@ -237,7 +229,7 @@ def test_generate_suffix_is_refused_without_fill_in_the_middle() -> None:
 
 
 def test_stream_lines_then_a_final_line_with_metrics_in_nanoseconds() -> None:
-    out = lines(translate.LineEncoder(context()), ["Hel", "lo"], finished("Hello", "length"))
+    out = lines(replies.LineEncoder(context()), ["Hel", "lo"], finished("Hello", "length"))
     assert [o["message"]["content"] for o in out] == ["Hel", "lo", ""]
     assert all(o["model"] == "tiny:latest" and o["message"]["role"] == "assistant" for o in out)
     assert [o["done"] for o in out] == [False, False, True]
@@ -251,18 +243,18 @@ def test_stream_lines_then_a_final_line_with_metrics_in_nanoseconds() -> None:
 
 def test_generate_lines_carry_response_and_the_final_context() -> None:
     ctx = context("generate", context=[2, 3])
-    out = lines(translate.LineEncoder(ctx), ["a"], finished("a", tokens=[9]))
+    out = lines(replies.LineEncoder(ctx), ["a"], finished("a", tokens=[9]))
     assert out[0]["response"] == "a" and "message" not in out[0]
     assert out[-1]["context"] == [2, 3, 9] and out[-1]["response"] == ""
 
 
 def test_thinking_streams_apart_from_content() -> None:
-    ctx = translate.ReplyContext(model="m", prepared=prepared(reasoning_format="deepseek"), started_ns=0)
-    out = lines(translate.LineEncoder(ctx), ["<think>hm", "m</think>", "Yes"], finished("<think>hmm</think>Yes"))
+    ctx = replies.ReplyContext(model="m", prepared=prepared(reasoning_format="deepseek"), started_ns=0)
+    out = lines(replies.LineEncoder(ctx), ["<think>hm", "m</think>", "Yes"], finished("<think>hmm</think>Yes"))
     thinking = "".join(o["message"].get("thinking", "") for o in out)
     content = "".join(o["message"]["content"] for o in out)
     assert thinking == "hmm" and content == "Yes"
-    body = translate.to_response([], finished("<think>hmm</think>Yes"), ctx)
+    body = replies.to_response([], finished("<think>hmm</think>Yes"), ctx)
     assert body["message"]["thinking"] == "hmm" and body["message"]["content"] == "Yes"
 
 
@@ -270,7 +262,7 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
 
 
 def test_a_call_streams_whole_with_arguments_as_an_object() -> None:
-    out = lines(translate.LineEncoder(context(mode="auto")), [CALL[:20], CALL[20:]], finished(CALL))
+    out = lines(replies.LineEncoder(context(mode="auto")), [CALL[:20], CALL[20:]], finished(CALL))
     calls = [o["message"]["tool_calls"] for o in out if "tool_calls" in o["message"]]
     assert len(calls) == 1 and len(calls[0]) == 1
     function = calls[0][0]["function"]
@@ -280,17 +272,17 @@ def test_a_call_streams_whole_with_arguments_as_an_object() -> None:
 
 
 def test_non_streamed_call_and_plain_text() -> None:
-    body = translate.to_response([], finished(CALL), context(mode="auto"))
+    body = replies.to_response([], finished(CALL), context(mode="auto"))
     assert body["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
     assert body["message"]["content"] == ""
-    text = translate.to_response([], finished("Hi there"), context(mode="auto"))
+    text = replies.to_response([], finished("Hi there"), context(mode="auto"))
     assert text["message"] == {"role": "assistant", "content": "Hi there"} and text["done"] is True
 
 
 def test_tool_call_arguments_never_a_string() -> None:
-    assert translate.tool_call(ParsedCall(name="f", arguments="not json"), 0)["function"]["arguments"] == {}
-    assert translate.tool_call(ParsedCall(name="f", arguments="[1]"), 1)["function"]["arguments"] == {"value": [1]}
-    assert translate.tool_call(ParsedCall(name="f", arguments="{}", id="x"), 0)["id"] == "x"
+    assert replies.tool_call(ParsedCall(name="f", arguments="not json"), 0)["function"]["arguments"] == {}
+    assert replies.tool_call(ParsedCall(name="f", arguments="[1]"), 1)["function"]["arguments"] == {"value": [1]}
+    assert replies.tool_call(ParsedCall(name="f", arguments="{}", id="x"), 0)["id"] == "x"
 
 
 def test_logprobs_per_line_and_whole() -> None:
@@ -298,17 +290,17 @@ def test_logprobs_per_line_and_whole() -> None:
                       top_logprobs=[TokenProb(id=1, token="Hi", bytes=[72, 105], logprob=-0.5),
                                     TokenProb(id=2, token="Yo", bytes=[89, 111], logprob=-1.0)])
     ctx = context(n_probs=1)
-    frames = translate.LineEncoder(ctx).encode(TextDelta(text="Hi", token_id=1, logprob=lp))
+    frames = replies.LineEncoder(ctx).encode(TextDelta(text="Hi", token_id=1, logprob=lp))
     entry = json.loads(frames[0])["logprobs"][0]
     assert entry["token"] == "Hi" and entry["logprob"] == -0.5 and len(entry["top_logprobs"]) == 1
-    body = translate.to_response([TextDelta(text="Hi", token_id=1, logprob=lp)], finished("Hi"), ctx)
+    body = replies.to_response([TextDelta(text="Hi", token_id=1, logprob=lp)], finished("Hi"), ctx)
     assert len(body["logprobs"]) == 1
 
 
 def test_a_failure_midway_is_a_last_error_line() -> None:
-    frames = translate.LineEncoder(context()).error(ServerError("decode failed"))
+    frames = replies.LineEncoder(context()).error(ServerError("decode failed"))
     assert frames == [b'{"error":"decode failed"}\n']
-    assert translate.error_body(NotFoundError('model "x" not found')) == {"error": 'model "x" not found'}
+    assert replies.error_body(NotFoundError('model "x" not found')) == {"error": 'model "x" not found'}
 
 
 # ------------------------------------------------------------------ model listings
@@ -317,16 +309,16 @@ def test_a_failure_midway_is_a_last_error_line() -> None:
 @pytest.mark.parametrize("n, text", [(268098176, "268.10M"), (8030261248, "8.0B"), (7_000_000_000, "7B"),
                                      (1_000_000, "1M"), (12_345, "12K"), (999, "999")])
 def test_parameter_size_as_ollama_writes_it(n: int, text: str) -> None:
-    assert translate.human_number(n) == text
+    assert model_facts.human_number(n) == text
 
 
 def test_quantization_level_from_file_type_or_description() -> None:
-    assert translate.quantization_level(INFO) == "Q4_K_M"
-    assert translate.quantization_level(ModelInfo(**{**INFO.__dict__, "metadata": {}})) == "Q4_K_M"
+    assert model_facts.quantization_level(INFO) == "Q4_K_M"
+    assert model_facts.quantization_level(ModelInfo(**{**INFO.__dict__, "metadata": {}})) == "Q4_K_M"
 
 
 def test_tags_entry_has_every_field_clients_read() -> None:
-    entry = translate.tags(SERVED, INFO, FILE)["models"][0]
+    entry = model_facts.tags(SERVED, INFO, FILE)["models"][0]
     assert entry["name"] == entry["model"] == "tiny"
     assert entry["size"] == 253113024 and entry["digest"] == "ab" * 32
     assert entry["modified_at"] == "1970-01-01T00:00:00Z"
@@ -335,13 +327,13 @@ def test_tags_entry_has_every_field_clients_read() -> None:
 
 
 def test_ps_shows_the_resident_model() -> None:
-    entry = translate.ps(SERVED, INFO, FILE)["models"][0]
+    entry = model_facts.ps(SERVED, INFO, FILE)["models"][0]
     assert entry["model"] == "tiny" and entry["context_length"] == 2048 and entry["size_vram"] == 0
-    assert entry["expires_at"] == translate.NEVER_EXPIRES
+    assert entry["expires_at"] == model_facts.NEVER_EXPIRES
 
 
 def test_show_has_model_info_parameters_and_capabilities() -> None:
-    body = translate.show(THINKER, INFO, FILE, template="{{ messages }}", stop=("<eos>",), temperature=0.8)
+    body = model_facts.show(THINKER, INFO, FILE, template="{{ messages }}", stop=("<eos>",), temperature=0.8)
     info = body["model_info"]
     assert info["general.architecture"] == "gemma3" and info["general.parameter_count"] == 268098176
     assert info["gemma3.context_length"] == 32768 and info["gemma3.embedding_length"] == 640

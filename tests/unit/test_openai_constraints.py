@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from kinetic.errors import InvalidRequestError
 from kinetic.chat.constraints import ChatConstraints, bounded_integers
 from kinetic.chat.constraints import chat_constraints as neutral_constraints
+from kinetic.errors import InvalidRequestError
 from kinetic.protocols.openai.translate import to_chat_request
 from kinetic.protocols.openai.types import ChatCompletionRequest
 
@@ -35,8 +35,8 @@ def test_no_constraints() -> None:
 def test_json_object_and_schema_make_grammars() -> None:
     assert chat_constraints(request(response_format={"type": "json_object"})).grammar.count("root ::=") == 1
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
-    grammar = chat_constraints(request(response_format={"type": "json_schema",
-                                                        "json_schema": {"name": "a", "schema": schema, "strict": True}})).grammar
+    json_schema = {"name": "a", "schema": schema, "strict": True}
+    grammar = chat_constraints(request(response_format={"type": "json_schema", "json_schema": json_schema})).grammar
     assert grammar is not None and "answer" in grammar
     assert "answer" in (chat_constraints(request(json_schema=schema)).grammar or "")
     assert chat_constraints(request(response_format={"type": "text"})).grammar is None
@@ -44,9 +44,12 @@ def test_json_object_and_schema_make_grammars() -> None:
 
 @pytest.mark.parametrize("fmt, param, words", [
     ({"type": "xml"}, "response_format.type", 'but got: xml'),
-    ({"type": "json_schema", "json_schema": {"name": "a", "schema": 123}}, "response_format.json_schema.schema", "invalid JSON schema"),
-    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": 123}}}, "response_format.json_schema.schema", "invalid JSON schema"),
-    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "hiccup"}}}, "response_format.json_schema.schema", "hiccup"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": 123}},
+     "response_format.json_schema.schema", "invalid JSON schema"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": 123}}},
+     "response_format.json_schema.schema", "invalid JSON schema"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "hiccup"}}},
+     "response_format.json_schema.schema", "hiccup"),
 ])
 def test_bad_response_formats_are_400s_naming_the_field(fmt: dict, param: str, words: str) -> None:
     with pytest.raises(InvalidRequestError) as err:

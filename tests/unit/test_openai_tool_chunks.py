@@ -51,7 +51,8 @@ def collect(chunks: list[dict[str, Any]]) -> tuple[str, dict[int, dict[str, str]
 
 
 def test_auto_mode_streams_text_then_a_parsed_call() -> None:
-    pieces = ["Checking", " now. <tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Rome"}}', "</tool_call>"]
+    pieces = ["Checking", " now. <tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Rome"}}',
+              "</tool_call>"]
     content, calls, finish = collect(run("auto", pieces))
     assert content == "Checking now."  # as the whole answer parses it: the space before the call is not content
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {"city": "Rome"}
@@ -70,7 +71,8 @@ def test_forced_mode_cut_short_keeps_partial_call_and_length() -> None:
 
 
 def test_non_stream_forced_and_truncated() -> None:
-    whole = to_chat_completion([], finished('{"name": "get_weather", "arguments": {"city": "Rome"}}'), context("forced"))
+    whole = to_chat_completion([], finished('{"name": "get_weather", "arguments": {"city": "Rome"}}'),
+                               context("forced"))
     message = whole["choices"][0]["message"]
     assert message["content"] is None and whole["choices"][0]["finish_reason"] == "tool_calls"
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}

@@ -28,7 +28,6 @@ from kinetic.chat.types import (
     ToolChoice,
     ToolSpec,
 )
-from kinetic.cli import parse_serve_args
 from kinetic.engine.turns import DecodeTurns
 from kinetic.engine.types import StructuredCall, Timings, Usage
 from kinetic.errors import (
@@ -40,6 +39,7 @@ from kinetic.errors import (
 )
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
 
@@ -57,8 +57,8 @@ def gguf(folder: Path, name: str) -> Path:
 
 
 def test_each_a_names_the_m_it_follows() -> None:
-    s = parse_serve_args(["-a", "first", "-m", "a.gguf", "-m", "b.gguf", "-a", "bee", "-m", "dir/c-00001-of-00002.gguf"],
-                         environ={})
+    s = parse_serve_args(["-a", "first", "-m", "a.gguf", "-m", "b.gguf",
+                          "-a", "bee", "-m", "dir/c-00001-of-00002.gguf"], environ={})
     assert s.router_mode
     specs, _ = model_specs(s)
     assert [(spec.name, spec.aliases) for spec in specs] == [("first", ("first",)), ("bee", ("bee",)), ("c", ())]
@@ -291,7 +291,8 @@ def test_upstream_stream_becomes_engine_events() -> None:
     assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
     # streamed call deltas are gathered and given as structure on the end event, the upstream's id kept
     *texts, ended = asyncio.run(events(sse(
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc", "function": {"name": "f", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc",
+                                                "function": {"name": "f", "arguments": ""}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]},
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})))

@@ -25,7 +25,8 @@ def chain_pick(logits: np.ndarray, bias: dict[int, float], p: SamplingParams, se
         if bias:
             entries = (llama_cpp.llama_logit_bias * len(bias))(
                 *[llama_cpp.llama_logit_bias(token=t, bias=b) for t, b in bias.items()])
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(N_VOCAB, len(bias), entries))
+            llama_cpp.llama_sampler_chain_add(chain,
+                                              llama_cpp.llama_sampler_init_logit_bias(N_VOCAB, len(bias), entries))
         builders = {
             "penalties": lambda: llama_cpp.llama_sampler_init_penalties(
                 N_VOCAB, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),

@@ -12,10 +12,10 @@ import pytest
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, builtin_template
 from kinetic.chat.types import GenerationOptions, OutputConstraint, PromptRequest, SamplingOptions
-from kinetic.cli import parse_serve_args
 from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
 from kinetic.protocols.common.translate import sampling_options
 from kinetic.sampling_defaults import default_sampling, default_stops, parse_logit_bias, process_escapes
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
 
@@ -124,8 +124,9 @@ def layer() -> ChatLayer:
     return ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"), defaults)
 
 
-def prompt(layer: ChatLayer, options: SamplingOptions = SamplingOptions(), stop: tuple[str, ...] = (),
-           output: OutputConstraint = OutputConstraint()):
+def prompt(layer: ChatLayer, options: SamplingOptions = SamplingOptions(),  # noqa: B008  frozen dataclass
+           stop: tuple[str, ...] = (),
+           output: OutputConstraint = OutputConstraint()):  # noqa: B008  frozen dataclass
     return layer.prepare_prompt(PromptRequest(prompt="hi", options=GenerationOptions(sampling=options, stop=stop),
                                               output=output))
 

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse
 
 from kinetic.api_prefix import ApiPrefix
 from kinetic.app import error_response
-from kinetic.cli import parse_serve_args
+from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 
 
@@ -49,7 +49,8 @@ def test_ssl_files_go_together_and_must_exist(tmp_path: Path) -> None:
 
 def test_reasoning_effort_is_a_default_template_variable() -> None:
     assert parse_serve_args([], environ={}).template_kwargs() == {}
-    assert parse_serve_args(["--reasoning-effort", "high"], environ={}).template_kwargs() == {"reasoning_effort": "high"}
+    high = parse_serve_args(["--reasoning-effort", "high"], environ={})
+    assert high.template_kwargs() == {"reasoning_effort": "high"}
     both = parse_serve_args(["--reasoning-effort", "high", "--chat-template-kwargs", '{"reasoning_effort": "low"}'],
                             environ={})
     assert both.template_kwargs() == {"reasoning_effort": "low"}

@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.cli import main, parse_serve_args, scan_serve_args
+from kinetic import __version__
+from kinetic.cli import main
 from kinetic.llama_flags import by_spelling, llama_server_flags
-from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, ServerSettings, SettingsError
+from kinetic.serve_args import InfoRequested, help_text, parse_serve_args
+from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.settings import ServerSettings, SettingsError
 
 
 def flag_names() -> set[str]:
@@ -102,8 +105,10 @@ def test_issue_examples_start() -> None:
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
     assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
-    assert s.ignored_flags == ("-sps", "--keep", "-ot", "--control-vector-layer-range")
-    assert s.kv_unified and s.reverse_prompt == ("User:",) and s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
+    assert s.ignored_flags == ("-sps", "--keep", "--control-vector-layer-range")
+    assert s.override_tensor == ("exps=CPU",)
+    assert s.kv_unified and s.reverse_prompt == ("User:",)
+    assert s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
     assert (s.dry_multiplier, s.dry_sequence_breaker, s.xtc_probability, s.xtc_threshold) == (0.8, ("none",), 0.5, 0.1)
     assert (s.gpu_layers, s.flash_attn, s.mlock) == ("99", "on", True)
 
@@ -119,10 +124,27 @@ def test_unimplemented_variables_are_reported() -> None:
 
 
 def test_help_and_version_are_actions() -> None:
-    assert scan_serve_args(["-m", "x.gguf", "--help"]).action == "help"
-    assert scan_serve_args(["--usage"]).action == "help"
-    assert scan_serve_args(["--version"]).action == "version"
-    assert scan_serve_args(["--api-key", "--help"]).action == "serve"  # a value, not the flag
+    for argv in (["-m", "x.gguf", "--help"], ["--usage"], ["-h", "--port", "abc"]):  # no value is checked
+        with pytest.raises(InfoRequested) as asked:
+            parse_serve_args(argv, environ={})
+        assert asked.value.text == help_text()
+    with pytest.raises(InfoRequested) as asked:
+        parse_serve_args(["--version"], environ={})
+    assert asked.value.text == f"kinetic {__version__}"
+    assert parse_serve_args(["--api-key", "--help"], environ={}).api_key == "--help"  # a value, not the flag
+
+
+def test_main_serves_what_parse_serve_args_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() runs the very function the tests call: what it hands to serve() is parse_serve_args's."""
+    import kinetic.cli
+
+    served: list[ServerSettings] = []
+    monkeypatch.setattr(kinetic.cli, "serve", lambda settings: served.append(settings) or 0)
+    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--keep", "5"]
+    assert main(["serve", *argv]) == 0
+    assert served == [parse_serve_args(argv)]
+    assert served[0].model_args == (("a.gguf", "x"), ("hf:org/repo:Q8_0", None))
+    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--keep",)
 
 
 BAD = [
@@ -178,9 +200,7 @@ def test_cli_exit_code_2_and_one_line(capsys: pytest.CaptureFixture[str], monkey
 
 
 def test_serve_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["serve", "--help"])
-    assert exited.value.code == 0
+    assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in FLAGS:
         assert flag.names[0] in out and flag.kinetic_env in out

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from kinetic.protocols.openai.translate import call_delta
 from kinetic.chat.toolcalls import (
     AutoCallStream,
     ForcedCallStreamer,
@@ -15,6 +14,7 @@ from kinetic.chat.toolcalls import (
     split_arguments,
     tool_call_schema,
 )
+from kinetic.protocols.openai.translate import call_delta
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -6,7 +6,7 @@ import select
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import uvicorn
@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from kinetic.app import error_response
-from kinetic.cli import parse_serve_args
 from kinetic.errors import PayloadTooLargeError
-from kinetic.settings import byte_size
+from kinetic.serve_args import parse_serve_args
+from kinetic.setting_values import byte_size
 from kinetic.transport import TransportConfig, TransportLimits, raw_response
 from tests.rawhttp import exchange, read_response
 from tests.server import free_port

@@ -114,7 +114,7 @@ def test_dashboard_access_admin_by_flag_or_by_name(tmp_path: Path) -> None:
 
 
 def test_admin_key_flag() -> None:
-    from kinetic.cli import parse_serve_args
+    from kinetic.serve_args import parse_serve_args
 
     assert parse_serve_args(["--admin-key", "sk-root"], environ={}).admin_key == "sk-root"
     assert parse_serve_args([], environ={"KINETIC_ADMIN_KEY": "sk-env"}).admin_key == "sk-env"

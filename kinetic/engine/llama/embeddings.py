@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import llama_cpp
+import numpy as np
 from llama_cpp import _internals
 
 from kinetic.engine.llama.model import LoadedModel

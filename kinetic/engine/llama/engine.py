@@ -5,21 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import anyio
 
 from kinetic.engine.base import Generation
+from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.inflight import InFlight
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
@@ -79,7 +79,7 @@ class LlamaEngine:
         cache_ram_mib: int = 0,
         ctx_checkpoints: int = 32,
         pooling: str | None = None,
-        options: LlamaOptions = LlamaOptions(),
+        options: LlamaOptions = LlamaOptions(),  # noqa: B008  frozen dataclass: a shared default is safe
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
@@ -330,7 +330,8 @@ class LlamaEngine:
             if delta["prompt_seconds_total"] > 0 else 0.0,
             "predicted_tokens_seconds": delta["tokens_predicted_total"] / delta["tokens_predicted_seconds_total"]
             if delta["tokens_predicted_seconds_total"] > 0 else 0.0,
-            "n_busy_slots_per_decode": counters.get("n_busy_slots_total", 0) / max(counters.get("n_decode_total", 0), 1),
+            "n_busy_slots_per_decode":
+                counters.get("n_busy_slots_total", 0) / max(counters.get("n_decode_total", 0), 1),
         }
         return EngineStats(counters=counters, requests_processing=sum(1 for s in scheduler.slots if s.is_processing),
                            requests_deferred=scheduler.n_deferred, gauges=gauges,

@@ -22,7 +22,8 @@ import collections
 import ctypes
 import os
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Delivery = list[tuple[Any, Any]]  # (job, event or exception) pairs; each job's `queue` takes its events
 
@@ -97,7 +98,7 @@ def _close_pipe(read_fd: int, write_fd: int) -> None:
     os.close(write_fd)
 
 
-_inboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopInbox]" = weakref.WeakKeyDictionary()
+_inboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopInbox] = weakref.WeakKeyDictionary()
 
 
 def inbox_for(loop: asyncio.AbstractEventLoop) -> LoopInbox:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import llama_cpp
+import numpy as np
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
@@ -35,7 +35,8 @@ class LoraAdapter:
 class LoadedModel:
     """llama.cpp's model and vocabulary handles plus the tokenizer calls kinetic makes."""
 
-    def __init__(self, path: Path, *, verbose: bool = False, options: LlamaOptions = LlamaOptions()):
+    def __init__(self, path: Path, *, verbose: bool = False,
+                 options: LlamaOptions = LlamaOptions()):  # noqa: B008  frozen dataclass: a shared default is safe
         llama_logger.set_verbose(verbose)
         llama_cpp.llama_backend_init()
         init_numa(options)
@@ -84,7 +85,7 @@ class LoadedModel:
             return "recurrent"
         return "attention"
 
-    def _load_lora(self, path: Path, scale: float) -> "LoraAdapter":
+    def _load_lora(self, path: Path, scale: float) -> LoraAdapter:
         handle = llama_cpp.llama_adapter_lora_init(self.model.model, str(path).encode("utf-8"))
         if not handle:
             raise ModelLoadError(f"cannot load LoRA adapter {path}: llama.cpp rejected it (not a LoRA GGUF, or made "

@@ -14,6 +14,7 @@ from typing import Any
 
 import llama_cpp
 
+from kinetic.engine.llama import devices
 from kinetic.engine.options import KV_CACHE_TYPES, LlamaOptions
 
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -66,14 +67,22 @@ def model_params(options: LlamaOptions) -> ModelParams:
     params.use_extra_bufts = options.repack and not cpu_has_amx()
     params.no_host = options.no_host
     if options.tensor_split:
-        devices = llama_cpp.llama_max_devices()
-        split = (ctypes.c_float * devices)(*options.tensor_split[:devices])
+        max_devices = llama_cpp.llama_max_devices()
+        split = (ctypes.c_float * max_devices)(*options.tensor_split[:max_devices])
         built.keep.append(split)
         params.tensor_split = split
+    if options.devices is not None:
+        device_list = devices.device_array(options.devices)
+        built.keep.append(device_list)
+        params.devices = ctypes.cast(device_list, ctypes.c_void_p)
+    if options.tensor_overrides:
+        overrides_list = devices.override_array(options.tensor_overrides)
+        built.keep.append(overrides_list)
+        params.tensor_buft_overrides = ctypes.cast(overrides_list, ctypes.c_void_p)
     if options.kv_overrides:
         # NULL-terminated: the last element's empty key ends the list
         overrides = (llama_cpp.llama_model_kv_override * (len(options.kv_overrides) + 1))()
-        for slot, override in zip(overrides, options.kv_overrides):
+        for slot, override in zip(overrides, options.kv_overrides, strict=False):
             slot.key = override.key.encode("utf-8")
             slot.tag = KV_OVERRIDE_TAGS[override.type]
             if override.type == "int":

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import llama_cpp
+import numpy as np
 from llama_cpp import _internals
 
 from kinetic.engine.llama.model import LoadedModel
@@ -105,7 +106,7 @@ class Sampler:
         else:
             self._add(llama_cpp.llama_sampler_init_dist(seed))
 
-    def _builders(self, model: LoadedModel, p: SamplingParams, seed: int) -> dict[str, Callable[[], None]]:
+    def _builders(self, model: LoadedModel, p: SamplingParams, seed: int) -> dict[str, Callable[[], object]]:
         def penalties() -> None:
             self._history.append(self._add(llama_cpp.llama_sampler_init_penalties(
                 model.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)))
@@ -160,12 +161,12 @@ class Sampler:
         else:
             array = self._fill(ctx, row)
             llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
-            token = array.data[array.selected].id
+            token = int(array.data[array.selected].id)
         if self.grammar is not None and not self._grammar_allows(token):
             array = self._fill(ctx, row)
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
             llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
-            token = array.data[array.selected].id
+            token = int(array.data[array.selected].id)
             self._require_grammar_allows(token)
         self._accept(token)
         return int(token)
@@ -213,7 +214,8 @@ class Sampler:
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(array))
         # XTC drops the top tokens by moving the array's start: read from where it now points.
-        start = (ctypes.addressof(array.data.contents) - data.ctypes.data) // TOKEN_DATA.itemsize
+        first = ctypes.addressof(array.data.contents)  # type: ignore[attr-defined]  # a pointer, typed as an array
+        start = (first - data.ctypes.data) // TOKEN_DATA.itemsize
         candidates = data[start: start + array.size]
         token = int(candidates[array.selected]["id"])
         if self.grammar is not None:
@@ -295,7 +297,7 @@ def argmax_biased(logits: np.ndarray, bias_ids: np.ndarray, bias_values: np.ndar
         return int(biased.argmax())
     shifted = logits[bias_ids] + bias_values
     top = float(logits[best])
-    for token, value in zip(bias_ids.tolist(), shifted.tolist()):
+    for token, value in zip(bias_ids.tolist(), shifted.tolist(), strict=True):
         if value > top or (value == top and token < best):
             best, top = token, value
     return best

@@ -31,8 +31,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import llama_cpp
 from llama_cpp import _internals
@@ -43,9 +44,9 @@ from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
-from kinetic.engine.turns import DecodeLock
 from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
 from kinetic.engine.text import TextAssembler, common_prefix
+from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
     Event,
     Finished,
@@ -71,6 +72,15 @@ MIN_SHARED_PREFIX = 16
 CHECKPOINT_END_OFFSET = 4
 
 
+def decode_failure(status: int) -> str:
+    """llama_decode's failure in llama-server's words (its clients match them), with the status."""
+    if status == 1:  # no KV cells left for the batch: the slots together outgrew the (unified) context
+        return f"Context size has been exceeded. (llama_decode status {status}: no free KV cells for the batch)"
+    if status == -1:
+        return f"Invalid input batch. (llama_decode status {status})"
+    return f"Compute error. (llama_decode status {status})"
+
+
 class SlotBusyError(Exception):
     """The slot a slot action named is serving a request."""
 
@@ -82,7 +92,7 @@ class Job:
     request: GenerationRequest
     sampler: Sampler
     inbox: LoopInbox  # how events reach the event loop that owns `queue`
-    queue: "asyncio.Queue[Event | BaseException]"
+    queue: asyncio.Queue[Event | BaseException]
     cancelled: bool = False
     done: bool = False
     counted: bool = True  # still counted against its client's requests in flight
@@ -512,7 +522,7 @@ class Scheduler:
             in_batch = {s.id for s, _ in sample_rows} | {s.id for s in evaluated}
             for slot in self.slots:
                 if slot.id in in_batch and slot.job is not None:
-                    self._emit(slot.job, ServerError(f"llama_decode failed with status {status} (KV cache full?)"))
+                    self._emit(slot.job, ServerError(decode_failure(status)))
                     self._forget_cache(slot)
                     self._release(slot)
             return

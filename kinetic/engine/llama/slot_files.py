@@ -53,7 +53,7 @@ def unpack(packed: list[int]) -> list[int]:
     return list(packed[3:3 + n_tokens])
 
 
-def save(scheduler: "Scheduler", slot: "Slot", path: Path) -> SlotFileResult:
+def save(scheduler: Scheduler, slot: Slot, path: Path) -> SlotFileResult:
     start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)  # llama-server creates --slot-save-path too
     packed = pack(slot.tokens)
@@ -66,7 +66,7 @@ def save(scheduler: "Scheduler", slot: "Slot", path: Path) -> SlotFileResult:
                           ms=(time.perf_counter() - start) * 1000.0)
 
 
-def restore(scheduler: "Scheduler", slot: "Slot", path: Path) -> SlotFileResult:
+def restore(scheduler: Scheduler, slot: Slot, path: Path) -> SlotFileResult:
     start = time.perf_counter()
     capacity = scheduler.slot_n_ctx + PACKED_OVERHEAD
     tokens = (llama_cpp.llama_token * capacity)()
@@ -93,7 +93,7 @@ def restore(scheduler: "Scheduler", slot: "Slot", path: Path) -> SlotFileResult:
                           ms=(time.perf_counter() - start) * 1000.0)
 
 
-def erase(scheduler: "Scheduler", slot: "Slot") -> SlotFileResult:
+def erase(scheduler: Scheduler, slot: Slot) -> SlotFileResult:
     n_tokens = len(slot.tokens)
     llama_cpp.llama_memory_seq_rm(scheduler.ctx.memory, slot.id, -1, -1)
     slot.tokens = []

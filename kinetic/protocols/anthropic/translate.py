@@ -22,7 +22,7 @@ from kinetic.chat.types import (
     ToolSpec,
 )
 from kinetic.chat.types import Message as ChatMessage
-from kinetic.engine.types import Finished, TextDelta
+from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import (
     ForbiddenError,
     InvalidRequestError,
@@ -259,9 +259,9 @@ class EventEncoder:
 
     def _start(self) -> list[bytes]:
         self.started = True
-        message = {"id": self.ctx.id, "type": "message", "role": "assistant", "model": self.ctx.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.ctx.prepared.prompt_tokens, "output_tokens": 0}}
+        message: dict[str, Any] = {"id": self.ctx.id, "type": "message", "role": "assistant",
+                                   "model": self.ctx.model, "content": [], "stop_reason": None, "stop_sequence": None,
+                                   "usage": {"input_tokens": self.ctx.prepared.prompt_tokens, "output_tokens": 0}}
         return [sse_event("message_start", {"type": "message_start", "message": message}),
                 sse_event("ping", {"type": "ping"})]
 
@@ -306,7 +306,9 @@ class EventEncoder:
                 frames.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
         return frames
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def encode(self, event: Event) -> list[bytes]:
+        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
+            return []
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
             return frames + self._frames(self.answer.push(event.text))

@@ -6,7 +6,7 @@ newer SDKs add fields regularly and must never get a 4xx for them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -35,13 +35,13 @@ class ToolUseBlock(WireModel):
     input: dict[str, Any]
 
 
-ToolResultPart = Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]
+ToolResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
 class ToolResultBlock(WireModel):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: Union[str, list[ToolResultPart], None] = None
+    content: str | list[ToolResultPart] | None = None
     is_error: bool | None = None
 
 
@@ -57,14 +57,14 @@ class RedactedThinkingBlock(WireModel):
 
 
 ContentBlock = Annotated[
-    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
 
 class Message(WireModel):
     role: Literal["user", "assistant"]
-    content: Union[str, list[ContentBlock]]
+    content: str | list[ContentBlock]
 
 
 class Tool(WireModel):
@@ -77,7 +77,7 @@ class MessagesRequest(WireModel):
     model: str
     messages: list[Message]
     max_tokens: int
-    system: Union[str, list[TextBlock], None] = None
+    system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = False
     temperature: float | None = None
@@ -93,7 +93,7 @@ class MessagesRequest(WireModel):
 class CountTokensRequest(WireModel):
     model: str | None = None
     messages: list[Message]
-    system: Union[str, list[TextBlock], None] = None
+    system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None

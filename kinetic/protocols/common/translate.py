@@ -11,7 +11,8 @@ import json
 import math
 import secrets
 import string
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from kinetic.chat.types import (
     GenerationOptions,
@@ -72,7 +73,8 @@ def logit_bias_from(raw: dict[str, Any] | list[Any] | None) -> dict[int | str, f
         return None
     if not raw:
         return {}
-    items = raw.items() if isinstance(raw, dict) else [tuple(pair) for pair in raw if isinstance(pair, list) and len(pair) == 2]
+    items = raw.items() if isinstance(raw, dict) else [tuple(pair) for pair in raw
+                                                       if isinstance(pair, list) and len(pair) == 2]
     bias: dict[int | str, float] = {}
     for key, value in items:
         if value is False:
@@ -217,6 +219,7 @@ def to_message(message: ChatMessage) -> Message:
     """An OpenAI-style chat message as a neutral one (`developer` is a system turn)."""
     known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
     extra = {k: v for k, v in message.model_dump(exclude_none=True).items() if k not in known}
+    parts: tuple[TextPart | MediaPart, ...] | None
     if message.content is None:
         parts = None
     elif isinstance(message.content, str):

@@ -8,7 +8,7 @@ those must never cause a 4xx.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,12 +26,12 @@ class ImagePart(WireModel):
     type: Literal["image_url", "input_audio", "input_video", "video_url"]
 
 
-ContentPart = Union[TextPart, ImagePart]
+ContentPart = TextPart | ImagePart
 
 
 class FunctionCall(WireModel):
     name: str
-    arguments: Union[str, dict[str, Any]] = ""
+    arguments: str | dict[str, Any] = ""
 
 
 class ToolCall(WireModel):
@@ -42,7 +42,7 @@ class ToolCall(WireModel):
 
 class ChatMessage(WireModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[ContentPart], None] = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -79,8 +79,8 @@ class SamplingFields(WireModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    logit_bias: Union[dict[str, float], list[list[Any]], None] = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, bool | float] | list[list[Any]] | None = None  # bool first: `false` bans
     n: int | None = None
     max_tokens: int | None = None
     n_predict: int | None = None
@@ -110,6 +110,6 @@ class SamplingFields(WireModel):
     adaptive_target: float | None = None
     adaptive_decay: float | None = None
     min_keep: int | None = None
-    samplers: Union[list[str], str, None] = None
+    samplers: list[str] | str | None = None
     n_keep: int | None = None
     post_sampling_probs: bool | None = None

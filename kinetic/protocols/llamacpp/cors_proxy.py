@@ -16,7 +16,7 @@ The caller needs a valid API key like any other route (the gate checks it first)
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import httpx
@@ -86,8 +86,8 @@ async def proxy(request: Request, registry: RegistryDep, method: str) -> Streami
         await client.aclose()
 
     # aiter_raw: byte for byte, Content-Encoding and all
-    return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers=returned_headers(upstream.headers),
-                             background=BackgroundTask(close))
+    return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
+                             headers=returned_headers(upstream.headers), background=BackgroundTask(close))
 
 
 @router.get("/cors-proxy")

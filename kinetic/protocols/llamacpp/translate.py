@@ -261,7 +261,8 @@ def normalize(vector: list[float], mode: int) -> list[float]:
     return [v * scale for v in vector]
 
 
-def to_native_embeddings(vectors: list[list[list[float]]], *, pooling: str, embd_normalize: int) -> list[dict[str, Any]]:
+def to_native_embeddings(vectors: list[list[list[float]]], *, pooling: str,
+                         embd_normalize: int) -> list[dict[str, Any]]:
     """`[{index, embedding: [[...]]}]`: one pooled vector normalised per `embd_normalize`, or with
     pooling none one raw vector per token."""
     return [{"index": index, "embedding": rows if pooling == "none" else [normalize(rows[0], embd_normalize)]}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from kinetic.protocols.common.types import ChatMessage, SamplingFields, Tool, WireModel
 
@@ -44,7 +44,7 @@ class SlotActionRequest(WireModel):
 
 
 class TokenizeRequest(WireModel):
-    content: Union[str, list[Union[int, str]], None] = None
+    content: str | list[int | str] | None = None
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
@@ -59,7 +59,7 @@ class ApplyTemplateRequest(WireModel):
     tools: list[Tool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
-    continue_final_message: Union[bool, str, None] = None
+    continue_final_message: bool | str | None = None
 
 
 class ModelActionRequest(WireModel):

@@ -8,15 +8,15 @@ missing model gets Ollama's own "model is required" rather than pydantic's wordi
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from kinetic.protocols.common.types import WireModel
 
 # A duration in seconds, or Go's duration text ("5m", "1h30m", "0"); negative: keep forever.
-KeepAlive = Union[float, str, None]
+KeepAlive = float | str | None
 # "json", "" (free text) or a JSON schema object.
-Format = Union[str, dict[str, Any], None]
-Think = Union[bool, Literal["low", "medium", "high", "max"], None]
+Format = str | dict[str, Any] | None
+Think = bool | Literal["low", "medium", "high", "max"] | None
 
 
 class Options(WireModel):
@@ -35,13 +35,13 @@ class Options(WireModel):
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     num_ctx: int | None = None
 
 
 class ToolCallFunction(WireModel):
     name: str
-    arguments: Union[dict[str, Any], str] = {}
+    arguments: dict[str, Any] | str = {}
     index: int | None = None
 
 
@@ -110,7 +110,7 @@ class ShowRequest(WireModel):
 
 class EmbedRequest(WireModel):
     model: str = ""
-    input: Union[str, list[str], None] = None
+    input: str | list[str] | None = None
     truncate: bool | None = None
     dimensions: int | None = None
     keep_alive: KeepAlive = None

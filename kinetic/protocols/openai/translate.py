@@ -16,7 +16,7 @@ from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
-from kinetic.engine.types import Finished, GenerationRequest, TextDelta
+from kinetic.engine.types import Event, Finished, GenerationRequest, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
@@ -259,7 +259,9 @@ class ChunkEncoder:
         frames += [self._delta({"tool_calls": [call_delta(d)]}) for d in piece.calls]
         return frames
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def encode(self, event: Event) -> list[bytes]:
+        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
+            return []
         frames: list[bytes] = []
         if not self.started:
             self.started = True
@@ -345,7 +347,9 @@ class CompletionChunkEncoder:
     def __init__(self, ctx: CompletionContext):
         self.ctx = ctx
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def encode(self, event: Event) -> list[bytes]:
+        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
+            return []
         if isinstance(event, Finished):
             choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": event.finish_reason}
             return [sse_data(_completion_envelope(self.ctx, [choice], usage=usage_dict(event),

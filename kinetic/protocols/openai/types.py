@@ -6,7 +6,7 @@ kinetic.protocols.common.types.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -36,12 +36,12 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: str | None = None
     add_generation_prompt: bool | None = True
-    continue_final_message: Union[bool, str, None] = None
+    continue_final_message: bool | str | None = None
     reasoning_effort: str | None = None
     verbose: bool | None = None  # llama-server's: the native result as `__verbose` (default: --verbose)
     metadata: dict[str, Any] | None = None
@@ -49,7 +49,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: str | list[int] | list[str] | list[list[int]]
     model: str | None = None
     suffix: str | None = None  # fill-in-the-middle is accepted and ignored, as llama-server does
     echo: bool | None = None
@@ -58,7 +58,7 @@ class CompletionRequest(SamplingFields):
 
 
 class EmbeddingRequest(WireModel):
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: str | None = "float"
     dimensions: int | None = None

@@ -31,7 +31,7 @@ from kinetic.chat.types import (
     ToolChoice,
     ToolSpec,
 )
-from kinetic.engine.types import Finished, TextDelta
+from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.responses.types import (
@@ -387,7 +387,7 @@ class EventEncoder:
                 frames += self._add(item, reasoning_item(item.id, "", "in_progress"))
         item.text += text
         delta_kind = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         return frames + [self._event(delta_kind, item_id=item.id, output_index=item.index, content_index=0,
                                      delta=text, **extra)]
 
@@ -411,7 +411,9 @@ class EventEncoder:
             frames += self._call(delta)
         return frames
 
-    def encode(self, event: TextDelta | Finished) -> list[bytes]:
+    def encode(self, event: Event) -> list[bytes]:
+        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
+            return []
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
             return frames + self._frames(self.answer.push(event.text))

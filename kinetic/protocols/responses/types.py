@@ -8,7 +8,7 @@ request fields are allowed, and llama-server passes the chat route's own fields 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
@@ -43,14 +43,14 @@ class InputAudio(WireModel):
     type: Literal["input_audio"]
 
 
-ContentPart = Annotated[Union[InputText, OutputText, Refusal, InputImage, InputFile, InputAudio],
+ContentPart = Annotated[InputText | OutputText | Refusal | InputImage | InputFile | InputAudio,
                         Field(discriminator="type")]
 
 
 class MessageItem(WireModel):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Union[list[ContentPart], str]
+    content: list[ContentPart] | str
 
 
 class FunctionCallItem(WireModel):
@@ -63,7 +63,7 @@ class FunctionCallItem(WireModel):
 class FunctionCallOutputItem(WireModel):
     type: Literal["function_call_output"]
     call_id: str
-    output: Union[list[ContentPart], str]
+    output: list[ContentPart] | str
 
 
 class ReasoningText(WireModel):
@@ -87,8 +87,10 @@ def item_kind(item: Any) -> str | None:
 
 
 InputItem = Annotated[
-    Union[Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
-          Annotated[FunctionCallOutputItem, Tag("function_call_output")], Annotated[ReasoningItem, Tag("reasoning")]],
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(item_kind, custom_error_type="invalid_item",
                   custom_error_message="Cannot determine the type of the item: expected one of "
                                        + ", ".join(ITEM_TYPES)),
@@ -125,17 +127,17 @@ class TextConfig(WireModel):
 
 class ResponsesRequest(SamplingFields):
     # the list first: a bad item is then what the 400 names, not "Input should be a valid string"
-    input: Union[list[InputItem], str]
+    input: list[InputItem] | str
     model: str | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], ToolChoiceObject, None] = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceObject | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: dict[str, Any] | None = None
     previous_response_id: str | None = None
-    conversation: Union[str, dict[str, Any], None] = None
+    conversation: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -1,0 +1,308 @@
+"""`kinetic serve`'s flags: each setting's spellings (llama-server's where it has the flag), help and
+variables. The table is read by the one command-line reader (kinetic.serve_args) for the run and for
+`--help`, by the router's presets (kinetic.router.sources) and by the generated docs (kinetic.flag_status).
+A flag's type and default live on ServerSettings, whose field is named by the flag's `dest`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from kinetic.chat.reasoning import REASONING_FORMATS
+from kinetic.engine.options import KV_CACHE_TYPES
+from kinetic.llama_flags import LlamaFlag, by_spelling
+from kinetic.setting_values import SWITCH_TYPES
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+
+@cache
+def _setting(dest: str) -> FieldInfo:
+    # imported here: kinetic.settings re-exports this table, so it cannot be imported at module level
+    from kinetic.settings import ServerSettings
+
+    return ServerSettings.model_fields[dest]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A flag kinetic implements: its spellings and help; type and default live on ServerSettings."""
+
+    dest: str
+    names: tuple[str, ...]
+    help: str
+    negations: tuple[str, ...] = ()  # "--no-x" spellings of a boolean switch that defaults to on
+    metavar: str | None = None
+
+    @property
+    def llama(self) -> LlamaFlag | None:
+        """The llama-server flag with the same spellings (None for kinetic's own flags)."""
+        return next((by_spelling()[n] for n in self.names if n in by_spelling()), None)
+
+    @property
+    def kinetic_env(self) -> str:
+        return "KINETIC_" + self.dest.upper()
+
+    @property
+    def llama_env(self) -> str | None:
+        return self.llama.env if self.llama else None
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        """Variables in the order they are looked up (the first one set wins)."""
+        negative = self.llama.negative_env if self.llama else None
+        return tuple(n for n in (self.kinetic_env, negative, self.llama_env) if n)
+
+    @property
+    def is_switch(self) -> bool:
+        return _setting(self.dest).annotation in SWITCH_TYPES
+
+    @property
+    def repeats(self) -> bool:
+        """Every occurrence counts (a list setting); for the other flags the last one wins."""
+        return _setting(self.dest).annotation == tuple[str, ...]
+
+    @property
+    def default(self) -> Any:
+        return _setting(self.dest).default
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("model", ("-m", "--model"), "path of the GGUF model to serve (default: the bundled Gemma 3 270M)",
+         metavar="FNAME"),
+    Flag("hf_repo", ("-hf", "-hfr", "--hf-repo"),
+         "Hugging Face repo to serve, <user>/<model>[:quant] (quant default Q4_K_M); downloaded once, then "
+         "taken from the Hugging Face cache", metavar="REPO"),
+    Flag("hf_file", ("-hff", "--hf-file"), "file inside the -hf repo (overrides the quant)", metavar="FILE"),
+    Flag("hf_token", ("-hft", "--hf-token"), "Hugging Face access token for gated or private repos",
+         metavar="TOKEN"),
+    Flag("offline", ("--offline",), "never touch the network: -hf resolves from the Hugging Face cache only"),
+    Flag("alias", ("-a", "--alias"), "model name used by the API (comma list: the alphabetically first is the id); "
+         "with several -m/-hf, each -a names the one it follows", metavar="NAME"),
+    Flag("tags", ("--tags",), "model tags, comma list (shown by /v1/models)", metavar="TAGS"),
+    Flag("models_dir", ("--models-dir",), "router mode: serve every GGUF under this folder, named by file stem",
+         metavar="PATH"),
+    Flag("models_preset", ("--models-preset",), "router mode: llama-server's INI preset, one [section] a model",
+         metavar="PATH"),
+    Flag("models_max", ("--models-max",), "router mode: local models loaded at once, LRU unloaded (0 = no limit)",
+         metavar="N"),
+    Flag("models_autoload", ("--models-autoload",), "router mode: a request for an unloaded model loads it",
+         negations=("--no-models-autoload",)),
+    Flag("upstream", ("--upstream",), "router mode: NAME served by an OpenAI-compatible server (repeat: a pool)",
+         metavar="NAME=URL"),
+    Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
+         metavar="N"),
+    Flag("parallel", ("-np", "--parallel"),
+         "number of slots (requests served at once; -1 = auto: 16 over one unified KV cache)", metavar="N"),
+    Flag("batch_size", ("-b", "--batch-size"), "logical batch: most prompt tokens decoded in one step", metavar="N"),
+    Flag("ubatch_size", ("-ub", "--ubatch-size"), "physical batch: most tokens per llama.cpp compute call",
+         metavar="N"),
+    Flag("threads", ("-t", "--threads"), "generation threads (-1 = all cores)", metavar="N"),
+    Flag("n_predict", ("-n", "--predict", "--n-predict"),
+         "default max tokens to generate (-1 = until the end of the context)", metavar="N"),
+    Flag("temp", ("--temp", "--temperature"), "default sampling temperature", metavar="T"),
+    Flag("seed", ("-s", "--seed"), "default sampling seed (-1 = random)", metavar="N"),
+    # Server-wide sampling defaults: what every request on every protocol gets for a field it leaves out
+    Flag("top_k", ("--top-k",), "default top-k sampling (0 = off)", metavar="N"),
+    Flag("top_p", ("--top-p",), "default top-p sampling (1.0 = off)", metavar="N"),
+    Flag("min_p", ("--min-p",), "default min-p sampling (0.0 = off)", metavar="N"),
+    Flag("top_n_sigma", ("--top-nsigma", "--top-n-sigma"), "default top-n-sigma sampling (-1 = off)", metavar="N"),
+    Flag("typical_p", ("--typical", "--typical-p"), "default locally typical sampling p (1.0 = off)", metavar="N"),
+    Flag("xtc_probability", ("--xtc-probability",), "default XTC probability (0.0 = off)", metavar="N"),
+    Flag("xtc_threshold", ("--xtc-threshold",), "default XTC threshold (above 0.5 = off)", metavar="N"),
+    Flag("repeat_last_n", ("--repeat-last-n",), "default tokens the repetition penalties look back on (0 = off)",
+         metavar="N"),
+    Flag("repeat_penalty", ("--repeat-penalty",), "default repetition penalty (1.0 = off)", metavar="N"),
+    Flag("presence_penalty", ("--presence-penalty",), "default presence penalty (0.0 = off)", metavar="N"),
+    Flag("frequency_penalty", ("--frequency-penalty",), "default frequency penalty (0.0 = off)", metavar="N"),
+    Flag("dry_multiplier", ("--dry-multiplier",), "default DRY multiplier (0.0 = off)", metavar="N"),
+    Flag("dry_base", ("--dry-base",), "default DRY base (below 1.0: kept at the default)", metavar="N"),
+    Flag("dry_allowed_length", ("--dry-allowed-length",), "default DRY allowed length", metavar="N"),
+    Flag("dry_penalty_last_n", ("--dry-penalty-last-n",), "default tokens DRY scans (0 = off)", metavar="N"),
+    Flag("dry_sequence_breaker", ("--dry-sequence-breaker",), "a DRY sequence breaker (repeat the flag; replaces "
+         "the defaults \\n : \" *; none = no breaker)", metavar="STRING"),
+    Flag("adaptive_target", ("--adaptive-target",), "default adaptive-p target (negative = off)", metavar="N"),
+    Flag("adaptive_decay", ("--adaptive-decay",), "default adaptive-p decay (0.0 to 0.99)", metavar="N"),
+    Flag("dynatemp_range", ("--dynatemp-range",), "default dynamic temperature range (0.0 = off)", metavar="N"),
+    Flag("dynatemp_exp", ("--dynatemp-exp",), "default dynamic temperature exponent", metavar="N"),
+    Flag("mirostat", ("--mirostat",), "default Mirostat (0 = off, 1 = Mirostat, 2 = Mirostat 2.0)", metavar="N"),
+    Flag("mirostat_lr", ("--mirostat-lr",), "default Mirostat learning rate, eta", metavar="N"),
+    Flag("mirostat_ent", ("--mirostat-ent",), "default Mirostat target entropy, tau", metavar="N"),
+    Flag("samplers", ("--samplers",), "default sampler chain, names separated by ';' (e.g. top_k;temperature)",
+         metavar="SAMPLERS"),
+    Flag("sampling_seq", ("--sampler-seq", "--sampling-seq"), "default sampler chain as letters (e.g. kt); "
+         "--samplers wins when both are given", metavar="SEQUENCE"),
+    Flag("logit_bias", ("-l", "--logit-bias"), "default logit bias TOKEN_ID(+/-)BIAS, e.g. 15043+1 (repeat the "
+         "flag; a request's own logit_bias replaces them all)", metavar="TOKEN_ID(+/-)BIAS"),
+    Flag("ignore_eos", ("--ignore-eos",), "by default, generate past end-of-generation tokens"),
+    Flag("grammar", ("--grammar",), "default GBNF grammar every answer must follow", metavar="GRAMMAR"),
+    Flag("grammar_file", ("--grammar-file",), "file with the default GBNF grammar", metavar="FNAME"),
+    Flag("json_schema", ("-j", "--json-schema"), "default JSON schema every answer must follow", metavar="SCHEMA"),
+    Flag("json_schema_file", ("-jf", "--json-schema-file"), "file with the default JSON schema", metavar="FILE"),
+    Flag("reverse_prompt", ("-r", "--reverse-prompt"), "default stop string (repeat the flag for several; a "
+         "request's own non-empty stop replaces them)", metavar="PROMPT"),
+    Flag("escape", ("-e", "--escape"), "process escapes (\\n, \\t, \\x7d...) in -r and --dry-sequence-breaker",
+         negations=("--no-escape",)),
+    Flag("special", ("-sp", "--special"), "special tokens appear in the generated text"),
+    Flag("backend_sampling", ("-bs", "--backend-sampling"), "llama-server's backend sampling (the CPU build "
+         "samples on the CPU either way; shown in /props)"),
+    # What llama.cpp is asked when the model loads and the context is made (kinetic.engine.llama.params)
+    Flag("gpu_layers", ("-ngl", "--gpu-layers", "--n-gpu-layers"), "layers to store in VRAM: a number, auto or all "
+         "(a CPU build has no GPU: passed on, no effect)", metavar="N"),
+    Flag("split_mode", ("-sm", "--split-mode"), "how to split the model across GPUs: none, layer, row, tensor",
+         metavar="MODE"),
+    Flag("tensor_split", ("-ts", "--tensor-split"), "fraction of the model for each GPU, e.g. 3,1",
+         metavar="N0,N1,..."),
+    Flag("main_gpu", ("-mg", "--main-gpu"), "the GPU for the model (split mode none) or for intermediate results",
+         metavar="INDEX"),
+    Flag("load_mode", ("-lm", "--load-mode"), "model loading: auto, none, mmap, mlock, mmap+mlock, dio",
+         metavar="MODE"),
+    Flag("mmap", ("--mmap",), "older llama-server spelling: --no-mmap reads the model into memory (--load-mode none)",
+         negations=("--no-mmap",)),
+    Flag("mlock", ("--mlock",), "older llama-server spelling: keep the model in RAM (--load-mode mmap+mlock)"),
+    Flag("lazy_mode", ("-lzm", "--lazy-mode"), "on-demand reading of tensors the architecture marks: on, auto, off",
+         metavar="MODE"),
+    Flag("numa", ("--numa",), "NUMA strategy: distribute, isolate, numactl", metavar="TYPE"),
+    Flag("override_kv", ("--override-kv",), "override model metadata, KEY=TYPE:VALUE,... (types int, float, bool, "
+         "str; repeat the flag for more)", metavar="KEY=TYPE:VALUE"),
+    Flag("check_tensors", ("--check-tensors",), "check the model's tensor data for invalid values at load"),
+    Flag("device", ("-dev", "--device"), "devices to offload to, comma-separated, or none (--list-devices shows "
+         "them; a CPU build has none)", metavar="DEV1,DEV2,.."),
+    Flag("override_tensor", ("-ot", "--override-tensor"), "buffer type for the tensors whose name matches a "
+         "pattern, PATTERN=TYPE,... (repeat the flag for more)", metavar="PATTERN=TYPE"),
+    Flag("cpu_moe", ("-cmoe", "--cpu-moe"), "keep every Mixture-of-Experts weight in the CPU"),
+    Flag("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), "keep the MoE weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("n_cpu_ffn", ("-ncffn", "--n-cpu-ffn"), "keep the dense FFN weights of the first N layers in the CPU",
+         metavar="N"),
+    Flag("repack", ("--repack",), "weight repacking for faster CPU kernels (default: off; a cached prompt's "
+         "answer may then differ from a fresh one)", negations=("-nr", "--no-repack")),
+    Flag("no_host", ("--no-host",), "bypass the host buffer so extra buffer types can be used"),
+    Flag("op_offload", ("--op-offload",), "offload host tensor operations to the device",
+         negations=("--no-op-offload",)),
+    Flag("threads_batch", ("-tb", "--threads-batch"), "threads for prompt processing (default: same as -t)",
+         metavar="N"),
+    Flag("flash_attn", ("-fa", "--flash-attn"), "flash attention: on, off, auto", metavar="on|off|auto"),
+    Flag("cache_type_k", ("-ctk", "--cache-type-k"), "KV cache type for K: " + ", ".join(KV_CACHE_TYPES),
+         metavar="TYPE"),
+    Flag("cache_type_v", ("-ctv", "--cache-type-v"), "KV cache type for V (quantized V needs flash attention)",
+         metavar="TYPE"),
+    Flag("kv_offload", ("-kvo", "--kv-offload"), "KV cache offloading to the GPU",
+         negations=("-nkvo", "--no-kv-offload")),
+    Flag("kv_unified", ("-kvu", "--kv-unified"), "one KV buffer shared by all slots, each may use the whole context "
+         "(default: on when -np is auto)", negations=("-no-kvu", "--no-kv-unified")),
+    Flag("swa_full", ("--swa-full",), "full-size sliding-window cache (always on in kinetic: a slot's cached prefix "
+         "stays reusable)"),
+    Flag("rope_scaling", ("--rope-scaling",), "RoPE frequency scaling: none, linear, yarn (default: the model's)",
+         metavar="TYPE"),
+    Flag("rope_scale", ("--rope-scale",), "RoPE context scaling factor: expands the context by N", metavar="N"),
+    Flag("rope_freq_base", ("--rope-freq-base",), "RoPE base frequency (default: the model's)", metavar="N"),
+    Flag("rope_freq_scale", ("--rope-freq-scale",), "RoPE frequency scaling factor: expands the context by 1/N",
+         metavar="N"),
+    Flag("yarn_orig_ctx", ("--yarn-orig-ctx",), "YaRN: the model's original context (0 = its training context)",
+         metavar="N"),
+    Flag("yarn_ext_factor", ("--yarn-ext-factor",), "YaRN: extrapolation mix factor (-1 = the model's)", metavar="N"),
+    Flag("yarn_attn_factor", ("--yarn-attn-factor",), "YaRN: attention magnitude scale (-1 = the model's)",
+         metavar="N"),
+    Flag("yarn_beta_slow", ("--yarn-beta-slow",), "YaRN: high correction dim or alpha (-1 = the model's)",
+         metavar="N"),
+    Flag("yarn_beta_fast", ("--yarn-beta-fast",), "YaRN: low correction dim or beta (-1 = the model's)",
+         metavar="N"),
+    Flag("list_devices", ("--list-devices",), "print the devices llama.cpp can offload to, and exit"),
+    Flag("lora", ("--lora",), "LoRA adapter to apply at scale 1 (comma list, or repeat the flag)", metavar="FNAME"),
+    Flag("lora_scaled", ("--lora-scaled",), "LoRA adapter with its scale, FNAME:SCALE (comma list, or repeat the "
+         "flag)", metavar="FNAME:SCALE"),
+    Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
+         "/lora-adapters sets their scales"),
+    Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
+         metavar="PATH"),
+    Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
+    Flag("ssl_key_file", ("--ssl-key-file",), "PEM private key: serve HTTPS (with --ssl-cert-file)", metavar="FNAME"),
+    Flag("ssl_cert_file", ("--ssl-cert-file",), "PEM certificate: serve HTTPS (with --ssl-key-file)", metavar="FNAME"),
+    Flag("ui_config", ("--ui-config", "--webui-config"), "JSON object of default web UI settings (GET /props "
+         "ui_settings)", metavar="JSON"),
+    Flag("ui_config_file", ("--ui-config-file", "--webui-config-file"), "file with the JSON of --ui-config",
+         metavar="PATH"),
+    Flag("cache_prompt", ("--cache-prompt",), "requests that do not send cache_prompt reuse a cached prefix",
+         negations=("--no-cache-prompt",)),
+    Flag("spm_infill", ("--spm-infill",), "/infill lays out suffix, prefix, middle (some models were trained so)"),
+    Flag("threads_http", ("--threads-http",), "worker threads for requests' blocking work (default: anyio's 40)",
+         metavar="N"),
+    Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
+    Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
+         "--body-timeout when they are not given", metavar="N"),
+    Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
+         "absolute int16, 1 taxicab, 2 euclidean, >2 p-norm", metavar="N"),
+    Flag("reasoning_effort", ("--reasoning-effort",), "reasoning effort given to the chat template (default: the "
+         "template's own)", metavar="LEVEL"),
+    Flag("host", ("--host",), "address(es) to listen on, comma list (e.g. 127.0.0.1,::1)"),
+    Flag("port", ("--port",), "port to listen on (0 = any free port)"),
+    Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
+    Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
+         metavar="FNAME"),
+    Flag("admin_key", ("--admin-key",), "key(s) for the instructor's /dashboard (so is a key named admin in "
+         "the key file)", metavar="KEY"),
+    Flag("cors_origins", ("--cors-origins",), "allowed CORS origins: *, localhost, or a comma list "
+         "(default: *; localhost with --tools/--agent)", metavar="ORIGINS"),
+    Flag("cors_methods", ("--cors-methods",), "methods a CORS preflight allows", metavar="METHODS"),
+    Flag("cors_headers", ("--cors-headers",), "headers a CORS preflight allows (default: the ones it asks for)",
+         metavar="HEADERS"),
+    Flag("cors_credentials", ("--cors-credentials",), "CORS requests may carry credentials (off: and * stays *)",
+         negations=("--no-cors-credentials",)),
+    Flag("ui_mcp_proxy", ("--ui-mcp-proxy", "--webui-mcp-proxy"), "serve /cors-proxy (untrusted networks: no)",
+         negations=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy")),
+    Flag("tools", ("--tools",), "llama-server's agent tools: none run; limits CORS to localhost", metavar="LIST"),
+    Flag("agent", ("-ag", "--agent"), "--tools all plus --ui-mcp-proxy", negations=("-no-ag", "--no-agent")),
+    Flag("body_timeout", ("--body-timeout",),
+         "seconds a client may take to send its request body before it is dropped", metavar="S"),
+    Flag("drain_timeout", ("--drain-timeout",), "seconds open streams may still run on SIGTERM/Ctrl+C", metavar="S"),
+    Flag("header_timeout", ("--header-timeout",),
+         "seconds a client may take to send its request headers before it is disconnected", metavar="S"),
+    Flag("max_connections", ("--max-connections",), "connections served at once; more get a 503", metavar="N"),
+    Flag("max_header_size", ("--max-header-size",),
+         "largest request head in bytes (K, M suffixes); more gets a 431", metavar="BYTES"),
+    Flag("max_body_size", ("--max-body-size",), "largest request body in bytes (K, M suffixes), chunked ones "
+         "included; more gets a 413 (the default holds a 128K-token context of JSON-escaped text)", metavar="BYTES"),
+    Flag("chat_template", ("--chat-template",),
+         "chat template: a built-in name (chatml, gemma, llama3...) or Jinja text", metavar="TEMPLATE"),
+    Flag("chat_template_file", ("--chat-template-file",), "file with a Jinja chat template", metavar="FNAME"),
+    Flag("chat_template_kwargs", ("--chat-template-kwargs",), "JSON object of default chat template variables",
+         metavar="JSON"),
+    Flag("jinja", ("--jinja",), "use Jinja chat templates", negations=("--no-jinja",)),
+    Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
+         metavar="FORMAT"),
+    Flag("reasoning", ("-rea", "--reasoning"), "template thinking: on, off, auto", metavar="MODE"),
+    Flag("prefill_assistant", ("--prefill-assistant",), "continue a last assistant message",
+         negations=("--no-prefill-assistant",)),
+    Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
+    Flag("slots", ("--slots",), "expose GET /slots", negations=("--no-slots",)),
+    Flag("metrics", ("--metrics",), "expose GET /metrics (Prometheus)"),
+    Flag("embeddings", ("--embedding", "--embeddings"), "enable the embedding routes"),
+    Flag("cache_ram", ("-cram", "--cache-ram"), "MiB of host memory for prompt prefixes a slot moved on from, "
+         "restored when a later prompt starts the same way (0 = off)", metavar="N"),
+    Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
+         "hybrid/recurrent models: prompt states kept per slot (in --cache-ram; 0 = off)", metavar="N"),
+    Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
+         metavar="TYPE"),
+    Flag("props", ("--props",), "allow POST /props"),
+    Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
+    Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files may take (0 = no cap)", metavar="MIB"),
+    Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
+         "first served)", negations=("--no-fair-share",)),
+    Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
+         "more get 429 (0 = no limit; applies when keys are set)", metavar="N"),
+    Flag("ledger", ("--ledger",), "append one JSON line per request to this file (who, route, status, usage, "
+         "timings)", metavar="FNAME"),
+    Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),
+    Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
+    Flag("log_file", ("--log-file",), "also write the log to this file", metavar="FNAME"),
+    Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",
+         negations=("--no-log-timestamps",)),
+    Flag("log_disable", ("--log-disable",), "log nothing (the start line and errors still print)"),
+)
+
+
+FLAGS_BY_SPELLING = {name: flag for flag in FLAGS for name in (*flag.names, *flag.negations)}

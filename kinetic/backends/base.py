@@ -33,7 +33,6 @@ class Capabilities:
     forwards_token_routes: bool = False  # /tokenize, /detokenize, /apply-template answered by the server behind
     slots: bool = True  # slot states and slot files
     lora: bool = False
-    metrics: bool = True
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,7 @@ class LocalBackend:
     def capabilities(self) -> Capabilities:
         generates = self.engine.can_generate
         return Capabilities(generate=generates, infill=generates, embeddings=self.engine.embedding_n_ctx > 0,
-                            rerank=False, tokenizer=True, forwards_token_routes=False, slots=True, lora=True,
-                            metrics=True)
+                            rerank=False, tokenizer=True, forwards_token_routes=False, slots=True, lora=True)
 
     @property
     def info(self) -> ModelInfo:

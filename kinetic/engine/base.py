@@ -1,7 +1,6 @@
-"""The engine interface: what the service, the streaming layer and the routes may ask of an engine.
-
-A local llama.cpp engine, an embedding-only model or a remote server can each satisfy it. It is
-the bottom of the engine package: it imports only the neutral types, and every backend imports it.
+"""The engine interface: what a local backend (kinetic/backends/local.py) and the streaming layer
+may ask of an engine. The llama.cpp engine satisfies it, generating or embedding-only. It is the
+bottom of the engine package: it imports only the neutral types.
 """
 
 from __future__ import annotations

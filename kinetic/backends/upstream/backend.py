@@ -28,7 +28,7 @@ from kinetic.router.sources import ModelSpec
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,
-                            forwards_token_routes=True, slots=False, lora=False, metrics=True)
+                            forwards_token_routes=True, slots=False, lora=False)
 NO_TOKENIZER = "kinetic has no tokenizer or chat template for it: the server behind it has them"
 
 

@@ -47,12 +47,14 @@ IGNORED: tuple[Ignored, ...] = (
              "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
              "--spec-ngram-map-k4v-min-hits", "--draft", "--draft-min", "--spec-ngram-size-n", "--spec-ngram-size-m",
              "--spec-ngram-min-hits", "--spec-default")),
-    Ignored("ignored flags: context shift and cache reuse",
-            "kinetic's decode loop neither shifts a full slot's KV cells nor moves cached chunks after a changed "
-            "prefix, and spaces no checkpoints (docs/models.md): a prompt longer than a slot is a 400 and a full "
-            "slot stops with `length`",
-            ("--context-shift", "--keep", "--cache-reuse", "-cms", "--kv-unified-per-slot",
-             "--cache-idle-slots")),
+    Ignored("ignored flags: checkpoint spacing and idle-slot caching",
+            "kinetic saves at most three checkpoints per prompt (4 tokens before its end, where its last message "
+            "starts, where it parts from the longest prompt seen before it) in the shared --cache-ram cache, "
+            "least recently used out first, so there is no run of per-message checkpoints for a minimum spacing "
+            "to thin out; and a slot's cells always go to the --cache-ram cache before a new request drops them "
+            "(llama-server's default), while idle slots keep theirs because other slots copy shared prefixes "
+            "from them (--cache-ram 0 turns the saving off)",
+            ("-cms", "--cache-idle-slots")),
     Ignored("ignored flags: CPU affinity and priority",
             "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
             "the threads are llama.cpp's own, -t and -tb set how many",
@@ -67,11 +69,6 @@ IGNORED: tuple[Ignored, ...] = (
             "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
             "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
             ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range")),
-    Ignored("ignored flags: reasoning budget",
-            "kinetic's sampler has no reasoning budget (see the `thinking.budget_tokens` row), and its chat layer "
-            "has no switch for how it parses reasoning and tool calls; `--reasoning`, `--reasoning-format` and "
-            "`--reasoning-effort` act",
-            ("--reasoning-budget", "--reasoning-budget-message", "--reasoning-preserve", "--skip-chat-parsing")),
     Ignored("ignored flags: HTTP server options",
             "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
             "--body-timeout, --max-connections...) cover timeouts and limits",

@@ -275,6 +275,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("reasoning_format", ("--reasoning-format",), "where <think> output goes: " + ", ".join(REASONING_FORMATS),
          metavar="FORMAT"),
     Flag("reasoning", ("-rea", "--reasoning"), "template thinking: on, off, auto", metavar="MODE"),
+    Flag("reasoning_budget", ("--reasoning-budget",), "thinking tokens before the end-of-thinking tag is forced "
+         "(-1 = no limit, 0 = end it at once)", metavar="N"),
+    Flag("reasoning_budget_message", ("--reasoning-budget-message",), "text put before the forced end-of-thinking "
+         "tag", metavar="MESSAGE"),
+    Flag("reasoning_preserve", ("--reasoning-preserve",), "templates that can keep the reasoning of every past "
+         "turn keep it (preserve_reasoning; off: only the last turn's)", negations=("--no-reasoning-preserve",)),
+    Flag("skip_chat_parsing", ("--skip-chat-parsing",), "everything the model writes is content: no reasoning or "
+         "tool calls read out of it", negations=("--no-skip-chat-parsing",)),
     Flag("prefill_assistant", ("--prefill-assistant",), "continue a last assistant message",
          negations=("--no-prefill-assistant",)),
     Flag("ui", ("--ui", "--webui"), "the chat page at / (for browsers)", negations=("--no-ui", "--no-webui")),
@@ -285,6 +293,15 @@ FLAGS: tuple[Flag, ...] = (
          "restored when a later prompt starts the same way (0 = off)", metavar="N"),
     Flag("ctx_checkpoints", ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),
          "hybrid/recurrent models: prompt states kept per slot (in --cache-ram; 0 = off)", metavar="N"),
+    Flag("context_shift", ("--context-shift",), "a slot that fills while generating keeps --keep tokens, drops half "
+         "of the rest and goes on (off: it stops with `length`; refused where the cells cannot move, as on Qwen3.5)",
+         negations=("--no-context-shift",)),
+    Flag("keep", ("--keep",), "default n_keep: prompt tokens a context shift keeps (-1 = all)", metavar="N"),
+    Flag("cache_reuse", ("--cache-reuse",), "smallest chunk of a slot's cached prompt moved to its new place "
+         "after a changed prefix instead of evaluated again (0 = off; not on hybrid or recurrent models)",
+         metavar="N"),
+    Flag("kv_unified_per_slot", ("--kv-unified-per-slot",), "most tokens one slot may hold; without -c the KV "
+         "cache is sized to slots x N", metavar="N"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.engine.options import LlamaOptions, parse_kv_override
+from kinetic.engine.options import LlamaOptions, LongContext, parse_kv_override
 from kinetic.serve_flags import FLAGS as FLAGS  # re-exported: the router's presets read the table from here
 from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
 from kinetic.setting_values import (
@@ -192,6 +192,10 @@ class ServerSettings(BaseSettings):
     # lab's shared prefix many times over (about 18 KiB a token on the bundled model).
     cache_ram: Annotated[int, Field(ge=0)] = 1024
     ctx_checkpoints: Annotated[int, Field(ge=0)] = 32  # llama-server's default
+    context_shift: bool = False
+    keep: Annotated[int, Field(ge=-1)] = 0
+    cache_reuse: Annotated[int, Field(ge=0)] = 0
+    kv_unified_per_slot: Annotated[int, Field(ge=0)] = 0
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None
@@ -202,6 +206,10 @@ class ServerSettings(BaseSettings):
     jinja: bool = True
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
     reasoning: OnOffAuto = "auto"
+    reasoning_budget: Annotated[int, Field(ge=-1)] = -1
+    reasoning_budget_message: str = ""
+    reasoning_preserve: bool = True  # llama-server's default
+    skip_chat_parsing: bool = False
     prefill_assistant: bool = True
     ui: bool = True
     slots: bool = True
@@ -373,9 +381,15 @@ class ServerSettings(BaseSettings):
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
 
     def template_kwargs(self) -> dict[str, Any]:
-        """--chat-template-kwargs over --reasoning-effort: the variables every chat template gets by default."""
+        """--chat-template-kwargs over --reasoning-effort and --reasoning-preserve: the variables every chat
+        template gets by default."""
         effort = {} if self.reasoning_effort == "default" else {"reasoning_effort": self.reasoning_effort}
-        return {**effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
+        preserve = {"preserve_reasoning": self.reasoning_preserve}
+        return {**preserve, **effort, **(json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {})}
+
+    def long_context(self) -> LongContext:
+        return LongContext(context_shift=self.context_shift, cache_reuse=self.cache_reuse,
+                           slot_limit=self.kv_unified_per_slot)
 
     def key_ring(self) -> KeyRing:
         """The keys clients may send, with their names (empty when the server is open)."""

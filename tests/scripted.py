@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from kinetic.app import create_app
 from kinetic.backends.config import model_config
@@ -163,6 +164,20 @@ def single_model_backend(settings: ServerSettings, engine: Any, name: str) -> Lo
     """The backend `kinetic serve` builds for one model (its -a, else `name`), over `engine`."""
     aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
     return LocalBackend(model_config(settings), engine, aliases[0] if aliases else name, aliases)
+
+
+class ReadyClient(TestClient):
+    """A TestClient that, entered, waits for the model to load (the app loads it in the background
+    and answers 503 until then), so that a test's first request is not refused as "loading"."""
+
+    def __enter__(self) -> ReadyClient:
+        super().__enter__()
+        deadline = time.monotonic() + 10
+        while self.get("/health").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the model never loaded")
+            time.sleep(0.01)
+        return self
 
 
 def single_model_app(settings: ServerSettings, engine: Any, name: str = "unused") -> FastAPI:

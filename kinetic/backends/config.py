@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.prepare import ServerDefaults
-from kinetic.engine.options import LlamaOptions
+from kinetic.engine.options import LlamaOptions, LongContext
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
@@ -38,6 +38,7 @@ class EngineConfig:
     cache_ram_mib: int = 0
     ctx_checkpoints: int = 32
     verbose: bool = False
+    long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,15 @@ def model_config(settings: ServerSettings) -> ModelConfig:
         sampler=default_sampling(settings), stop=default_stops(settings), n_predict=settings.n_predict,
         reasoning_format=settings.reasoning_format, template_kwargs=settings.template_kwargs(),
         reasoning=settings.reasoning, prefill_assistant=settings.prefill_assistant,
-        cache_prompt=settings.cache_prompt, spm_infill=settings.spm_infill)
+        cache_prompt=settings.cache_prompt, spm_infill=settings.spm_infill, n_keep=settings.keep,
+        reasoning_budget=settings.reasoning_budget, reasoning_budget_message=settings.reasoning_budget_message,
+        skip_chat_parsing=settings.skip_chat_parsing)
     options = settings.llama_options()
     engine = EngineConfig(
         n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
         n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
         pooling=settings.pooling, options=options, fair_share=settings.fair_share, cache_ram_mib=settings.cache_ram,
-        ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose)
+        ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context())
     switches = Switches(
         slots=settings.slots, metrics=settings.metrics, props=settings.props,
         slot_save_path=settings.slot_save_path, slot_save_max=settings.slot_save_max, verbose=settings.verbose,

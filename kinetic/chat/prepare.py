@@ -16,6 +16,7 @@ from kinetic.chat.callformats.base import FoundCall
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
+from kinetic.chat.reasoning_control import preserve_variables, pure_content, reasoning_budget
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import (
     ChatRequest,
@@ -54,6 +55,10 @@ class ServerDefaults:
     prefill_assistant: bool = True  # a last assistant message is continued, not closed (--no-prefill-assistant)
     cache_prompt: bool = True  # --no-cache-prompt: requests that do not say reuse no cached prefix
     spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
+    n_keep: int = 0  # --keep: what a context shift keeps of a request that does not say
+    reasoning_budget: int = -1  # --reasoning-budget (kinetic.chat.reasoning_control)
+    reasoning_budget_message: str = ""
+    skip_chat_parsing: bool = False  # --skip-chat-parsing: every answer is content
 
     def sampling(self) -> SamplingParams:
         """The sampler a request gets when it sets no sampler field (shown by /props too)."""
@@ -173,7 +178,7 @@ class ChatLayer:
     def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
         llama-server sets it: --reasoning on or off, or with auto whether the template can think."""
-        kwargs = {**self.defaults.template_kwargs, **(template_kwargs or {})}
+        kwargs = preserve_variables({**self.defaults.template_kwargs, **(template_kwargs or {})})
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
             got = type(kwargs["enable_thinking"]).__name__
             raise InvalidRequestError(f'invalid type for "enable_thinking" (expected boolean, got {got})',
@@ -265,6 +270,8 @@ class ChatLayer:
         if not req.messages and not req.allow_empty:
             raise field_error("messages", "must contain at least one message, but got an empty list")
         constraints = chat_constraints(req, self.template.call_format)
+        if self.defaults.skip_chat_parsing:
+            constraints = pure_content(constraints, req)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,
@@ -274,9 +281,16 @@ class ChatLayer:
                                          template_kwargs=req.template_kwargs)
         if shared:
             generation = replace(generation, checkpoint_at=shared)
+        budget = reasoning_budget(req, server_tokens=self.defaults.reasoning_budget,
+                                  server_message=self.defaults.reasoning_budget_message,
+                                  thinks=self.template.thinks and not self.defaults.skip_chat_parsing,
+                                  starts_inside=rendered.starts_in_reasoning,
+                                  constrained=constraints.grammar is not None)
+        generation = replace(generation, reasoning_budget=budget)
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,
-                                reasoning_format=req.reasoning_format or self.defaults.reasoning_format,
+                                reasoning_format="none" if self.defaults.skip_chat_parsing
+                                else req.reasoning_format or self.defaults.reasoning_format,
                                 tool_mode=constraints.tool_mode, tool_names=constraints.tool_names,
                                 call_format=constraints.call_format,
                                 tool_parameters=tuple((tool.name, tool.parameters or {}) for tool in req.tools))
@@ -308,7 +322,9 @@ class ChatLayer:
                                  max_tokens=max_tokens, stop=options.stop or self.defaults.stop,
                                  n_probs=options.n_probs,
                                  cache_prompt=self.defaults.cache_prompt if options.cache_prompt is None
-                                 else options.cache_prompt, id_slot=options.id_slot, n_keep=options.n_keep,
+                                 else options.cache_prompt, id_slot=options.id_slot,
+                                 n_keep=self.defaults.n_keep if options.n_keep is None else options.n_keep,
+                                 n_discard=options.n_discard,
                                  post_sampling_probs=options.post_sampling_probs,
                                  return_progress=options.return_progress)
 

@@ -131,7 +131,8 @@ class GenerationOptions:
     n_probs: int = 0
     cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on by default)
     id_slot: int = -1
-    n_keep: int = 0  # echoed: kinetic never shifts the context (llama-server's default too)
+    n_keep: int | None = None  # prompt tokens a context shift keeps (-1: all); None: the server's --keep
+    n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities
     return_progress: bool = False  # prompt-progress events while the prompt is evaluated
     # Ollama's: `num_ctx` below the slot's context limits prompt + answer; `context` (the tokens an
@@ -150,6 +151,8 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
     reasoning_format: str | None = None  # None: the server's --reasoning-format
+    reasoning_budget: int | None = None  # thinking tokens (-1, None: the server's --reasoning-budget)
+    reasoning_budget_message: str | None = None  # None: the server's --reasoning-budget-message
     output: OutputConstraint = field(default_factory=OutputConstraint)
     # Continue the last message instead of answering it: "auto" (its reasoning when it has only that,
     # else its content), "content" or "reasoning"; None: not asked (a last assistant message is still

@@ -98,3 +98,13 @@ class LlamaOptions:
         shown["devices"] = None if self.devices is None else list(self.devices)
         shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
         return shown
+
+
+@dataclass(frozen=True)
+class LongContext:
+    """--context-shift and --cache-reuse (kinetic.engine.llama.context_shift); --keep is a request default
+    (GenerationRequest.n_keep)."""
+
+    context_shift: bool = False
+    cache_reuse: int = 0  # smallest cached chunk moved instead of evaluated again; 0: off
+    slot_limit: int = 0  # --kv-unified-per-slot: most tokens one slot holds (and, without -c, the pool per slot)

@@ -53,6 +53,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """llama-server's reasoning budget (kinetic.engine.llama.reasoning_budget): after `tokens` tokens of thinking
+    (from `start`, or from the first token when the prompt opened the block), `message` then `end` are forced."""
+
+    tokens: int
+    start: str = "<think>"
+    end: str = "</think>"
+    message: str = ""
+    starts_inside: bool = False
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -62,12 +74,14 @@ class GenerationRequest:
     cache_prompt: bool = True
     id_slot: int = -1
     client: str = ""  # who asked (a key's name): waiting requests are served round-robin by client
-    n_keep: int = 0
+    n_keep: int = 0  # prompt tokens a context shift keeps (-1: all)
+    n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
     post_sampling_probs: bool = False  # n_probs from the sampler chain's candidates, as probabilities
     return_progress: bool = False  # emit PromptProgress while the prompt is evaluated
     # a prompt position other prompts are likely to share (where a chat's last message starts): on
     # hybrid and recurrent models the state there is saved (llama-server's user-message checkpoints)
     checkpoint_at: int = 0
+    reasoning_budget: ReasoningBudget | None = None  # None: thinking is not limited
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from kinetic.errors import InsufficientStorageError, InvalidRequestError
 from kinetic.protocols.llamacpp import translate
 from kinetic.settings import ServerSettings
 from kinetic.slot_folder import check_room, slot_path
-from tests.scripted import ScriptedEngine, single_model_app
+from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 
 ROUTES_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "routes.md"
 STUDENT, ADMIN = "sk-alice", "sk-teacher"
@@ -53,13 +53,13 @@ def registered_routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str
             raise AssertionError(f"unknown route type {route!r}: teach this test about it")
 
 
-def keyed_app(tmp_path: Path, **settings: Any) -> TestClient:
+def keyed_app(tmp_path: Path, **settings: Any) -> ReadyClient:
     keys = tmp_path / "keys.txt"
     keys.write_text(f"{STUDENT} alice\nsk-bob bob\n", encoding="utf-8")
     loaded = threading.Event()
     loaded.set()
     engine = ScriptedEngine(["hi"], loaded=loaded)
-    return TestClient(single_model_app(ServerSettings(api_key_file=str(keys), admin_key=ADMIN, metrics=True,
+    return ReadyClient(single_model_app(ServerSettings(api_key_file=str(keys), admin_key=ADMIN, metrics=True,
                                                       ui_mcp_proxy=True, slot_save_path=str(tmp_path / "slots"),
                                                       **settings), engine, "scripted"))
 
@@ -130,7 +130,7 @@ def test_without_any_key_everything_is_open(tmp_path: Path) -> None:
     loaded.set()
     app = single_model_app(ServerSettings(metrics=True, ui_mcp_proxy=True), ScriptedEngine(["hi"], loaded=loaded),
                            "scripted")
-    with TestClient(app) as client:
+    with ReadyClient(app) as client:
         for method, route in sorted(set(registered_routes(client.app.routes))):  # type: ignore[attr-defined]
             assert call(client, method, route, None).status_code not in (401, 403), (method, route)
 

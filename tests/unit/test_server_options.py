@@ -48,14 +48,15 @@ def test_ssl_files_go_together_and_must_exist(tmp_path: Path) -> None:
 
 
 def test_reasoning_effort_is_a_default_template_variable() -> None:
-    assert parse_serve_args([], environ={}).template_kwargs() == {}
-    high = parse_serve_args(["--reasoning-effort", "high"], environ={})
-    assert high.template_kwargs() == {"reasoning_effort": "high"}
+    preserve = {"preserve_reasoning": True}  # --reasoning-preserve, on by default as in llama-server
+    assert parse_serve_args([], environ={}).template_kwargs() == preserve
+    assert parse_serve_args(["--reasoning-effort", "high"], environ={}).template_kwargs() == \
+        {**preserve, "reasoning_effort": "high"}
     both = parse_serve_args(["--reasoning-effort", "high", "--chat-template-kwargs", '{"reasoning_effort": "low"}'],
                             environ={})
-    assert both.template_kwargs() == {"reasoning_effort": "low"}
+    assert both.template_kwargs() == {**preserve, "reasoning_effort": "low"}
     assert parse_serve_args([], environ={"LLAMA_ARG_REASONING_EFFORT": "max"}).template_kwargs() == \
-        {"reasoning_effort": "max"}
+        {**preserve, "reasoning_effort": "max"}
 
 
 def test_embd_normalize_is_the_native_default() -> None:

@@ -18,9 +18,10 @@ from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.options import LlamaOptions
+from kinetic.engine.options import LlamaOptions, LongContext
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -83,6 +84,7 @@ class LlamaEngine:
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
+        long_context: LongContext = LongContext(),  # noqa: B008  frozen dataclass: a shared default is safe
     ):
         self.model_path = model_path
         self.requested_ctx = n_ctx
@@ -98,6 +100,7 @@ class LlamaEngine:
         self.in_flight = in_flight  # router mode: every model's requests counted per key together
         self.cache_ram_mib = cache_ram_mib
         self.ctx_checkpoints = ctx_checkpoints
+        self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
         self.pooling = pooling  # None: the model's own (mean when it declares none)
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
@@ -124,12 +127,15 @@ class LlamaEngine:
             self._load_embedding_only(model)
             return
         total_ctx = self.requested_ctx if self.requested_ctx > 0 else model.info.n_ctx_train
+        if self.requested_ctx <= 0 and self.long_context.slot_limit > 0:  # --kv-unified-per-slot sizes the pool
+            total_ctx = self.n_slots * self.long_context.slot_limit
         try:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                                   decode_lock=self._decode_lock, fair=self.fair_share,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
-                                  ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight)
+                                  ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight,
+                                  long_context=self.long_context)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
@@ -238,7 +244,9 @@ class LlamaEngine:
         if request.id_slot >= 0:
             request = replace(request, id_slot=request.id_slot % self.n_slots)
         # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
-        sampler = await anyio.to_thread.run_sync(Sampler, model, request.sampling, request.prompt_tokens)
+        budget = request.reasoning_budget  # --reasoning-budget: a sampler that forces the end of thinking
+        make = Sampler if budget is None else partial(BudgetedSampler, budget=budget)
+        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, request.prompt_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue)
 

@@ -40,11 +40,13 @@ from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight
+from kinetic.engine.llama.context_shift import MemoryCells, allowed, reuse_chunks, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
+from kinetic.engine.options import LongContext
 from kinetic.engine.text import TextAssembler, common_prefix
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
@@ -114,6 +116,8 @@ class Slot:
     text_parts: list[str] = field(default_factory=list)
     assembler: TextAssembler | None = None
     checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
+    shared: int = 0  # first cells possibly shared with another slot (unified cache): never moved
+    shifted: bool = False  # the context was shifted during this job (llama-server's `truncated`)
     t_prompt_start: float = 0.0
     t_generation_start: float = 0.0
     prompt_ms: float = 0.0
@@ -140,7 +144,8 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
-                 ctx_checkpoints: int = 32, in_flight: InFlight | None = None):
+                 ctx_checkpoints: int = 32, in_flight: InFlight | None = None,
+                 long_context: LongContext = LongContext()):  # noqa: B008  frozen: a shared default is safe
         self.model = model
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
@@ -149,6 +154,8 @@ class Scheduler:
         self.n_batch = params.n_batch
         self.kv_unified = kv_unified
         self.slot_n_ctx = self.n_ctx if kv_unified else self.n_ctx // n_slots
+        if long_context.slot_limit > 0:  # --kv-unified-per-slot
+            self.slot_n_ctx = min(self.slot_n_ctx, long_context.slot_limit)
         self.batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=model.verbose)
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self.decode_lock = decode_lock
@@ -157,6 +164,9 @@ class Scheduler:
             "tokens_predicted_total": 0, "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0,
             "n_tokens_max": 0, "n_busy_slots_total": 0}
         self.exact_states = model.info.memory_kind != "attention"
+        self.cells = MemoryCells(self.ctx.memory)
+        self.long_context = allowed(long_context, can_shift=bool(llama_cpp.llama_memory_can_shift(self.ctx.memory)),
+                                    exact_states=self.exact_states)
         self.host_cache = HostPrefixCache(self.ctx, max(0, cache_ram_mib) * 1024 * 1024, exact=self.exact_states,
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
@@ -374,6 +384,9 @@ class Scheduler:
             return self._restore(saved, n_saved, slot)
         if source is not None:
             return self._copy_cells(source, slot, n_source)
+        if self.long_context.cache_reuse:  # --cache-reuse: move cached chunks the prompt goes on with
+            n_own = len(reuse_chunks(self.cells, slot.id, slot.tokens, prompt, n_own, limit=limit,
+                                     min_chunk=self.long_context.cache_reuse, movable_from=slot.shared))
         if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
             self._drop_cells(slot)
             return 0
@@ -406,6 +419,7 @@ class Scheduler:
     def _drop_cells(self, slot: Slot) -> None:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+        slot.shared = 0
 
     def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
         """The positions of the prompt at which its state is saved on the way (exact states only): a few
@@ -432,6 +446,7 @@ class Scheduler:
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
         elif self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
             llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
+            source.shared, slot.shared = max(source.shared, n), n
         else:
             # Each slot has its own stream, and llama.cpp copies between streams only whole:
             # copy all of it, then drop what is past the shared prefix.
@@ -469,6 +484,7 @@ class Scheduler:
         else:
             n_common = self._reuse_prefix(slot, prompt)
         slot.checkpoints = self._checkpoints(job.request, n_common)
+        slot.shifted = False
         slot.tokens = list(prompt[:n_common])
         slot.client = job.request.client
         slot.job = job
@@ -623,12 +639,23 @@ class Scheduler:
             self._emit_text(slot, text + slot.assembler.flush(), token, logprob)
             self._finish(slot, "length", "limit")
             return
-        if len(slot.tokens) + 1 >= self.slot_n_ctx:
+        if len(slot.tokens) + 1 >= self.slot_n_ctx and not self._shift_context(slot):
             self._emit_text(slot, text + slot.assembler.flush(), token, logprob)
             self._finish(slot, "length", "limit", truncated=True)
             return
         self._emit_text(slot, text, token, logprob)
         slot.next_token = token
+
+    def _shift_context(self, slot: Slot) -> bool:
+        """--context-shift on a full slot (context_shift.py); False when off or its shared cells would move."""
+        assert slot.job is not None
+        request = slot.job.request
+        n_keep, n_discard = shift_span(len(slot.tokens), request.n_keep, len(slot.prompt), n_discard=request.n_discard,
+                                       add_bos=self.model.info.add_bos, n_ctx=self.slot_n_ctx)
+        if not self.long_context.context_shift or n_discard <= 0 or n_keep + n_discard < slot.shared:
+            return False
+        slot.tokens, slot.shifted = shift(self.cells, slot.id, slot.tokens, n_keep, n_discard), True
+        return True
 
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None
@@ -664,7 +691,7 @@ class Scheduler:
             timings=timings,
             id_slot=slot.id,
             tokens_cached=len(slot.tokens),
-            truncated=truncated,
+            truncated=truncated or slot.shifted,
         ))
         job.done = True
         self._release(slot)

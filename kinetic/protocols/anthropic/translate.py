@@ -148,8 +148,7 @@ def tool_choice(raw: dict[str, Any] | None) -> ToolChoice:
 def thinking_kwargs(thinking: dict[str, Any] | None, max_tokens: int | None) -> dict[str, Any]:
     """`thinking` as the template's reasoning switch. Any positive `budget_tokens` is taken, as
     llama-server takes it (Anthropic's API wants >= 1024 and below max_tokens; llama-server's own tests
-    send 50 with max_tokens 100). It is not enforced: the thoughts count toward `max_tokens`, which is
-    what bounds them."""
+    send 50 with max_tokens 100); `thinking_budget` makes it the request's reasoning budget."""
     if not thinking:
         return {}
     kind = thinking.get("type")
@@ -162,6 +161,15 @@ def thinking_kwargs(thinking: dict[str, Any] | None, max_tokens: int | None) -> 
     return {"enable_thinking": kind != "disabled"}
 
 
+def thinking_budget(thinking: dict[str, Any] | None) -> int | None:
+    """Enabled thinking's `budget_tokens` (default 10000) as the reasoning budget, as llama-server maps it to
+    `thinking_budget_tokens`; None when thinking is not enabled (the server's --reasoning-budget)."""
+    if not thinking or thinking.get("type") != "enabled":
+        return None
+    budget = thinking.get("budget_tokens", 10000)
+    return budget if isinstance(budget, int) else None
+
+
 def _chat_request(req: MessagesRequest | CountTokensRequest, options: GenerationOptions,
                   thinking: dict[str, Any] | None) -> ChatRequest:
     max_tokens = req.max_tokens if isinstance(req, MessagesRequest) else None
@@ -170,7 +178,8 @@ def _chat_request(req: MessagesRequest | CountTokensRequest, options: Generation
                   for t in req.tools or [])
     # One forced call at a time: a small model given an array tends to go on listing calls.
     return ChatRequest(messages=to_messages(req.system, req.messages), options=options, tools=tools,
-                       tool_choice=tool_choice(req.tool_choice), template_kwargs=kwargs, allow_empty=True)
+                       tool_choice=tool_choice(req.tool_choice), template_kwargs=kwargs, allow_empty=True,
+                       reasoning_budget=thinking_budget(thinking))
 
 
 def to_chat_request(req: MessagesRequest) -> ChatRequest:

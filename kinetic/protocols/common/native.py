@@ -30,7 +30,8 @@ def generation_settings(request: GenerationRequest, *, stream: bool = False, tim
         "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
         "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta, "adaptive_target": s.adaptive_target,
         "adaptive_decay": s.adaptive_decay, "stop": list(request.stop), "max_tokens": request.max_tokens,
-        "n_predict": request.max_tokens, "n_keep": request.n_keep, "n_discard": 0, "ignore_eos": s.ignore_eos,
+        "n_predict": request.max_tokens, "n_keep": request.n_keep, "n_discard": request.n_discard,
+        "ignore_eos": s.ignore_eos,
         # JSON has no -inf: a banned token's bias is null, as llama-server's JSON library writes it
         "stream": stream, "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t}
                                          for t, b in s.logit_bias.items()],

@@ -193,13 +193,19 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         cache_prompt=body.cache_prompt,
         id_slot=body.id_slot if body.id_slot is not None else -1,
         n_keep=n_keep(getattr(body, "n_keep", None)),
+        n_discard=n_discard(getattr(body, "n_discard", None)),
         post_sampling_probs=bool(getattr(body, "post_sampling_probs", False)),
     )
 
 
-def n_keep(value: int | None) -> int:
+def n_keep(value: int | None) -> int | None:
     check_range("n_keep", value, -1, INT_MAX)
-    return value if value is not None else 0
+    return value
+
+
+def n_discard(value: int | None) -> int:
+    check_range("n_discard", value, 0, INT_MAX)
+    return value or 0
 
 
 # ------------------------------------------------------------------------- messages and tools

@@ -112,4 +112,5 @@ class SamplingFields(WireModel):
     min_keep: int | None = None
     samplers: list[str] | str | None = None
     n_keep: int | None = None
+    n_discard: int | None = None
     post_sampling_probs: bool | None = None

@@ -60,6 +60,7 @@ def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
     return translate.ServedState(
         alias=backend.name, info=described.info, n_ctx=described.n_ctx, n_slots=described.n_slots,
         sampling=backend.default_sampling(), n_predict=backend.config.defaults.n_predict,
+        n_keep=backend.config.defaults.n_keep,
         template_source=template.source if template else "", template_origin=template.origin if template else "",
         build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
         endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params)

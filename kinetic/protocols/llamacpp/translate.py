@@ -282,6 +282,7 @@ class ServedState:
     n_slots: int
     sampling: SamplingParams
     n_predict: int
+    n_keep: int
     template_source: str
     template_origin: str
     build_info: str
@@ -295,7 +296,7 @@ class ServedState:
 def props(state: ServedState) -> dict[str, Any]:
     info = state.info
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=state.sampling,
-                                                     max_tokens=state.n_predict), short=True)
+                                                     max_tokens=state.n_predict, n_keep=state.n_keep), short=True)
     return {
         "default_generation_settings": {"n_ctx": state.n_ctx, "params": defaults},
         "total_slots": state.n_slots,

@@ -131,9 +131,21 @@ def to_chat_request(req: ChatCompletionRequest) -> ChatRequest:
         template_kwargs=template_kwargs(req),
         add_generation_prompt=req.add_generation_prompt is not False,
         reasoning_format=req.reasoning_format,
+        reasoning_budget=reasoning_budget(req),
+        reasoning_budget_message=req.reasoning_budget_message,
         output=output_constraint(req),
         continue_final_message=common.continuation(req.continue_final_message),
     )
+
+
+def reasoning_budget(req: ChatCompletionRequest) -> int | None:
+    """`reasoning_budget_tokens`, else `thinking_budget_tokens` (llama-server reads both; -1: the server's)."""
+    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        value = getattr(req, name)
+        if value is not None:
+            common.check_range(name, value, -1, common.INT_MAX)
+            return value
+    return None
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:

@@ -43,6 +43,10 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | str | None = None
     reasoning_effort: str | None = None
+    # llama-server's reasoning budget of this request (-1: the server's --reasoning-budget)
+    reasoning_budget_tokens: int | None = None
+    thinking_budget_tokens: int | None = None
+    reasoning_budget_message: str | None = None
     verbose: bool | None = None  # llama-server's: the native result as `__verbose` (default: --verbose)
     metadata: dict[str, Any] | None = None
     store: bool | None = None

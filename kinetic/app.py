@@ -19,6 +19,7 @@ from kinetic.error_funnel import install_error_funnel, validation_message
 from kinetic.errors import ServerError, UnavailableError
 from kinetic.gate import RequestGate
 from kinetic.protocols.catalog import PROTOCOLS, error_response
+from kinetic.router import idle_sleep
 from kinetic.router.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup = asyncio.create_task(start_models(registry, app, on_ready, on_load_failure))
         try:
-            yield
+            async with idle_sleep.watching(registry.sleeper):  # --sleep-idle-seconds
+                yield
         finally:
             startup.cancel()
             registry.close()
@@ -90,6 +92,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
+    app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.streaming
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

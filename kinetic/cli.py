@@ -16,6 +16,7 @@ from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
 from kinetic.errors import ModelLoadError
 from kinetic.flag_status import variable_warning, warning
+from kinetic.log_setup import LOG_FORMAT, configure_logging
 from kinetic.serve_args import InfoRequested, parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 
@@ -217,30 +218,6 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     names = ", ".join(spec.name for spec in specs)
     return (ModelRegistry(settings, specs, backend_factory(settings), router=True),
             f"router mode, {len(specs)} model(s): {names}")
-
-
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
-
-
-def configure_logging(settings: ServerSettings, root: logging.Logger | None = None) -> None:
-    """-v, --log-file, --log-timestamps and --log-disable on the root logger (which main() set up)."""
-    root = root or logging.getLogger()
-    if settings.verbose:
-        root.setLevel(logging.DEBUG)
-    else:
-        # huggingface_hub's HTTP client logs every request at INFO: noise around the download bar.
-        for name in ("httpx", "httpx2"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-    if settings.log_file:
-        to_file = logging.FileHandler(settings.log_file, encoding="utf-8")
-        to_file.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(to_file)
-    if settings.log_timestamps:
-        formatter = logging.Formatter("%(asctime)s " + LOG_FORMAT)
-        for handler in root.handlers:
-            handler.setFormatter(formatter)
-    if settings.log_disable:
-        root.setLevel(logging.CRITICAL + 1)  # nothing logs; the start and error lines still print
 
 
 def list_devices() -> int:

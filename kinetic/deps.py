@@ -45,14 +45,15 @@ def autoload_override(request: Request) -> bool | None:
 
 
 @asynccontextmanager
-async def model_backend(request: Request, *, missing: str | None = None,
-                        unknown: str | None = None) -> AsyncIterator[ModelBackend]:
+async def model_backend(request: Request, *, missing: str | None = None, unknown: str | None = None,
+                        wake: bool = True) -> AsyncIterator[ModelBackend]:
     """The backend of the model `request` names, leased for the block. `missing` and `unknown`
-    (with `{name}`) reword the router's 400 and 404 in a protocol's own words."""
+    (with `{name}`) reword the router's 400 and 404 in a protocol's own words; `wake` False leaves a
+    sleeping model asleep (--sleep-idle-seconds: /props and /metrics answer without loading it)."""
     registry = get_registry(request)
     name = await requested_model(request) if registry.router else None
     try:
-        entry, backend = await registry.acquire(name, autoload=autoload_override(request))
+        entry, backend = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
     except ModelMissingError:
         if missing is None:
             raise
@@ -64,7 +65,7 @@ async def model_backend(request: Request, *, missing: str | None = None,
     try:
         yield backend
     finally:
-        registry.release(entry)
+        registry.release(entry, used=wake)
 
 
 async def get_backend(request: Request) -> AsyncIterator[ModelBackend]:

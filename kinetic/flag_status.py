@@ -55,30 +55,16 @@ IGNORED: tuple[Ignored, ...] = (
             "(llama-server's default), while idle slots keep theirs because other slots copy shared prefixes "
             "from them (--cache-ram 0 turns the saving off)",
             ("-cms", "--cache-idle-slots")),
-    Ignored("ignored flags: CPU affinity and priority",
-            "llama-cpp-python binds no call that takes ggml's thread-pool settings (masks, priority, polling); "
-            "the threads are llama.cpp's own, -t and -tb set how many",
-            ("-C", "-Cr", "--cpu-strict", "--prio", "--poll", "-Cb", "-Crb", "--cpu-strict-batch", "--prio-batch",
-             "--poll-batch")),
     Ignored("ignored flags: remote devices and fitting to memory",
             "--rpc needs ggml's RPC backend, which kinetic's llama-cpp-python build leaves out; --fit and its "
             "targets are llama_params_fit, part of llama.cpp's common library, not of the libllama that "
             "llama-cpp-python binds, so kinetic takes -c, -ngl and the rest as given",
             ("--rpc", "-fit", "-fitt", "-fitc")),
-    Ignored("ignored flags: control vectors",
-            "control vectors are not loaded: llama.cpp's loader for them (common's llama_control_vector_load) is "
-            "not part of llama-cpp-python; LoRA adapters (--lora, --lora-scaled) act",
-            ("--control-vector", "--control-vector-scaled", "--control-vector-layer-range")),
-    Ignored("ignored flags: HTTP server options",
-            "not implemented yet (issue 23, part 7); kinetic's own transport flags (--header-timeout, "
-            "--body-timeout, --max-connections...) cover timeouts and limits",
-            ("--rerank", "--sse-ping-interval", "-sps",
-             "--sleep-idle-seconds")),
-    Ignored("ignored flags: logging",
-            "kinetic logs through Python's logging, one line per event with its level and source, without "
-            "colours; -v logs every request (llama-server's -lv levels, JSON lines, prompt dumps and perf "
-            "counters have no counterpart); --log-file, --log-timestamps and --log-disable act",
-            ("--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--log-prefix", "--perf")),
+    Ignored("ignored flags: slot prompt similarity",
+            "kinetic has no similarity threshold to set: a request always goes to the idle slot whose cache holds "
+            "the longest common prefix of its prompt (the least recently used on a tie), and may also copy a "
+            "longer cached prefix from another slot or from --cache-ram",
+            ("-sps",)),
     Ignored("ignored flags: model downloads other than -hf",
             "kinetic downloads from the Hugging Face hub only (-hf), the one network source a classroom allows; "
             "the presets download a set model: give -hf and its flags instead",

@@ -93,8 +93,8 @@ def _looks_like_flag(token: str) -> bool:
 def _value_count(name: str) -> tuple[Flag | None, LlamaFlag | None, int]:
     """kinetic's flag and llama-server's for a spelling, and how many values it reads."""
     flag, llama = FLAGS_BY_SPELLING.get(name), by_spelling().get(name)
-    if flag is not None:
-        return flag, llama, 0 if flag.is_switch else 1
+    if flag is not None:  # a value flag reads llama-server's count: two for --control-vector-layer-range
+        return flag, llama, 0 if flag.is_switch else 2 if llama is not None and llama.kind == "value2" else 1
     if llama is not None:
         return None, llama, llama.values
     raise SettingsError(_unknown_flag(name))
@@ -128,7 +128,7 @@ def read_command_line(argv: Sequence[str]) -> CommandLine:
             raise SettingsError(f"{name} expects a value{hint}")
         index += 0 if has_inline else count
         if flag is not None:
-            line.take(flag, name, values[0] if values else None)
+            line.take(flag, name, " ".join(values) if values else None)
         elif name not in line.ignored:
             line.ignored.append(name)
     return line.finish()

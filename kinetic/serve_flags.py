@@ -185,6 +185,25 @@ FLAGS: tuple[Flag, ...] = (
          negations=("--no-op-offload",)),
     Flag("threads_batch", ("-tb", "--threads-batch"), "threads for prompt processing (default: same as -t)",
          metavar="N"),
+    Flag("cpu_mask", ("-C", "--cpu-mask"), "CPUs the generation threads may run on, as a hex mask (with -Cr, "
+         "either CPU)", metavar="M"),
+    Flag("cpu_range", ("-Cr", "--cpu-range"), "CPUs the generation threads may run on, as lo-hi", metavar="lo-hi"),
+    Flag("cpu_strict", ("--cpu-strict",), "pin each generation thread to one CPU of the mask: 0 or 1",
+         metavar="<0|1>"),
+    Flag("prio", ("--prio",), "process and thread priority: low(-1), normal(0), medium(1), high(2), realtime(3)",
+         metavar="N"),
+    Flag("poll", ("--poll",), "how much idle threads poll for work before they sleep: 0 (none) to 100 (default: "
+         "50)", metavar="<0...100>"),
+    Flag("cpu_mask_batch", ("-Cb", "--cpu-mask-batch"), "-C for the prompt-processing threads (default: -C's)",
+         metavar="M"),
+    Flag("cpu_range_batch", ("-Crb", "--cpu-range-batch"), "-Cr for the prompt-processing threads",
+         metavar="lo-hi"),
+    Flag("cpu_strict_batch", ("--cpu-strict-batch",), "--cpu-strict for the prompt-processing threads "
+         "(default: --cpu-strict's)", metavar="<0|1>"),
+    Flag("prio_batch", ("--prio-batch",), "thread priority of the prompt-processing threads, 0 to 3 (default: "
+         "--prio's)", metavar="N"),
+    Flag("poll_batch", ("--poll-batch",), "--poll for the prompt-processing threads (default: --poll's)",
+         metavar="<0|1>"),
     Flag("flash_attn", ("-fa", "--flash-attn"), "flash attention: on, off, auto", metavar="on|off|auto"),
     Flag("cache_type_k", ("-ctk", "--cache-type-k"), "KV cache type for K: " + ", ".join(KV_CACHE_TYPES),
          metavar="TYPE"),
@@ -217,6 +236,12 @@ FLAGS: tuple[Flag, ...] = (
          "flag)", metavar="FNAME:SCALE"),
     Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
          "/lora-adapters sets their scales"),
+    Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",
+         metavar="FNAME"),
+    Flag("control_vector_scaled", ("--control-vector-scaled",), "control vector with its scale, FNAME:SCALE (comma "
+         "list, or repeat the flag); all the vectors given are summed", metavar="FNAME:SCALE"),
+    Flag("control_vector_layer_range", ("--control-vector-layer-range",), "layers the control vectors apply to, "
+         "START END, both inclusive (default: 1 to the last)", metavar="START END"),
     Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
          metavar="PATH"),
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),
@@ -232,6 +257,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("threads_http", ("--threads-http",), "worker threads for requests' blocking work (default: anyio's 40)",
          metavar="N"),
     Flag("reuse_port", ("--reuse-port",), "let other processes listen on the same port (SO_REUSEPORT)"),
+    Flag("sleep_idle_seconds", ("--sleep-idle-seconds",), "unload the model after this many idle seconds; the next "
+         "request loads it again and waits (-1 = never)", metavar="SECONDS"),
     Flag("timeout", ("-to", "--timeout"), "llama-server's read timeout in seconds: sets --header-timeout and "
          "--body-timeout when they are not given", metavar="N"),
     Flag("embd_normalize", ("--embd-normalize",), "default normalisation of /embedding vectors: -1 none, 0 max "
@@ -302,6 +329,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N"),
     Flag("kv_unified_per_slot", ("--kv-unified-per-slot",), "most tokens one slot may hold; without -c the KV "
          "cache is sized to slots x N", metavar="N"),
+    Flag("rerank", ("--rerank", "--reranking"), "serve /rerank: a reranker model scores documents against a query "
+         "(sets --embeddings and --pooling rank)"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",
          metavar="TYPE"),
     Flag("props", ("--props",), "allow POST /props"),
@@ -319,6 +348,20 @@ FLAGS: tuple[Flag, ...] = (
     Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",
          negations=("--no-log-timestamps",)),
     Flag("log_disable", ("--log-disable",), "log nothing (the start line and errors still print)"),
+    Flag("log_verbosity", ("-lv", "--verbosity", "--log-verbosity"), "log threshold: 0 start and error lines only, "
+         "1 errors, 2 warnings, 3 info, 4 and up debug (-v: everything)", metavar="N"),
+    Flag("log_colors", ("--log-colors",), "colour the level of each log line: on, off, auto (when the log goes to "
+         "a terminal)", metavar="on|off|auto"),
+    Flag("log_prefix", ("--log-prefix",), "start each log line with its level and source",
+         negations=("--no-log-prefix",)),
+    Flag("log_jsonl", ("--log-jsonl",), "log one JSON object a line to stdout ({type, time, level, msg})",
+         negations=("--no-log-jsonl",)),
+    Flag("log_prompts_dir", ("--log-prompts-dir",), "write each generation's prompt to a file in this folder "
+         "(created if need be; for debugging)", metavar="PATH"),
+    Flag("perf", ("--perf",), "llama.cpp's internal performance timings (off: kinetic times requests itself)",
+         negations=("--no-perf",)),
+    Flag("sse_ping_interval", ("--sse-ping-interval",), "seconds a stream may stay silent (a request waiting for a "
+         "slot, a long prompt) before an SSE comment ping keeps it open (-1 = never)", metavar="N"),
 )
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from kinetic.engine.options import parse_kv_override
+from kinetic.engine.options import parse_cpu_mask, parse_cpu_range, parse_kv_override
 
 # llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
@@ -200,6 +200,16 @@ def _tensor_overrides(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _cpu_mask(value: str) -> str:
+    parse_cpu_mask(value)
+    return value
+
+
+def _cpu_range(value: str) -> str:
+    parse_cpu_range(value)
+    return value
+
+
 def _hf_repo(value: str) -> str:
     repo = value.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -229,3 +239,5 @@ TensorOverrides = Annotated[Repeated, AfterValidator(_tensor_overrides)]
 GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]
 HfRepo = Annotated[str, AfterValidator(_hf_repo)]
+CpuMask = Annotated[str, AfterValidator(_cpu_mask)]
+CpuRange = Annotated[str, AfterValidator(_cpu_range)]

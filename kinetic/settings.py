@@ -17,12 +17,21 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.engine.options import LlamaOptions, LongContext, parse_kv_override
+from kinetic.engine.options import (
+    CpuParams,
+    LlamaOptions,
+    LongContext,
+    parse_cpu_mask,
+    parse_cpu_range,
+    parse_kv_override,
+)
 from kinetic.serve_flags import FLAGS as FLAGS  # re-exported: the router's presets read the table from here
 from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
 from kinetic.setting_values import (
     SWITCH_TYPES,
     ByteSize,
+    CpuMask,
+    CpuRange,
     DeviceList,
     ExistingFile,
     ExistingFolder,
@@ -50,6 +59,13 @@ from kinetic.setting_values import (
 from kinetic.setting_values import TRUE_WORDS as TRUE_WORDS
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+def scaled_files(plain: tuple[str, ...], scaled: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """FNAME flags (scale 1) then FNAME:SCALE flags, each a comma list: (path, scale) in the order given."""
+    return tuple([(part, 1.0) for item in plain for part in item.split(",")]
+                 + [(part.rpartition(":")[0], float(part.rpartition(":")[2])) for item in scaled
+                    for part in item.split(",")])
 
 
 class SettingsError(ValueError):
@@ -138,6 +154,16 @@ class ServerSettings(BaseSettings):
     no_host: bool = False
     op_offload: bool = True
     threads_batch: int = 0
+    cpu_mask: CpuMask | None = None
+    cpu_range: CpuRange | None = None
+    cpu_strict: Annotated[int, Field(ge=0, le=1)] = 0
+    prio: Annotated[int, Field(ge=-1, le=3)] = 0
+    poll: Annotated[int, Field(ge=0, le=100)] = 50
+    cpu_mask_batch: CpuMask | None = None
+    cpu_range_batch: CpuRange | None = None
+    cpu_strict_batch: Annotated[int, Field(ge=0, le=1)] | None = None  # None: --cpu-strict's
+    prio_batch: Annotated[int, Field(ge=0, le=3)] | None = None
+    poll_batch: Annotated[int, Field(ge=0, le=100)] | None = None
     flash_attn: OnOffAuto = "auto"
     cache_type_k: KvCacheType = "f16"
     cache_type_v: KvCacheType = "f16"
@@ -157,6 +183,9 @@ class ServerSettings(BaseSettings):
     lora: LoraFiles = ()
     lora_scaled: ScaledLoraFiles = ()
     lora_init_without_apply: bool = False
+    control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
+    control_vector_scaled: ScaledLoraFiles = ()
+    control_vector_layer_range: str | None = None  # "START END", as the command line gives the two values
     path: ExistingFolder | None = None
     api_prefix: str | None = None
     ssl_key_file: ExistingFile | None = None
@@ -168,6 +197,7 @@ class ServerSettings(BaseSettings):
     threads_http: int = -1
     spm_infill: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
+    sleep_idle_seconds: int = -1
     embd_normalize: int = 2
     reasoning_effort: str = "default"
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
@@ -215,6 +245,7 @@ class ServerSettings(BaseSettings):
     slots: bool = True
     metrics: bool = False
     embeddings: bool = False
+    rerank: bool = False  # sets embeddings and pooling rank (_rerank_sets_pooling)
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the model's own, else mean
     props: bool = False
     slot_save_path: str | None = None
@@ -225,6 +256,13 @@ class ServerSettings(BaseSettings):
     log_file: FileInExistingFolder | None = None
     log_timestamps: bool = False
     log_disable: bool = False
+    log_verbosity: int = 3  # llama-server's LOG_LEVEL_INFO
+    log_colors: OnOffAuto = "auto"
+    log_prefix: bool = True
+    log_jsonl: bool = False
+    log_prompts_dir: str | None = None
+    perf: bool = False  # llama-server's default is on; the timings are only read through llama.cpp's own calls
+    sse_ping_interval: int = 30  # llama-server's
     # Not settings but what the command line held besides them: every -m with the -a that follows it
     # (when there are several: router mode), and flags to warn about at start.
     model_args: tuple[tuple[str, str | None], ...] = ()
@@ -269,6 +307,23 @@ class ServerSettings(BaseSettings):
             raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
         return value
 
+    @field_validator("sleep_idle_seconds")
+    @classmethod
+    def _sleep_seconds(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("cannot be 0 or less than -1")  # llama-server's rule
+        return value
+
+    @field_validator("control_vector_layer_range")
+    @classmethod
+    def _layer_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                int(value.split()[0]), int(value.split()[1])
+            except (ValueError, IndexError):
+                raise ValueError("expected two layer numbers, START END") from None
+        return value
+
     @field_validator("dry_base")
     @classmethod
     def _dry_base(cls, value: float) -> float:
@@ -293,11 +348,24 @@ class ServerSettings(BaseSettings):
             data = {"header_timeout": data["timeout"], "body_timeout": data["timeout"], **data}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rerank_sets_pooling(cls, data: Any) -> Any:
+        """--rerank is llama-server's --embeddings --pooling rank."""
+        if isinstance(data, dict) and str(data.get("rerank", "")).strip().lower() in TRUE_WORDS:
+            data = {**data, "embeddings": True, "pooling": "rank"}
+        return data
+
     @model_validator(mode="after")
     def _ssl_pair(self) -> ServerSettings:
         if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
             raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
         return self
+
+    @property
+    def serves_rerank(self) -> bool:
+        """/rerank answers: --rerank, or --embeddings with --pooling rank (llama-server's own condition)."""
+        return self.rerank or (self.embeddings and self.pooling == "rank")
 
     @property
     def router_mode(self) -> bool:
@@ -337,10 +405,11 @@ class ServerSettings(BaseSettings):
 
     def lora_adapters(self) -> tuple[tuple[str, float], ...]:
         """--lora (scale 1) then --lora-scaled adapters, in the order given: their ids in /lora-adapters."""
-        plain = [(part, 1.0) for item in self.lora for part in item.split(",")]
-        scaled = [(part.rpartition(":")[0], float(part.rpartition(":")[2]))
-                  for item in self.lora_scaled for part in item.split(",")]
-        return tuple(plain + scaled)
+        return scaled_files(self.lora, self.lora_scaled)
+
+    def control_vectors(self) -> tuple[tuple[str, float], ...]:
+        """--control-vector (scale 1) and --control-vector-scaled files: llama.cpp sums them all."""
+        return scaled_files(self.control_vector, self.control_vector_scaled)
 
     def device_names(self) -> tuple[str, ...] | None:
         """-dev: the devices to offload to, () for none, None for llama.cpp's default (all)."""
@@ -349,6 +418,20 @@ class ServerSettings(BaseSettings):
         from kinetic.engine.llama import devices
 
         return tuple(devices.parse_device_list(self.device))
+
+    def cpu_params(self, *, batch: bool = False) -> CpuParams:
+        """The generation pool's CPU flags, or the prompt pool's: each -batch flag not given takes the other's."""
+        cpus = set(parse_cpu_mask(self.cpu_mask) if self.cpu_mask else ()) | set(
+            parse_cpu_range(self.cpu_range) if self.cpu_range else ())
+        strict, prio, poll = bool(self.cpu_strict), self.prio, self.poll
+        if batch:
+            if self.cpu_mask_batch or self.cpu_range_batch:
+                cpus = set(parse_cpu_mask(self.cpu_mask_batch) if self.cpu_mask_batch else ()) | set(
+                    parse_cpu_range(self.cpu_range_batch) if self.cpu_range_batch else ())
+            strict = strict if self.cpu_strict_batch is None else bool(self.cpu_strict_batch)
+            prio = prio if self.prio_batch is None else self.prio_batch
+            poll = poll if self.poll_batch is None else self.poll_batch
+        return CpuParams(cpus=tuple(sorted(cpus)), strict=strict, priority=prio, poll=poll)
 
     def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
         """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""
@@ -373,7 +456,10 @@ class ServerSettings(BaseSettings):
             check_tensors=self.check_tensors, devices=self.device_names(), tensor_overrides=self.tensor_overrides(),
             repack=self.repack, no_host=self.no_host, numa=self.numa,
             special=self.special, lora=self.lora_adapters(), lora_init_without_apply=self.lora_init_without_apply,
-            threads_batch=max(self.threads_batch, 0), flash_attn=self.flash_attn,
+            control_vectors=self.control_vectors(),
+            control_vector_layers=tuple(int(n) for n in (self.control_vector_layer_range or "-1 -1").split()[:2]),
+            threads_batch=max(self.threads_batch, 0), cpu=self.cpu_params(), cpu_batch=self.cpu_params(batch=True),
+            flash_attn=self.flash_attn, perf=self.perf,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
             op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
+from kinetic.sse_ping import with_pings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,9 +96,17 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
                 await close()
 
 
-def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-stream") -> StreamingResponse:
+def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-stream",
+                 ping_s: float = -1) -> StreamingResponse:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if ping_s > 0 and media_type == "text/event-stream":  # never in NDJSON, where a comment is no line
+        frames = with_pings(frames, ping_s)
     return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=headers)
+
+
+def ping_interval(request: Request) -> float:
+    """--sse-ping-interval, which create_app keeps on the app's state (-1: no pings)."""
+    return float(getattr(request.app.state, "sse_ping_interval", -1))
 
 
 class ClientDisconnected(Exception):
@@ -134,7 +143,7 @@ async def respond(request: Request, generation: Generation, *, stream: bool, enc
     """A generation the way the client asked for it: an event stream (SSE, or NDJSON for Ollama),
     or one JSON body at the end (the generation is cancelled if the client leaves before then)."""
     if stream:
-        return event_stream(encode_events(generation, encoder), media_type)
+        return event_stream(encode_events(generation, encoder), media_type, ping_s=ping_interval(request))
     deltas, finished = await until_disconnect(request, generation.result())
     return JSONResponse(to_body(deltas, finished))
 
@@ -177,7 +186,8 @@ async def respond_many(request: Request, generations: list[Generation], *, strea
     """Several generations answered as one: their events merged into one stream, or a JSON array
     of their bodies in order (all cancelled if the client leaves)."""
     if stream:
-        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]))
+        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]),
+                            ping_s=ping_interval(request))
 
     async def all_results() -> list[tuple[list[TextDelta], Finished]]:
         try:

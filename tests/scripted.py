@@ -28,6 +28,7 @@ from kinetic.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    RankScore,
     SlotFileResult,
     SlotState,
     TextDelta,
@@ -128,6 +129,16 @@ class ScriptedEngine:
 
     def lora_adapters(self) -> list[tuple[Path, float]]:
         return []
+
+    sleeping = False
+
+    def sleep(self) -> None:
+        raise AssertionError("the scripted engine is only put to sleep by tests that say how")
+
+    wake = sleep
+
+    def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        raise AssertionError("the scripted engine has no ranking head")
 
     def set_lora_scales(self, scales: dict[int, float]) -> None:
         pass

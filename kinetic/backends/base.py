@@ -17,7 +17,15 @@ from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.engine.base import Generation, Tokenizer
-from kinetic.engine.types import EngineStats, GenerationRequest, ModelInfo, SamplingParams, SlotFileResult, SlotState
+from kinetic.engine.types import (
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    RankScore,
+    SamplingParams,
+    SlotFileResult,
+    SlotState,
+)
 from kinetic.errors import NotSupportedError
 
 
@@ -33,6 +41,7 @@ class Capabilities:
     forwards_token_routes: bool = False  # /tokenize, /detokenize, /apply-template answered by the server behind
     slots: bool = True  # slot states and slot files
     lora: bool = False
+    sleep: bool = False  # can be unloaded while idle and woken by a request (--sleep-idle-seconds)
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,14 @@ class ModelBackend(Protocol):
     def busy(self) -> bool:
         """Requests running or waiting (an LRU unload passes it by)."""
 
+    @property
+    def sleeping(self) -> bool:
+        """Unloaded while idle (--sleep-idle-seconds) until a request wakes it; described as it was."""
+
+    async def sleep(self) -> None: ...
+
+    async def wake(self) -> None: ...
+
     # what it is
     @property
     def capabilities(self) -> Capabilities: ...
@@ -124,7 +141,7 @@ class ModelBackend(Protocol):
     async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
                     per_token: bool = False) -> Embeddings: ...
 
-    async def rerank(self, query: str, documents: list[str]) -> list[float]: ...
+    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]: ...
 
     # slots, adapters, counters
     def slot_states(self) -> list[SlotState]: ...
@@ -142,6 +159,11 @@ def require(capable: bool, backend: ModelBackend, route: str, why: str) -> None:
     """Raises the 501 naming `route` unless the backend has the capability (`capable`)."""
     if not capable:
         raise lacking(backend.name, route, why)
+
+
+def rerank_off() -> NotSupportedError:
+    """llama-server's words for a model loaded without --rerank."""
+    return NotSupportedError("This server does not support reranking. Start it with `--reranking`")
 
 
 def embeddings_off() -> NotSupportedError:

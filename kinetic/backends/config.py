@@ -55,6 +55,8 @@ class Switches:
     tags: tuple[str, ...] = ()
     ui_settings: dict[str, Any] = field(default_factory=dict)
     llama_params: dict[str, Any] = field(default_factory=dict)  # /props: what -ngl, -fa, -ctk... asked
+    rerank: bool = False  # /rerank answers (--rerank, or --embeddings with --pooling rank)
+    log_prompts_dir: str | None = None  # --log-prompts-dir: each prompt as the model reads it, one file each
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def model_config(settings: ServerSettings) -> ModelConfig:
         slots=settings.slots, metrics=settings.metrics, props=settings.props,
         slot_save_path=settings.slot_save_path, slot_save_max=settings.slot_save_max, verbose=settings.verbose,
         embd_normalize=settings.embd_normalize, tags=tags(settings.tags), ui_settings=settings.ui_settings(),
-        llama_params=options.describe())
+        llama_params=options.describe(), rerank=settings.serves_rerank, log_prompts_dir=settings.log_prompts_dir)
     template = TemplateChoice(jinja=settings.jinja, override=settings.chat_template,
                               override_file=settings.chat_template_file)
     return ModelConfig(defaults=defaults, template=template, engine=engine, switches=switches,

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from kinetic import __version__
-from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
+from kinetic.backends.base import Capabilities, Description, Embeddings, lacking, rerank_off
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.chat.infill import check_fim
@@ -25,8 +25,17 @@ from kinetic.chat.templates import choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Engine, Generation, Tokenizer
-from kinetic.engine.types import EngineStats, GenerationRequest, ModelInfo, SamplingParams, SlotFileResult, SlotState
+from kinetic.engine.types import (
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    RankScore,
+    SamplingParams,
+    SlotFileResult,
+    SlotState,
+)
 from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError
+from kinetic.prompt_log import write_prompt
 
 FINGERPRINT = f"b{__version__}-kinetic"
 
@@ -47,6 +56,16 @@ class LocalBackend:
     def ready(self) -> bool:
         """Model loaded and chat template chosen: only then may requests through."""
         return self.engine.ready and self.chat is not None
+
+    @property
+    def sleeping(self) -> bool:
+        return self.engine.sleeping
+
+    async def sleep(self) -> None:
+        await anyio.to_thread.run_sync(self.engine.sleep)
+
+    async def wake(self) -> None:
+        await anyio.to_thread.run_sync(self.engine.wake)
 
     async def load(self) -> None:
         await anyio.to_thread.run_sync(self.engine.load)
@@ -75,7 +94,8 @@ class LocalBackend:
     def capabilities(self) -> Capabilities:
         generates = self.engine.can_generate
         return Capabilities(generate=generates, infill=generates, embeddings=self.engine.embedding_n_ctx > 0,
-                            rerank=False, tokenizer=True, forwards_token_routes=False, slots=True, lora=True)
+                            rerank=self.config.switches.rerank, tokenizer=True, forwards_token_routes=False,
+                            slots=True, lora=True, sleep=True)
 
     @property
     def info(self) -> ModelInfo:
@@ -119,16 +139,20 @@ class LocalBackend:
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         self._require_generation()
         generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
-        return replace(generation, client=CLIENT.get()), prepared
+        return self._made(generation), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         self._require_generation()
-        generation = await anyio.to_thread.run_sync(self._chat().prepare_prompt, req)
-        return replace(generation, client=CLIENT.get())
+        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_prompt, req))
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
         check_fim(self.info.fim_tokens)  # llama-server's 501 naming the missing tokens
-        generation = await anyio.to_thread.run_sync(self._chat().prepare_infill, req)
+        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_infill, req))
+
+    def _made(self, generation: GenerationRequest) -> GenerationRequest:
+        """A prepared request, the client's name on it; with --log-prompts-dir its prompt is written out."""
+        if self.config.switches.log_prompts_dir:
+            write_prompt(self.config.switches.log_prompts_dir, self.prompt_text(generation))
         return replace(generation, client=CLIENT.get())
 
     async def start(self, request: GenerationRequest) -> Generation:
@@ -179,8 +203,11 @@ class LocalBackend:
                                                             token_lists)
         return Embeddings(vectors=vectors, n_tokens=sum(len(tokens) for tokens in token_lists))
 
-    async def rerank(self, query: str, documents: list[str]) -> list[float]:
-        raise lacking(self.name, "rerank", "this model was not loaded as a reranker")
+    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        """Each document's score against the query; blocks a worker thread, not the event loop."""
+        if not self.config.switches.rerank:
+            raise rerank_off()
+        return await anyio.to_thread.run_sync(self.engine.rerank, query, documents)
 
     # ------------------------------------------------------------------ slots, adapters, counters
 

@@ -16,6 +16,7 @@ from kinetic.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    RankScore,
     SlotFileResult,
     SlotState,
     TextDelta,
@@ -133,6 +134,19 @@ class Engine(Tokenizer, Protocol):
     def slot_restore(self, id_slot: int, path: Path) -> SlotFileResult: ...
 
     def slot_erase(self, id_slot: int) -> SlotFileResult: ...
+
+    # --sleep-idle-seconds (kinetic/router/idle_sleep.py): unloaded while idle, described as it was
+    sleeping: bool
+
+    def sleep(self) -> None:
+        """Blocking: frees the model while it is idle; its description and counters stay readable."""
+
+    def wake(self) -> None:
+        """Blocking: loads it again after sleep()."""
+
+    # reranking (--rerank: a model with a ranking head)
+    def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        """Blocking: each document's score against the query, in their order."""
 
     # LoRA adapters loaded with the model (GET/POST /lora-adapters)
     def lora_adapters(self) -> list[tuple[Path, float]]: ...

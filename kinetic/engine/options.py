@@ -13,6 +13,9 @@ from typing import Any
 KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6,
                   "q5_1": 7}
 KV_OVERRIDE_TYPES = ("int", "float", "bool", "str")
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: the length of a CPU mask
+PRIORITIES = {-1: "low", 0: "normal", 1: "medium", 2: "high", 3: "realtime"}
+DEFAULT_POLL = 50
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,46 @@ def parse_kv_override(text: str) -> KvOverride:
 
 
 @dataclass(frozen=True)
+class CpuParams:
+    """One pool's flags: the CPUs its threads may run on (empty: any), placement, priority, polling."""
+
+    cpus: tuple[int, ...] = ()
+    strict: bool = False
+    priority: int = 0
+    poll: int = DEFAULT_POLL
+
+    @property
+    def is_default(self) -> bool:
+        return self == CpuParams()
+
+    def describe(self) -> dict[str, object]:
+        return {"cpus": list(self.cpus), "strict": self.strict, "priority": PRIORITIES[self.priority],
+                "poll": self.poll}
+
+
+def parse_cpu_mask(mask: str) -> tuple[int, ...]:
+    """-C: an arbitrarily long hex mask, lowest bit = CPU 0 (a `0x` prefix allowed; 128 digits at most)."""
+    digits = mask.removeprefix("0x")[:128]
+    if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        raise ValueError(f"{mask!r} is not a hex CPU mask (e.g. 0xff)")
+    value = int(digits, 16)
+    return tuple(cpu for cpu in range(len(digits) * 4) if value >> cpu & 1)
+
+
+def parse_cpu_range(text: str) -> tuple[int, ...]:
+    """-Cr: `lo-hi` (either end may be left out: from CPU 0, up to the last ggml knows)."""
+    low, dash, high = text.partition("-")
+    try:
+        start = int(low) if low else 0
+        end = int(high) if high else MAX_THREADS - 1
+    except ValueError:
+        start = end = -1
+    if not dash or not 0 <= start <= end < MAX_THREADS:
+        raise ValueError(f"{text!r} is not a CPU range lo-hi within 0-{MAX_THREADS - 1}")
+    return tuple(range(start, end + 1))
+
+
+@dataclass(frozen=True)
 class LlamaOptions:
     # model (llama_model_params)
     n_gpu_layers: int = -1  # -ngl: -1 auto, -2 all, else a count
@@ -71,8 +114,13 @@ class LlamaOptions:
     special: bool = False  # generated special tokens show as text
     lora: tuple[tuple[str, float], ...] = ()  # --lora / --lora-scaled: (path, scale), in order (their ids)
     lora_init_without_apply: bool = False  # loaded at scale 0 until POST /lora-adapters sets one
+    control_vectors: tuple[tuple[str, float], ...] = ()  # --control-vector[-scaled]: (path, scale), summed
+    control_vector_layers: tuple[int, ...] = (-1, -1)  # --control-vector-layer-range; <= 0: 1 and the last layer
     # context (llama_context_params)
+    perf: bool = False  # --perf: llama.cpp keeps its internal timings (no_perf off)
     threads_batch: int = 0  # 0: same as the generation threads
+    cpu: CpuParams = CpuParams()  # -C/-Cr, --cpu-strict, --prio, --poll: the generation thread pool
+    cpu_batch: CpuParams = CpuParams()  # their -batch twins: the prompt-processing pool
     flash_attn: str = "auto"  # on, off, auto
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -96,7 +144,10 @@ class LlamaOptions:
         shown["tensor_split"] = list(self.tensor_split)
         shown["tensor_overrides"] = [f"{pattern}={buft}" for pattern, buft in self.tensor_overrides]
         shown["devices"] = None if self.devices is None else list(self.devices)
+        shown["cpu"], shown["cpu_batch"] = self.cpu.describe(), self.cpu_batch.describe()
         shown["lora"] = [{"path": path, "scale": scale} for path, scale in self.lora]
+        shown["control_vectors"] = [{"path": path, "scale": scale} for path, scale in self.control_vectors]
+        shown["control_vector_layers"] = list(self.control_vector_layers)
         return shown
 
 

@@ -53,6 +53,14 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class RankScore:
+    """A document's relevance to a query (/rerank), as the model's classification head scores it."""
+
+    score: float
+    n_tokens: int  # the query-document pair's prompt tokens, counted into usage
+
+
+@dataclass(frozen=True)
 class ReasoningBudget:
     """llama-server's reasoning budget (kinetic.engine.llama.reasoning_budget): after `tokens` tokens of thinking
     (from `start`, or from the first token when the prompt opened the block), `message` then `end` are forced."""

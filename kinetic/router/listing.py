@@ -44,7 +44,7 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     body: dict[str, Any] = model_entry(backend) if backend is not None and backend.ready else {
         "id": spec.name, "aliases": list(spec.aliases), "tags": [], "object": "model",
         "created": int(time.time()), "owned_by": "llamacpp"}
-    status: dict[str, Any] = {"value": entry.state.value, "args": []}
+    status: dict[str, Any] = {"value": "sleeping" if entry.sleeping else entry.state.value, "args": []}
     if entry.failure:
         status.update(failed=True, message=entry.failure)
     body["status"] = status

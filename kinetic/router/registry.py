@@ -23,6 +23,7 @@ from kinetic.backends.base import ModelBackend
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
 from kinetic.router.events import ModelEvents
+from kinetic.router.idle_sleep import IdleSleep
 from kinetic.router.sources import ModelSpec
 from kinetic.settings import ServerSettings
 
@@ -87,6 +88,11 @@ class ModelEntry:
             return True
         return self.backend is not None and self.backend.busy
 
+    @property
+    def sleeping(self) -> bool:
+        """Unloaded by --sleep-idle-seconds (idle_sleep.py) until a request wakes it."""
+        return self.backend is not None and self.backend.sleeping
+
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
@@ -107,6 +113,8 @@ class ModelRegistry:
         self.decode_lock = DecodeTurns()
         self.events = ModelEvents()  # GET /models/sse
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
+        self.sleeper: IdleSleep | None = IdleSleep(self, settings.sleep_idle_seconds) \
+            if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
 
     @classmethod
     def single(cls, settings: ServerSettings, backend: ModelBackend) -> ModelRegistry:
@@ -122,7 +130,7 @@ class ModelRegistry:
         if self.router:
             return True
         backend = self.only.backend
-        return backend is not None and backend.ready
+        return backend is not None and (backend.ready or backend.sleeping)  # a request wakes a sleeping one
 
     @property
     def only(self) -> ModelEntry:
@@ -143,24 +151,30 @@ class ModelRegistry:
             raise ModelNotFoundError(name)
         return entry
 
-    async def acquire(self, name: str | None, *, autoload: bool | None = None) -> tuple[ModelEntry, ModelBackend]:
+    async def acquire(self, name: str | None, *, autoload: bool | None = None,
+                      wake: bool = True) -> tuple[ModelEntry, ModelBackend]:
         """The backend of the model a request names, loaded first if need be, with a lease taken on it
-        (release() it when the request is done) so that it is not unloaded under the request."""
+        (release() it when the request is done) so that it is not unloaded under the request. `wake`
+        False: a sleeping model is answered as it is (llama-server's routes that bypass sleep)."""
         entry = self.resolve(name)
         while entry.draining:  # another model waits for its room: wait for the switch, then load it again
             await entry.open.wait()
         entry.leases += 1
         try:
+            if self.sleeper is not None and wake:
+                await self.sleeper.awake(entry)
             backend = await self._loaded_backend(entry, autoload)
         except BaseException:
             entry.leases -= 1
             raise
-        entry.touch()
+        if wake:  # a look at a sleeping model's state (/props, /metrics) is no use of it: the idle time runs on
+            entry.touch()
         return entry, backend
 
-    def release(self, entry: ModelEntry) -> None:
+    def release(self, entry: ModelEntry, *, used: bool = True) -> None:
         entry.leases -= 1
-        entry.touch()
+        if used:
+            entry.touch()
 
     async def _loaded_backend(self, entry: ModelEntry, autoload: bool | None) -> ModelBackend:
         if entry.state is ModelState.LOADED and entry.backend is not None:

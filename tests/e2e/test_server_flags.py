@@ -265,3 +265,18 @@ def test_a_lora_adapter_changes_greedy_output_and_scale_0_restores_it(lora: Kine
     httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 1}])
     assert greedy(lora.url) == adapted
     assert httpx.post(lora.url + "/lora-adapters", json={"id": 0}).status_code == 400
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread affinity is read from Linux's /proc")
+def test_cpu_mask_pins_llama_cpps_threads(model_lock: None) -> None:
+    """-C 0x1: llama.cpp's compute threads run on CPU 0 alone (its thread pool is made with the mask), while
+    the server's other threads keep every CPU; /props shows the pools' settings."""
+    with KineticServer("-np", "1", "-c", "512", "-t", "2", "-C", "0x1", "--poll", "0", "--prio-batch", "0") as server:
+        assert completion(server, n_predict=4)["tokens_predicted"] == 4
+        assert server.proc is not None
+        tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
+        allowed = [line.split(":")[1].strip() for task in tasks for line in (task / "status").read_text().splitlines()
+                   if line.startswith("Cpus_allowed_list")]
+        assert "0" in allowed and len(set(allowed)) == 2  # the pinned pool, and the rest on every CPU
+        cpu = httpx.get(server.url + "/props").json()["llama_params"]["cpu"]
+        assert cpu == {"cpus": [0], "strict": False, "priority": "normal", "poll": 0}

@@ -92,12 +92,11 @@ def test_the_warning_at_start_names_the_row(capsys: pytest.CaptureFixture[str]) 
     """serve() prints one warning per ignored flag before it loads anything; a missing model stops it there."""
     from kinetic.cli import serve
 
-    settings = parse_serve_args(["-m", "/no/such/model.gguf", "--rpc", "h:1", "--control-vector", "a.gguf"],
-                                environ={})
+    settings = parse_serve_args(["-m", "/no/such/model.gguf", "--rpc", "h:1", "-sps", "0.5"], environ={})
     assert serve(settings) == 1
     err = capsys.readouterr().err
     assert '--rpc is ignored: see "ignored flags: remote devices and fitting to memory"' in err
-    assert '--control-vector is ignored: see "ignored flags: control vectors"' in err
+    assert '-sps is ignored: see "ignored flags: slot prompt similarity"' in err
 
 
 def test_help_shows_which_flags_act(capsys: pytest.CaptureFixture[str]) -> None:

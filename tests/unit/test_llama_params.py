@@ -11,7 +11,7 @@ import pytest
 
 from kinetic.engine.llama import devices, params
 from kinetic.engine.llama.params import context_params, model_params
-from kinetic.engine.options import LlamaOptions, parse_kv_override
+from kinetic.engine.options import CpuParams, LlamaOptions, parse_cpu_mask, parse_kv_override
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 
@@ -189,3 +189,38 @@ def test_on_a_cpu_with_amx_the_weights_stay_off_the_extra_buffer_types(monkeypat
     assert not model_params(LlamaOptions(repack=True)).params.use_extra_bufts
     monkeypatch.setattr(params, "cpu_has_amx", lambda: False)
     assert model_params(LlamaOptions(repack=True)).params.use_extra_bufts
+
+
+def test_cpu_flags_build_llama_cpps_thread_pool_params() -> None:
+    """-C and -Cr add up; each -batch flag not given takes the generation one's value; the pool params are
+    ggml's defaults for the thread count, then the flags (llama.cpp's ggml_threadpool_params_from_cpu_params)."""
+    from kinetic.engine.llama.threads import pool_params
+
+    chosen = options("-C", "0x5", "-Cr", "8-9", "--cpu-strict", "1", "--prio", "2", "--poll", "0", "-Crb", "1-1",
+                     "--poll-batch", "100")
+    assert chosen.cpu == CpuParams(cpus=(0, 2, 8, 9), strict=True, priority=2, poll=0)
+    assert chosen.cpu_batch == CpuParams(cpus=(1,), strict=True, priority=2, poll=100)
+    built = pool_params(chosen.cpu, 3)
+    assert [i for i in range(512) if built.cpumask[i]] == [0, 2, 8, 9]
+    assert (built.n_threads, built.prio, built.poll, built.strict_cpu, built.paused) == (3, 2, 0, True, False)
+    assert options().cpu.is_default and options().cpu_batch.is_default  # no flag: llama.cpp makes its own pools
+    assert options("--prio-batch", "1").cpu.is_default and not options("--prio-batch", "1").cpu_batch.is_default
+
+
+@pytest.mark.parametrize(("mask", "cpus"), [("0x1", (0,)), ("F0", (4, 5, 6, 7)), ("0x100", (8,)), ("0", ())])
+def test_cpu_masks_read_as_llama_cpp_reads_them(mask: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpu_mask(mask) == cpus
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["-C", "0xZZ"], "for -C: '0xZZ' is not a hex CPU mask"),
+    (["-Cr", "5-2"], "for -Cr: '5-2' is not a CPU range"),
+    (["-Cr", "4"], "for -Cr: '4' is not a CPU range"),
+    (["--prio", "4"], "for --prio"),
+    (["--prio-batch", "-1"], "for --prio-batch"),
+    (["--poll", "101"], "for --poll"),
+    (["--cpu-strict", "2"], "for --cpu-strict"),
+])
+def test_bad_cpu_flags_name_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        options(*argv)

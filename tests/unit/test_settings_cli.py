@@ -31,7 +31,7 @@ def test_llama_server_spellings_exist(spelling: str) -> None:
 def test_implemented_flag_reads_like_llama_server(flag) -> None:
     """Same spellings, same number of values, same variable as the vendored llama-server's flag."""
     assert set(flag.names) == set(flag.llama.names) and set(flag.negations) == set(flag.llama.negations)
-    assert (0 if flag.is_switch else 1) == flag.llama.values
+    assert flag.is_switch == (flag.llama.values == 0)  # a value flag reads its one or two values (serve_args)
     assert flag.llama_env == flag.llama.env
 
 
@@ -105,7 +105,8 @@ def test_issue_examples_start() -> None:
             "--control-vector-layer-range", "1", "10", "--no-webui", "-np", "2"]
     s = parse_serve_args(argv, environ={})
     assert s.model == "model.gguf" and s.parallel == 2 and s.ui is False  # --no-webui is kinetic's --no-ui
-    assert s.ignored_flags == ("-sps", "--control-vector-layer-range") and s.keep == -1
+    assert s.ignored_flags == ("-sps",) and s.keep == -1
+    assert s.control_vector_layer_range == "1 10"  # its two values, then -np 2 read as a flag again
     assert s.override_tensor == ("exps=CPU",)
     assert s.kv_unified and s.reverse_prompt == ("User:",)
     assert s.override_kv == ("tokenizer.ggml.add_bos_token=bool:false",)
@@ -140,11 +141,11 @@ def test_main_serves_what_parse_serve_args_reads(monkeypatch: pytest.MonkeyPatch
 
     served: list[ServerSettings] = []
     monkeypatch.setattr(kinetic.cli, "serve", lambda settings: served.append(settings) or 0)
-    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--prio", "2"]
+    argv = ["a.gguf", "-a", "x", "-hf", "org/repo:Q8_0", "-r", "A:", "-r", "B:", "--no-jinja", "--video-fps", "2"]
     assert main(["serve", *argv]) == 0
     assert served == [parse_serve_args(argv)]
     assert served[0].model_args == (("a.gguf", "x"), ("hf:org/repo:Q8_0", None))
-    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--prio",)
+    assert served[0].reverse_prompt == ("A:", "B:") and served[0].ignored_flags == ("--video-fps",)
 
 
 BAD = [

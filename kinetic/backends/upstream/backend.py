@@ -22,7 +22,15 @@ from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.base import Generation, Tokenizer
 from kinetic.engine.inflight import InFlight
-from kinetic.engine.types import EngineStats, Event, GenerationRequest, SamplingParams, SlotFileResult, SlotState
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    GenerationRequest,
+    RankScore,
+    SamplingParams,
+    SlotFileResult,
+    SlotState,
+)
 from kinetic.errors import KineticError, NotSupportedError, ServerError, UnavailableError
 from kinetic.router.sources import ModelSpec
 
@@ -99,6 +107,16 @@ class UpstreamBackend:
     @property
     def busy(self) -> bool:
         return self.line.running > 0 or len(self.line) > 0
+
+    @property
+    def sleeping(self) -> bool:
+        return False  # nothing of it is loaded here to unload
+
+    async def sleep(self) -> None:
+        raise lacking(self.name, "sleeping", "nothing of it is loaded here to unload")
+
+    async def wake(self) -> None:
+        pass
 
     # ------------------------------------------------------------------ what it is
 
@@ -245,7 +263,7 @@ class UpstreamBackend:
         n_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
         return Embeddings(vectors=[[v] for v in vectors] if per_token else vectors, n_tokens=n_tokens)
 
-    async def rerank(self, query: str, documents: list[str]) -> list[float]:
+    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
         raise lacking(self.name, "rerank", "its upstream is reached by OpenAI routes, which have no rerank")
 
     # ------------------------------------------------------------------ slots, adapters, counters

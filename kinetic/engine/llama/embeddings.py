@@ -62,30 +62,37 @@ class EmbeddingContext:
             vectors.append((array / norm if norm > 0 else array).tolist())
         return vectors
 
+    def decode(self, tokens: list[int]) -> None:
+        """Evaluates one input from an empty cache, its outputs then readable; the caller holds decode_lock."""
+        if self.ctx.memory is not None:  # encoder-only models keep no cache
+            llama_cpp.llama_memory_clear(self.ctx.memory, True)
+        batch = self.batch.batch
+        batch.n_tokens = 0
+        for pos, token in enumerate(tokens):
+            batch.token[pos] = token
+            batch.pos[pos] = pos
+            batch.n_seq_id[pos] = 1
+            batch.seq_id[pos][0] = 0
+            batch.logits[pos] = True
+        batch.n_tokens = len(tokens)
+        start = time.perf_counter()
+        if llama_cpp.llama_decode(self.ctx.ctx, batch) != 0:
+            raise ServerError("llama_decode failed while computing an embedding")
+        self.counters["prompt_tokens_total"] += len(tokens)
+        self.counters["prompt_seconds_total"] += time.perf_counter() - start
+        self.counters["n_decode_total"] += 1
+        self.counters["n_busy_slots_total"] += 1
+
     def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
         """Raw (unnormalised) vectors per input: one pooled vector, or one per token with pooling none."""
+        if self.pooling == "rank":  # one score per input, not a vector: /rerank reads it (rerank.py)
+            raise InvalidRequestError("this server ranks documents (--rerank, --pooling rank): use /rerank",
+                                      param="input")
         n_embd = self.model.info.n_embd
         vectors: list[list[list[float]]] = []
         with self.decode_lock:
             for tokens in inputs:
-                if self.ctx.memory is not None:  # encoder-only models keep no cache
-                    llama_cpp.llama_memory_clear(self.ctx.memory, True)
-                batch = self.batch.batch
-                batch.n_tokens = 0
-                for pos, token in enumerate(tokens):
-                    batch.token[pos] = token
-                    batch.pos[pos] = pos
-                    batch.n_seq_id[pos] = 1
-                    batch.seq_id[pos][0] = 0
-                    batch.logits[pos] = True
-                batch.n_tokens = len(tokens)
-                start = time.perf_counter()
-                if llama_cpp.llama_decode(self.ctx.ctx, batch) != 0:
-                    raise ServerError("llama_decode failed while computing an embedding")
-                self.counters["prompt_tokens_total"] += len(tokens)
-                self.counters["prompt_seconds_total"] += time.perf_counter() - start
-                self.counters["n_decode_total"] += 1
-                self.counters["n_busy_slots_total"] += 1
+                self.decode(tokens)
                 if self.pooling == "none":
                     rows = [llama_cpp.llama_get_embeddings_ith(self.ctx.ctx, i) for i in range(len(tokens))]
                 else:

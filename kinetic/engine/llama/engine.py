@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -19,11 +20,12 @@ from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.reasoning_budget import BudgetedSampler
+from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
 from kinetic.engine.options import LlamaOptions, LongContext
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, SlotFileResult, SlotState
+from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, RankScore, SlotFileResult, SlotState
 from kinetic.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -103,6 +105,9 @@ class LlamaEngine:
         self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
         self.pooling = pooling  # None: the model's own (mean when it declares none)
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
+        # --sleep-idle-seconds (kinetic/router/idle_sleep.py): unloaded until woken, its description kept
+        self.sleeping = False
+        self._asleep: tuple[ModelInfo, EngineStats] | None = None
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
         self.verbose = verbose
@@ -122,6 +127,7 @@ class LlamaEngine:
         return self._scheduler is not None or self._embeddings is not None
 
     def load(self) -> None:
+        self._closed = False
         model = LoadedModel(self.model_path, verbose=self.verbose, options=self.options)
         if is_embedding_only(model):
             self._load_embedding_only(model)
@@ -156,7 +162,7 @@ class LlamaEngine:
         # an encoder reads at most the positions it was trained on (BERT: 512)
         n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
         self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
-                                            decode_lock=self._decode_lock)
+                                            decode_lock=self._decode_lock, pooling=self.pooling)
         self.generates = False
         self.n_slots = 0
         self.slot_n_ctx = self._embeddings.n_ctx
@@ -173,7 +179,24 @@ class LlamaEngine:
         self._embeddings = None
         self._model = None
 
+    def sleep(self) -> None:
+        """Blocking: frees the weights and contexts of an idle model; /props, /v1/models and /metrics still
+        describe it (as llama-server's cached answers do) until wake() loads it again."""
+        self._asleep = (self._require_model().info, self.stats())
+        self.sleeping = True
+        self.close()
+        # some of the Python objects that own llama.cpp's contexts and weights sit in reference cycles: without a
+        # collection now they, and the memory, would stay until Python's next full collection (seen: RSS unchanged)
+        gc.collect()
+
+    def wake(self) -> None:
+        """Blocking: loads the model again after sleep()."""
+        self.load()
+        self.sleeping = False
+
     def require_ready(self) -> ModelInfo:
+        if self.sleeping and self._model is None and self._asleep is not None:
+            return self._asleep[0]
         return self._require_model().info
 
     def _require_model(self) -> LoadedModel:
@@ -266,6 +289,10 @@ class LlamaEngine:
     def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
         return self._require_embeddings().embed_all(inputs)
 
+    def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        """Blocking: each document's score against the query (--rerank: pooling rank), in their order."""
+        return rerank(self._require_embeddings(), query, documents)
+
     def _require_embeddings(self) -> EmbeddingContext:
         if self._embeddings is None:
             raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
@@ -323,6 +350,8 @@ class LlamaEngine:
         `scrape` (GET /metrics, as llama-server's do): other readers (the dashboard, the router,
         the digest) leave that baseline alone."""
         scheduler = self._scheduler
+        if scheduler is None and self.sleeping and self._asleep is not None:
+            return self._asleep[1]
         if scheduler is None:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
         counters = dict(scheduler.metrics)

@@ -17,7 +17,9 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
+from kinetic.engine.llama.control_vector import apply_control_vector, load_control_vectors
 from kinetic.engine.llama.params import init_numa, model_params
+from kinetic.engine.llama.threads import attach_threadpools
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
@@ -52,6 +54,7 @@ class LoadedModel:
                                  "(truncated, corrupt, or an architecture this build does not know)") from exc
         self.lora = [self._load_lora(Path(adapter), 0.0 if options.lora_init_without_apply else scale)
                      for adapter, scale in options.lora]
+        self.control_vector = load_control_vectors(options.control_vectors) if options.control_vectors else None
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
         self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
@@ -93,9 +96,14 @@ class LoadedModel:
         return LoraAdapter(path=path, handle=handle, scale=scale)
 
     def new_context(self, params: Any) -> _internals.LlamaContext:
-        """A context with the server's LoRA adapters applied at their scales."""
+        """A context with the server's LoRA adapters applied at their scales, its control vector, and thread pools
+        made with the CPU flags when any is given."""
         ctx = _internals.LlamaContext(model=self.model, params=params, verbose=self.verbose)
+        attach_threadpools(ctx, self.options.cpu, self.options.cpu_batch, params.n_threads, params.n_threads_batch)
         self.apply_lora(ctx)
+        if self.control_vector is not None:
+            apply_control_vector(ctx.ctx, self.control_vector, self.options.control_vector_layers,
+                                 llama_cpp.llama_model_n_layer(self.model.model))
         return ctx
 
     def apply_lora(self, ctx: _internals.LlamaContext) -> None:

@@ -111,7 +111,7 @@ def context_params(options: LlamaOptions, *, n_ctx: int, n_batch: int, n_ubatch:
     params.kv_unified = kv_unified
     # Full-size sliding-window cache, so a slot's cached prefix stays reusable (Gemma 3 uses SWA).
     params.swa_full = True
-    params.no_perf = True
+    params.no_perf = not options.perf
     params.flash_attn_type = FLASH_ATTN[options.flash_attn]
     params.type_k = KV_CACHE_TYPES[options.cache_type_k]
     params.type_v = KV_CACHE_TYPES[options.cache_type_v]

@@ -1,5 +1,6 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
-/infill, /embedding (and /embeddings), /tokenize, /detokenize, /apply-template, /cors-proxy."""
+/infill, /embedding (and /embeddings), /rerank (and its aliases), /tokenize, /detokenize, /apply-template,
+/cors-proxy."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__, slot_folder
-from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require
+from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
 from kinetic.classroom.identity import CLIENT
 from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, RegistryDep, model_backend
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import cors_proxy, translate
+from kinetic.protocols.llamacpp import cors_proxy, rerank, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -48,7 +49,7 @@ async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
     if registry.router and not request.query_params.get("model"):
         return translate.router_props(max_instances=registry.settings.models_max,
                                       autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
-    async with model_backend(request) as backend:
+    async with model_backend(request, wake=False) as backend:  # answered asleep (--sleep-idle-seconds)
         return translate.props(served_state(backend, request.url.path))
 
 
@@ -63,7 +64,8 @@ def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
         n_keep=backend.config.defaults.n_keep,
         template_source=template.source if template else "", template_origin=template.origin if template else "",
         build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
-        endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params)
+        endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params,
+        is_sleeping=backend.sleeping)
 
 
 @router.post("/models/load")
@@ -154,7 +156,12 @@ async def slot_action(id_slot: str, request: Request, backend: BackendDep, actio
 
 
 @router.get("/metrics")
-async def get_metrics(request: Request, backend: BackendDep) -> Response:
+async def get_metrics(request: Request) -> Response:
+    async with model_backend(request, wake=False) as backend:  # answered asleep: a scraper keeps no model up
+        return _metrics(request, backend)
+
+
+def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
     response = PlainTextResponse(translate.metrics_text(backend.stats(scrape=True), viewer=_viewer(request)),
@@ -206,6 +213,22 @@ async def embedding(body: EmbeddingRequest, backend: BackendDep) -> list[dict[st
     return translate.to_native_embeddings(embedded.vectors, pooling=backend.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
                                           else backend.config.switches.embd_normalize)
+
+
+@router.post("/rerank")
+@router.post("/reranking")
+@router.post("/v1/rerank")
+@router.post("/v1/reranking")
+async def rerank_documents(request: Request, backend: BackendDep) -> Any:
+    if not backend.capabilities.rerank:  # checked before the body, as llama-server does
+        raise rerank_off()
+    try:
+        raw = await request.json()
+    except ValueError:
+        raise InvalidRequestError("Invalid JSON body", param="body") from None
+    body = rerank.rerank_request(raw)
+    scores = await backend.rerank(body.query, body.documents)
+    return rerank.to_rerank_body(body, scores, model=backend.name)
 
 
 @router.get("/lora-adapters")

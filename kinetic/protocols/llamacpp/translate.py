@@ -291,6 +291,7 @@ class ServedState:
     endpoint_metrics: bool
     ui_settings: dict[str, Any]
     llama_params: dict[str, Any]
+    is_sleeping: bool = False  # --sleep-idle-seconds
 
 
 def props(state: ServedState) -> dict[str, Any]:
@@ -315,7 +316,7 @@ def props(state: ServedState) -> dict[str, Any]:
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
         "build_info": state.build_info,
-        "is_sleeping": False,
+        "is_sleeping": state.is_sleeping,
         "ui_settings": state.ui_settings,
         # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
         "llama_params": state.llama_params,

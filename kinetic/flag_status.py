@@ -32,21 +32,30 @@ IGNORED: tuple[Ignored, ...] = (
             ("-mm", "-mmu", "--mmproj-auto", "--mmproj-offload", "-mmdev", "--image-min-tokens", "--image-max-tokens",
              "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
              "--media-path")),
-    Ignored("ignored flags: speculative decoding",
-            "speculation changes the decode loop, which is being rewritten (issue 20); it comes after that",
-            ("-lcs", "-lcd", "--spec-draft-hf", "--spec-draft-threads", "--spec-draft-threads-batch",
-             "--spec-draft-cpu-mask", "--spec-draft-cpu-range", "--spec-draft-cpu-strict", "--spec-draft-prio",
-             "--spec-draft-poll", "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-strict-batch",
-             "--spec-draft-prio-batch", "--spec-draft-poll-batch", "--spec-draft-type-k", "--spec-draft-type-v",
-             "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-n-max",
-             "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates", "--spec-draft-p-split",
-             "--spec-draft-p-min", "--spec-draft-backend-sampling", "--spec-draft-device", "--spec-draft-ngl",
-             "--spec-draft-model", "--spec-type", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max",
-             "--spec-ngram-mod-n-match", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
+    Ignored("ignored flags: speculative decoding kinds kinetic does not run",
+            "kinetic runs the ngram-simple and draft-simple kinds of --spec-type; ngram-map-k, ngram-map-k4v, "
+            "ngram-mod (--spec-default), ngram-cache (its lookup cache files) and the draft heads (draft-eagle3, "
+            "draft-mtp, draft-dflash, draft-dspark) are accepted by --spec-type with a warning and not run; "
+            "--spec-ngram-simple-min-hits does nothing in llama-server's ngram-simple either",
+            ("-lcs", "-lcd", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-match",
              "--spec-ngram-simple-min-hits", "--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m",
              "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
-             "--spec-ngram-map-k4v-min-hits", "--draft", "--draft-min", "--spec-ngram-size-n", "--spec-ngram-size-m",
-             "--spec-ngram-min-hits", "--spec-default")),
+             "--spec-ngram-map-k4v-min-hits", "--spec-default")),
+    Ignored("ignored flags: draft model placement",
+            "the draft model (-md) runs on the CPU with the main model's threads and KV cache types, sampled in "
+            "Python, in the same decode thread; -hfd downloads are not offered (give -md a file); the synthetic "
+            "acceptance rates are llama-server's benchmarking aid; --spec-draft-p-split is read by no kind "
+            "kinetic runs",
+            ("--spec-draft-hf", "--spec-draft-threads", "--spec-draft-threads-batch", "--spec-draft-cpu-mask",
+             "--spec-draft-cpu-range", "--spec-draft-cpu-strict", "--spec-draft-prio", "--spec-draft-poll",
+             "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-strict-batch", "--spec-draft-prio-batch",
+             "--spec-draft-poll-batch", "--spec-draft-type-k", "--spec-draft-type-v", "--spec-draft-override-tensor",
+             "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-synth-len", "--spec-synth-rates",
+             "--spec-draft-p-split", "--spec-draft-backend-sampling", "--spec-draft-device", "--spec-draft-ngl")),
+    Ignored("ignored flags: removed from llama-server",
+            "the vendored llama-server refuses them at start (\"the argument has been removed\"); kinetic accepts "
+            "and ignores them, use --spec-ngram-simple-size-n/-m",
+            ("--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits")),
     Ignored("ignored flags: checkpoint spacing and idle-slot caching",
             "kinetic saves at most three checkpoints per prompt (4 tokens before its end, where its last message "
             "starts, where it parts from the longest prompt seen before it) in the shared --cache-ram cache, "

@@ -236,6 +236,25 @@ FLAGS: tuple[Flag, ...] = (
          "flag)", metavar="FNAME:SCALE"),
     Flag("lora_init_without_apply", ("--lora-init-without-apply",), "load the adapters at scale 0; POST "
          "/lora-adapters sets their scales"),
+    # speculative decoding (kinetic.engine.llama.speculative)
+    Flag("draft_model", ("--spec-draft-model", "-md", "--model-draft"), "draft model for speculative decoding "
+         "(alone it means --spec-type draft-simple)", metavar="FNAME"),
+    Flag("spec_type", ("--spec-type",), "speculative decoding kinds, comma list: draft-simple (needs -md), "
+         "ngram-simple (drafts from the slot's own earlier tokens), none", metavar="TYPES"),
+    Flag("draft_max", ("--spec-draft-n-max",), "most tokens the draft model proposes a step", metavar="N"),
+    Flag("draft_min", ("--spec-draft-n-min",), "fewest tokens a draft-model draft must have to be verified",
+         metavar="N"),
+    # the spellings model cards still carry; the vendored llama-server refuses them ("removed")
+    Flag("draft_max_old", ("--draft", "--draft-n", "--draft-max"), "--spec-draft-n-max's older spelling (kinetic "
+         "takes it; the vendored llama-server refuses it)", metavar="N"),
+    Flag("draft_min_old", ("--draft-min", "--draft-n-min"), "--spec-draft-n-min's older spelling (kinetic takes "
+         "it; the vendored llama-server refuses it)", metavar="N"),
+    Flag("draft_p_min", ("--spec-draft-p-min", "--draft-p-min"), "the draft model stops at a token it gives a "
+         "lower probability (greedy)", metavar="P"),
+    Flag("spec_ngram_simple_size_n", ("--spec-ngram-simple-size-n",), "ngram-simple: length of the n-gram looked up "
+         "in the slot's tokens", metavar="N"),
+    Flag("spec_ngram_simple_size_m", ("--spec-ngram-simple-size-m",), "ngram-simple: most tokens drafted after a "
+         "match", metavar="N"),
     Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",
          metavar="FNAME"),
     Flag("control_vector_scaled", ("--control-vector-scaled",), "control vector with its scale, FNAME:SCALE (comma "

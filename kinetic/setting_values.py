@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from kinetic.engine.options import parse_cpu_mask, parse_cpu_range, parse_kv_override
+from kinetic.engine.options import parse_cpu_mask, parse_cpu_range, parse_kv_override, parse_spec_types
 
 # llama.cpp's is_truthy / is_falsey spellings (common/arg.cpp), plus yes/no that kinetic always took.
 TRUE_WORDS = frozenset({"on", "enabled", "true", "1", "yes"})
@@ -200,6 +200,11 @@ def _tensor_overrides(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _spec_types(value: str) -> str:
+    parse_spec_types(value)  # a ValueError names the unknown type
+    return value
+
+
 def _cpu_mask(value: str) -> str:
     parse_cpu_mask(value)
     return value
@@ -239,5 +244,6 @@ TensorOverrides = Annotated[Repeated, AfterValidator(_tensor_overrides)]
 GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]
 HfRepo = Annotated[str, AfterValidator(_hf_repo)]
+SpecTypes = Annotated[str, AfterValidator(_spec_types)]
 CpuMask = Annotated[str, AfterValidator(_cpu_mask)]
 CpuRange = Annotated[str, AfterValidator(_cpu_range)]

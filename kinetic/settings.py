@@ -21,9 +21,11 @@ from kinetic.engine.options import (
     CpuParams,
     LlamaOptions,
     LongContext,
+    SpecOptions,
     parse_cpu_mask,
     parse_cpu_range,
     parse_kv_override,
+    parse_spec_types,
 )
 from kinetic.serve_flags import FLAGS as FLAGS  # re-exported: the router's presets read the table from here
 from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
@@ -50,6 +52,7 @@ from kinetic.setting_values import (
     ReadableFile,
     Repeated,
     ScaledLoraFiles,
+    SpecTypes,
     TensorOverrides,
     TensorSplit,
     Upstreams,
@@ -183,6 +186,15 @@ class ServerSettings(BaseSettings):
     lora: LoraFiles = ()
     lora_scaled: ScaledLoraFiles = ()
     lora_init_without_apply: bool = False
+    draft_model: ExistingFile | None = None
+    spec_type: SpecTypes | None = None
+    draft_max: Annotated[int, Field(ge=0)] = 3  # llama-server's defaults (common/common.h)
+    draft_min: int = 0
+    draft_max_old: Annotated[int, Field(ge=0)] | None = None
+    draft_min_old: int | None = None
+    draft_p_min: float = 0.0
+    spec_ngram_simple_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
+    spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
     control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
     control_vector_scaled: ScaledLoraFiles = ()
     control_vector_layer_range: str | None = None  # "START END", as the command line gives the two values
@@ -465,6 +477,19 @@ class ServerSettings(BaseSettings):
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,
             yarn_ext_factor=self.yarn_ext_factor, yarn_attn_factor=self.yarn_attn_factor,
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
+
+    def spec_options(self) -> SpecOptions:
+        """What the speculative decoding flags ask; -md without --spec-type means draft-simple (as on
+        llama-server before --spec-type, and what a model card's `-md X --draft-max N` expects)."""
+        if self.spec_type is not None:
+            types = parse_spec_types(self.spec_type)
+        else:
+            types = ("draft-simple",) if self.draft_model else ()
+        return SpecOptions(types=types, draft_model=str(Path(self.draft_model).expanduser()) if self.draft_model
+                           else None, n_max=self.draft_max if self.draft_max_old is None else self.draft_max_old,
+                           n_min=self.draft_min if self.draft_min_old is None else self.draft_min_old,
+                           p_min=self.draft_p_min,
+                           ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m)
 
     def template_kwargs(self) -> dict[str, Any]:
         """--chat-template-kwargs over --reasoning-effort and --reasoning-preserve: the variables every chat

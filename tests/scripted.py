@@ -163,6 +163,10 @@ class ScriptedEngine:
     def slot_erase(self, id_slot: int) -> SlotFileResult:
         raise AssertionError("the scripted engine keeps no KV cache")
 
+    @property
+    def speculative_types(self) -> tuple[str, ...]:
+        return ()
+
     def slot_states(self) -> list[SlotState]:
         return [SlotState(id=0, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,
                           n_prompt_tokens_cache=0, n_decoded=0)]

@@ -58,6 +58,7 @@ class Description:
     fingerprint: str
     # a remote model's servers: each one's URL, whether it is in rotation, its requests outstanding
     members: list[dict[str, Any]] = field(default_factory=list)
+    speculative_types: tuple[str, ...] = ()  # the speculative decoding kinds its slots run ("" none)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.prepare import ServerDefaults
-from kinetic.engine.options import LlamaOptions, LongContext
+from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
@@ -39,6 +39,7 @@ class EngineConfig:
     ctx_checkpoints: int = 32
     verbose: bool = False
     long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
+    spec: SpecOptions = field(default_factory=SpecOptions)  # speculative decoding (-md, --spec-type...)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def model_config(settings: ServerSettings) -> ModelConfig:
         n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
         n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
         pooling=settings.pooling, options=options, fair_share=settings.fair_share, cache_ram_mib=settings.cache_ram,
-        ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context())
+        ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context(),
+        spec=settings.spec_options())
     switches = Switches(
         slots=settings.slots, metrics=settings.metrics, props=settings.props,
         slot_save_path=settings.slot_save_path, slot_save_max=settings.slot_save_max, verbose=settings.verbose,

@@ -104,7 +104,8 @@ class LocalBackend:
     def describe(self) -> Description:
         return Description(name=self.name, aliases=self.aliases, info=self.info, n_ctx=self.engine.slot_n_ctx,
                            n_slots=self.engine.n_slots, template=self.chat.template if self.chat else None,
-                           pooling=self.engine.embedding_pooling, fingerprint=FINGERPRINT)
+                           pooling=self.engine.embedding_pooling, fingerprint=FINGERPRINT,
+                           speculative_types=self.engine.speculative_types)
 
     def default_sampling(self) -> SamplingParams:
         return self.config.defaults.sampling()

@@ -154,8 +154,12 @@ class Engine(Tokenizer, Protocol):
     def set_lora_scales(self, scales: dict[int, float]) -> None:
         """Blocking: waits for the current decode step."""
 
-    # state, for /slots and /metrics
+    # state, for /slots, /props and /metrics
     def slot_states(self) -> list[SlotState]: ...
+
+    @property
+    def speculative_types(self) -> tuple[str, ...]:
+        """The speculative decoding kinds the slots run (llama-server's `speculative.types`); () for none."""
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""

@@ -159,3 +159,46 @@ class LongContext:
     context_shift: bool = False
     cache_reuse: int = 0  # smallest cached chunk moved instead of evaluated again; 0: off
     slot_limit: int = 0  # --kv-unified-per-slot: most tokens one slot holds (and, without -c, the pool per slot)
+
+
+# llama.cpp's speculative decoding kinds (common/speculative.cpp), and the ones kinetic runs
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPEC_TYPES_RUN = ("draft-simple", "ngram-simple")
+
+
+def parse_spec_types(text: str) -> tuple[str, ...]:
+    """--spec-type's comma list as llama.cpp reads it: `none` anywhere turns speculation off; an unknown
+    name is a ValueError."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in SPEC_TYPES:
+            raise ValueError(f"unknown speculative type {name!r} (known: {', '.join(SPEC_TYPES)})")
+    return () if "none" in names else tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """What the speculative decoding flags ask (llama-server's common_params_speculative)."""
+
+    types: tuple[str, ...] = ()  # in llama.cpp's order of preference: ngram-simple before draft-simple
+    draft_model: str | None = None  # -md: a GGUF with the target's vocabulary
+    n_max: int = 3  # draft-simple: most tokens drafted a step
+    n_min: int = 0  # draft-simple: a shorter draft is dropped
+    p_min: float = 0.0  # draft-simple: drafting stops below this probability of the draft's top token
+    ngram_size_n: int = 12  # ngram-simple: the n-gram looked up
+    ngram_size_m: int = 48  # ngram-simple: most tokens drafted after a match
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.runnable)
+
+    @property
+    def runnable(self) -> tuple[str, ...]:
+        """The asked kinds kinetic runs (draft-simple only with a draft model), in llama.cpp's order."""
+        return tuple(t for t in ("ngram-simple", "draft-simple") if t in self.types
+                     and (t != "draft-simple" or self.draft_model))
+
+    @property
+    def not_run(self) -> tuple[str, ...]:
+        return tuple(t for t in self.types if t not in SPEC_TYPES_RUN)

@@ -114,6 +114,8 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int = 0  # speculative decoding: tokens drafted, and how many of them the model accepted
+    draft_n_accepted: int = 0
 
     def to_dict(self) -> dict[str, float | int]:
         prompt_per_token = self.prompt_ms / self.prompt_n if self.prompt_n else 0.0
@@ -122,7 +124,7 @@ class Timings:
         steps = self.predicted_n - 1
         predicted_per_token = self.predicted_ms / steps if steps > 0 else 0.0
         predicted_per_second = 1000.0 * steps / self.predicted_ms if steps > 0 and self.predicted_ms > 0 else 0.0
-        return {
+        shown: dict[str, float | int] = {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
@@ -133,6 +135,9 @@ class Timings:
             "predicted_per_token_ms": predicted_per_token,
             "predicted_per_second": predicted_per_second,
         }
+        if self.draft_n > 0:  # as llama-server: only when something was drafted
+            shown.update(draft_n=self.draft_n, draft_n_accepted=self.draft_n_accepted)
+        return shown
 
 
 @dataclass(frozen=True)

@@ -67,4 +67,4 @@ def local_engine(spec: ModelSpec, config: EngineConfig, settings: ServerSettings
                        pooling=config.pooling, options=config.options, fair_share=config.fair_share,
                        max_in_flight_per_client=max_in_flight, cache_ram_mib=config.cache_ram_mib,
                        ctx_checkpoints=config.ctx_checkpoints, verbose=config.verbose, decode_lock=decode_lock,
-                       in_flight=in_flight, long_context=config.long_context)
+                       in_flight=in_flight, long_context=config.long_context, spec=config.spec)

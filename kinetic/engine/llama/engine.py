@@ -23,7 +23,7 @@ from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.options import LlamaOptions, LongContext
+from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, RankScore, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -83,6 +83,7 @@ class LlamaEngine:
         ctx_checkpoints: int = 32,
         pooling: str | None = None,
         options: LlamaOptions = LlamaOptions(),  # noqa: B008  frozen dataclass: a shared default is safe
+        spec: SpecOptions = SpecOptions(),  # noqa: B008  frozen too
         verbose: bool = False,
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
@@ -92,6 +93,7 @@ class LlamaEngine:
         self.requested_ctx = n_ctx
         self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
         self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
+        self.spec = spec  # speculative decoding (-md, --spec-type...): speculative.py
         self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
         self.n_threads = default_threads() if n_threads <= 0 else n_threads
         self.n_batch = n_batch
@@ -141,7 +143,7 @@ class LlamaEngine:
                                   decode_lock=self._decode_lock, fair=self.fair_share,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
                                   ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight,
-                                  long_context=self.long_context)
+                                  long_context=self.long_context, spec=self.spec)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
@@ -341,6 +343,12 @@ class LlamaEngine:
                     model.apply_lora(context)
 
     # ---------------------------------------------------------------- state
+
+    @property
+    def speculative_types(self) -> tuple[str, ...]:
+        """The speculative decoding kinds the slots run (none on a model whose state cannot be rolled back)."""
+        speculator = self._scheduler.speculator if self._scheduler is not None else None
+        return speculator.types if speculator is not None else ()
 
     def slot_states(self) -> list[SlotState]:
         return [slot.state() for slot in self._scheduler.slots] if self._scheduler else []

@@ -18,6 +18,10 @@ before the end, as llama-server's context checkpoints, and where the prompt part
 seen before it, which is the end of a class's shared system prompt), so that the next prompts that start
 the same way restore one instead of evaluating it again, on any slot.
 
+Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; the
+slots and jobs themselves are slots.py's. With speculative decoding (speculative.py) a generating slot
+puts a draft after its last token in the same batch, and its rows are verified one after the other.
+
 Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
 the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
 never holds back the others. Events reach each event loop through its inbox (inbox.py), once per
@@ -26,13 +30,11 @@ step, in a way that never makes the decode thread wait for the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import llama_cpp
@@ -40,22 +42,22 @@ from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight
-from kinetic.engine.llama.context_shift import MemoryCells, allowed, reuse_chunks, shift, shift_span
+from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
-from kinetic.engine.llama.sampler import GrammarDeadEnd, Sampler, token_logprob
-from kinetic.engine.options import LongContext
-from kinetic.engine.text import TextAssembler, common_prefix
+from kinetic.engine.llama.sampler import GrammarDeadEnd, token_logprob
+from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
+from kinetic.engine.llama.speculative import accept_drafts, make_speculator
+from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import (
     Event,
     Finished,
     FinishReason,
-    GenerationRequest,
     PromptProgress,
-    SlotState,
     StopType,
     TextDelta,
     Timings,
@@ -64,14 +66,11 @@ from kinetic.engine.types import (
 )
 from kinetic.errors import InvalidRequestError, KineticError, RateLimitError, ServerError, UnavailableError
 
+# the scheduler's parts that moved to their own modules, still importable from here
+__all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Slot", "SlotBusyError"]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Copying another slot's cells pays off only for a real shared prefix, not a BOS and a few tokens.
-MIN_SHARED_PREFIX = 16
-# A checkpoint this many tokens before a prompt's end (llama-server's offset): a prompt sent again, or a
-# chat's next turn whose template renders the last answer otherwise, restores it.
-CHECKPOINT_END_OFFSET = 4
 
 
 def decode_failure(status: int) -> str:
@@ -83,69 +82,15 @@ def decode_failure(status: int) -> str:
     return f"Compute error. (llama_decode status {status})"
 
 
-class SlotBusyError(Exception):
-    """The slot a slot action named is serving a request."""
-
-
-@dataclass
-class Job:
-    """A request on its way through the scheduler, and the way back to its event loop."""
-
-    request: GenerationRequest
-    sampler: Sampler
-    inbox: LoopInbox  # how events reach the event loop that owns `queue`
-    queue: asyncio.Queue[Event | BaseException]
-    cancelled: bool = False
-    done: bool = False
-    counted: bool = True  # still counted against its client's requests in flight
-    group: int | None = None  # the jobs of one submit_many (a list of prompts, n_cmpl) share one
-
-
-@dataclass
-class Slot:
-    id: int
-    tokens: list[int] = field(default_factory=list)  # exactly what this slot's KV cache holds
-    job: Job | None = None
-    last_used: int = 0
-    # per-job state
-    prompt: list[int] = field(default_factory=list)
-    to_evaluate: list[int] = field(default_factory=list)
-    next_token: int | None = None
-    n_cached: int = 0
-    generated: list[int] = field(default_factory=list)
-    text_parts: list[str] = field(default_factory=list)
-    assembler: TextAssembler | None = None
-    checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
-    shared: int = 0  # first cells possibly shared with another slot (unified cache): never moved
-    shifted: bool = False  # the context was shifted during this job (llama-server's `truncated`)
-    t_prompt_start: float = 0.0
-    t_generation_start: float = 0.0
-    prompt_ms: float = 0.0
-    n_prompt_tokens_processed: int = 0  # shown by GET /slots
-    client: str = ""
-    request: GenerationRequest | None = None  # the last task's, shown by GET /slots
-    id_task: int = -1
-
-    @property
-    def is_processing(self) -> bool:
-        return self.job is not None
-
-    def state(self) -> SlotState:
-        return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),
-                         n_prompt_tokens=len(self.prompt), n_prompt_tokens_processed=self.n_prompt_tokens_processed,
-                         n_prompt_tokens_cache=self.n_cached,
-                         n_decoded=len(self.generated) if self.is_processing else 0, client=self.client,
-                         id_task=self.id_task, request=self.request)
-
-
-class Scheduler:
+class Scheduler(SlotAdmission):
     """Owns the generation context, its slots, the waiting queue and the decode thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
                  ctx_checkpoints: int = 32, in_flight: InFlight | None = None,
-                 long_context: LongContext = LongContext()):  # noqa: B008  frozen: a shared default is safe
+                 long_context: LongContext = LongContext(),  # noqa: B008  frozen: a shared default is safe
+                 spec: SpecOptions | None = None):
         self.model = model
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
@@ -174,6 +119,9 @@ class Scheduler:
         self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
         self.shared_in_flight = in_flight  # router mode: the process-wide count and limit (inflight.py)
         self.share_prefixes = share_prefixes
+        self.speculator = make_speculator(spec, model, n_ctx=self.n_ctx, n_slots=n_slots, n_batch=self.n_batch,
+                                          n_ubatch=params.n_ubatch, n_threads=n_threads, kv_unified=kv_unified,
+                                          exact_states=self.exact_states) if spec is not None else None
         self._cv = threading.Condition()
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
         self._in_flight: dict[str, int] = {}
@@ -331,191 +279,14 @@ class Scheduler:
             inbox.put(delivery)
         self._outbox = []
 
-    def _assign_pending(self) -> None:
-        """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
-        holding the longest common prefix of the prompt wins."""
-        while self._pending and any(s.job is None for s in self.slots):
-            for client, job in self._pending.in_order():
-                idle = [s for s in self.slots if s.job is None]
-                if job.request.id_slot >= 0:
-                    idle = [s for s in idle if s.id == job.request.id_slot]
-                if idle:
-                    prompt = job.request.prompt_tokens
-                    slot = max(idle, key=lambda s: (self._usable_prefix(s.tokens, prompt), -s.last_used))
-                    self._pending.served(client, job)
-                    try:
-                        self._start(slot, job)
-                    except Exception as exc:  # e.g. a host-cache copy: this job fails, the slot stays usable
-                        log.exception("starting a request on slot %d failed", slot.id)
-                        self._emit(job, ServerError(f"generation failed to start: {exc}"))
-                        if slot.job is job:
-                            self._release(slot)
-                        else:
-                            job.sampler.close()
-                            self._uncount(job)
-                        self._forget_cache(slot)
-                    break
-            else:
-                return  # every waiting job wants a busy slot
-
-    def _usable_prefix(self, tokens: list[int], prompt: list[int]) -> int:
-        """How much of what a slot holds `prompt` could start from (on exact states: all of it, or none)."""
-        n = common_prefix(tokens, prompt)
-        return n if not self.exact_states or n == len(tokens) else 0
-
-    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
-        """How many prompt tokens `slot` need not evaluate: its own cached prefix, a longer one copied
-        from another slot's cells (also while that slot is still generating), or one restored from the
-        host-memory cache. The slot's old cells are saved there first when a real prefix is dropped."""
-        # The last prompt token is always evaluated again: its logits give the first sample.
-        limit = len(prompt) - 1
-        n_own = min(common_prefix(slot.tokens, prompt), limit)
-        memory = self.ctx.memory
-        source, n_source = None, n_own
-        if self.share_prefixes:
-            for other in self.slots:
-                n = min(common_prefix(other.tokens, prompt), limit) if other is not slot else 0
-                if n >= MIN_SHARED_PREFIX and n > n_source:
-                    source, n_source = other, n
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
-        if len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # what this slot held is about to go
-            self.host_cache.save(slot.id, slot.tokens)
-        if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
-            return self._restore(saved, n_saved, slot)
-        if source is not None:
-            return self._copy_cells(source, slot, n_source)
-        if self.long_context.cache_reuse:  # --cache-reuse: move cached chunks the prompt goes on with
-            n_own = len(reuse_chunks(self.cells, slot.id, slot.tokens, prompt, n_own, limit=limit,
-                                     min_chunk=self.long_context.cache_reuse, movable_from=slot.shared))
-        if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
-            self._drop_cells(slot)
-            return 0
-        return n_own
-
-    def _reuse_state(self, slot: Slot, prompt: list[int]) -> int:
-        """`_reuse_prefix` on a memory that cannot be trimmed (hybrid, recurrent): the slot's own state when
-        the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
-        limit = len(prompt) - 1
-        n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
-        if not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # what this slot held is about to go
-            self.host_cache.save(slot.id, slot.tokens)
-        if saved is not None and n_saved > n_own:
-            return self._restore(saved, n_saved, slot)
-        if not n_own:
-            self._drop_cells(slot)
-        return n_own
-
-    def _restore(self, saved: tuple[int, ...], n: int, slot: Slot) -> int:
-        """Gives `slot` the host cache's state `saved`, cut to its first `n` tokens (whole on exact states)."""
-        self._drop_cells(slot)
-        if self.host_cache.restore(saved, slot.id) and (
-                n == len(saved) or llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, n, -1)):
-            self.metrics["prompt_tokens_restored_total"] = self.metrics.get("prompt_tokens_restored_total", 0) + n
-            return n
-        self._drop_cells(slot)
-        return 0
-
-    def _drop_cells(self, slot: Slot) -> None:
-        """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
-        slot.shared = 0
-
-    def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
-        """The positions of the prompt at which its state is saved on the way (exact states only): a few
-        tokens before its end, where its last chat message starts (`checkpoint_at`), and where it parts
-        from the longest prompt seen before it. The next prompt that starts the same way, on any slot,
-        restores that state instead of evaluating it."""
-        if not self.ctx_checkpoints:
-            return []
-        prompt = request.prompt_tokens
-        seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
-        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1),
-                     min(request.checkpoint_at, len(prompt) - 1)}
-        return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
-
-    def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
-        """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped). On exact states the
-        source must hold exactly `n` tokens: llama.cpp copies a recurrent state whole, whatever the range."""
-        memory = self.ctx.memory
-        self._drop_cells(slot)
-        if n <= 0:
-            return 0
-        if self.exact_states:
-            assert len(source.tokens) == n, "a recurrent state is copied whole"
-            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
-        elif self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
-            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
-            source.shared, slot.shared = max(source.shared, n), n
-        else:
-            # Each slot has its own stream, and llama.cpp copies between streams only whole:
-            # copy all of it, then drop what is past the shared prefix.
-            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
-            if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n, -1):
-                self._drop_cells(slot)
-                return 0
-        self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n
-        return n
-
-    def _twin(self, job: Job) -> Slot | None:
-        """A slot started in this same step for the same prompt of the same request (`[p, p]`, n_cmpl)."""
-        if job.group is None:
-            return None
-        return next((s for s in self.slots if s.job is not None and s.job.group == job.group
-                     and not s.t_prompt_start and s.prompt == job.request.prompt_tokens), None)
-
-    def _start(self, slot: Slot, job: Job) -> None:
-        prompt = job.request.prompt_tokens
-        twin = self._twin(job) if job.request.cache_prompt else None
-        if twin is not None:
-            # The copies of one prompt start from the very same cells, then evaluate the same tokens
-            # side by side: llama.cpp's arithmetic depends on the shape of each batch, and a copy that
-            # evaluated its prompt in other batches could part ways at a near tie even when greedy.
-            # (llama-server does this for n_cmpl: the children take the parent's state.)
-            if len(slot.tokens) >= MIN_SHARED_PREFIX:
-                self.host_cache.save(slot.id, slot.tokens)
-            n_common = self._copy_cells(twin, slot, twin.n_cached)
-        elif not job.request.cache_prompt:
-            self.host_cache.save(slot.id, slot.tokens)
-            self._drop_cells(slot)
-            n_common = 0
-        elif self.exact_states:
-            n_common = self._reuse_state(slot, prompt)
-        else:
-            n_common = self._reuse_prefix(slot, prompt)
-        slot.checkpoints = self._checkpoints(job.request, n_common)
-        slot.shifted = False
-        slot.tokens = list(prompt[:n_common])
-        slot.client = job.request.client
-        slot.job = job
-        slot.prompt = list(prompt)
-        slot.to_evaluate = list(prompt[n_common:])
-        slot.n_cached = n_common
-        slot.next_token = None
-        slot.generated = []
-        slot.text_parts = []
-        slot.assembler = TextAssembler(job.request.stop)
-        slot.t_prompt_start = 0.0
-        slot.t_generation_start = 0.0
-        slot.prompt_ms = 0.0
-        slot.n_prompt_tokens_processed = len(slot.to_evaluate)
-        slot.request = job.request
-        slot.id_task = next(self._task_ids)
-
     def _step(self) -> None:
         for slot in self.slots:
             if slot.job is not None and slot.job.cancelled:
                 self._release(slot)
         batch = self.batch.batch
         batch.n_tokens = 0
-        sample_rows: list[tuple[Slot, int]] = []
+        sample_rows = self._add_generating()
         evaluated: list[Slot] = []  # slots with prompt tokens in this batch
-        for slot in self.slots:
-            if slot.job is not None and slot.next_token is not None:
-                sample_rows.append((slot, batch.n_tokens))
-                self._batch_add(slot.next_token, len(slot.tokens), slot.id, True)
-                slot.tokens.append(slot.next_token)
-                slot.next_token = None
         for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens):
             if not slot.t_prompt_start:
                 slot.t_prompt_start = time.perf_counter()
@@ -548,8 +319,30 @@ class Scheduler:
                 self.host_cache.save(slot.id, slot.tokens)
             self._progress(slot)
         for slot, row in sample_rows:
-            if slot.job is not None:
+            if slot.job is not None and slot.drafts:
+                accept_drafts(slot, row, self._sample, self._trim, self.metrics)
+            elif slot.job is not None:
                 self._sample(slot, row)
+
+    def _trim(self, seq: int, n: int) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq, n, -1))
+
+    def _add_generating(self) -> list[tuple[Slot, int]]:
+        """Puts each generating slot's last sampled token in the batch, and after it the slot's draft when it
+        speculates (speculative.py); the rows to sample from."""
+        generating = [s for s in self.slots if s.job is not None and s.next_token is not None]
+        drafts = self.speculator.drafts_for(generating, slot_n_ctx=self.slot_n_ctx, n_batch=self.n_batch) \
+            if self.speculator is not None else {}
+        rows: list[tuple[Slot, int]] = []
+        for slot in generating:
+            assert slot.next_token is not None
+            rows.append((slot, self.batch.batch.n_tokens))
+            slot.drafts = drafts.get(slot.id, [])
+            for token in (slot.next_token, *slot.drafts):
+                self._batch_add(token, len(slot.tokens), slot.id, True)
+                slot.tokens.append(token)
+            slot.next_token = None
+        return rows
 
     def _progress(self, slot: Slot, *, start: bool = False) -> None:
         """llama-server's prompt_progress, for a request that asked: once at the start, then per batch."""
@@ -560,31 +353,6 @@ class Scheduler:
         elapsed_ms = 0.0 if start else (time.perf_counter() - slot.t_prompt_start) * 1000.0
         self._emit(job, PromptProgress(total=total, cache=slot.n_cached, processed=total - len(slot.to_evaluate),
                                        time_ms=elapsed_ms))
-
-    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
-        """The step's prompt budget split evenly across the slots still reading a prompt (what one
-        does not need goes to the others), starting from a different slot each step."""
-        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
-        if not reading or budget <= 0:
-            return []
-        self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
-        reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
-        # a slot's batch ends at its next checkpoint: the state is saved after the decode
-        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
-                else len(s.to_evaluate) for s in reading}
-        shares = {s.id: 0 for s in reading}
-        open_slots = list(reading)
-        while budget > 0 and open_slots:
-            even = max(1, budget // len(open_slots))
-            for slot in list(open_slots):
-                give = min(even, room[slot.id] - shares[slot.id], budget)
-                shares[slot.id] += give
-                budget -= give
-                if shares[slot.id] == room[slot.id]:
-                    open_slots.remove(slot)
-                if budget == 0:
-                    break
-        return [(slot, shares[slot.id]) for slot in reading if shares[slot.id]]
 
     def _batch_add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
         batch = self.batch.batch
@@ -662,7 +430,8 @@ class Scheduler:
         slot.text_parts.append(text)
         so_far = Timings(cache_n=slot.n_cached, prompt_n=len(slot.prompt) - slot.n_cached, prompt_ms=slot.prompt_ms,
                          predicted_n=len(slot.generated),
-                         predicted_ms=max((time.perf_counter() - slot.t_generation_start) * 1000.0, 0.001))
+                         predicted_ms=max((time.perf_counter() - slot.t_generation_start) * 1000.0, 0.001),
+                         draft_n=slot.n_draft, draft_n_accepted=slot.n_draft_accepted)
         self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob, timings=so_far))
 
     def _finish(self, slot: Slot, reason: FinishReason, stop_type: StopType, *, truncated: bool = False) -> None:
@@ -672,7 +441,8 @@ class Scheduler:
         n_predicted = len(slot.generated)
         n_prompt = len(slot.prompt)
         timings = Timings(cache_n=slot.n_cached, prompt_n=n_prompt - slot.n_cached, prompt_ms=slot.prompt_ms,
-                          predicted_n=n_predicted, predicted_ms=predicted_ms)
+                          predicted_n=n_predicted, predicted_ms=predicted_ms, draft_n=slot.n_draft,
+                          draft_n_accepted=slot.n_draft_accepted)
         usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_predicted, cached_tokens=slot.n_cached)
         metrics = self.metrics
         metrics["prompt_tokens_total"] += timings.prompt_n

@@ -65,7 +65,7 @@ def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
         template_source=template.source if template else "", template_origin=template.origin if template else "",
         build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
         endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params,
-        is_sleeping=backend.sleeping)
+        is_sleeping=backend.sleeping, speculative_types=described.speculative_types)
 
 
 @router.post("/models/load")
@@ -123,7 +123,9 @@ async def get_slots(request: Request, backend: BackendDep, fail_on_no_slot: str 
     states = backend.slot_states()
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
-    return translate.slots(states, backend.describe().n_ctx, viewer=_viewer(request))
+    described = backend.describe()
+    return translate.slots(states, described.n_ctx, viewer=_viewer(request),
+                           speculative=bool(described.speculative_types))
 
 
 @router.post("/slots/{id_slot}")

@@ -292,12 +292,14 @@ class ServedState:
     ui_settings: dict[str, Any]
     llama_params: dict[str, Any]
     is_sleeping: bool = False  # --sleep-idle-seconds
+    speculative_types: tuple[str, ...] = ()
 
 
 def props(state: ServedState) -> dict[str, Any]:
     info = state.info
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=state.sampling,
                                                      max_tokens=state.n_predict, n_keep=state.n_keep), short=True)
+    defaults["speculative.types"] = ",".join(state.speculative_types) or "none"
     return {
         "default_generation_settings": {"n_ctx": state.n_ctx, "params": defaults},
         "total_slots": state.n_slots,
@@ -339,13 +341,14 @@ def lora_scales(body: Any) -> dict[int, float]:
     return scales
 
 
-def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None) -> list[dict[str, Any]]:
+def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None,
+          speculative: bool = False) -> list[dict[str, Any]]:
     """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts).
     A student (`viewer`, their name) sees whose request and its settings only on their own slots:
     of the others' only that they are busy and the counts (the admin, `viewer` None, sees all)."""
     result = []
     for slot in states:
-        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
+        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": speculative,
                                  "is_processing": slot.is_processing}
         own = viewer is None or (slot.is_processing and slot.client == viewer)
         if slot.is_processing and own:

@@ -1,0 +1,257 @@
+"""Prompt admission: which idle slot a waiting job gets, how much of its prompt the slot need not
+evaluate (its own cached prefix, another slot's cells, a state saved in host memory), as the Scheduler
+(scheduler.py) runs it at the start of a step, and how a step's prompt budget is shared by the slots
+still reading theirs. See the scheduler's docstring for the whole picture."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import llama_cpp
+from llama_cpp import _internals
+
+from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.llama.context_shift import MemoryCells, reuse_chunks
+from kinetic.engine.llama.host_cache import HostPrefixCache
+from kinetic.engine.llama.slots import Job, Slot
+from kinetic.engine.options import LongContext
+from kinetic.engine.text import TextAssembler, common_prefix
+from kinetic.engine.types import Event, GenerationRequest
+from kinetic.errors import ServerError
+
+log = logging.getLogger(__name__)
+
+# Copying another slot's cells pays off only for a real shared prefix, not a BOS and a few tokens.
+MIN_SHARED_PREFIX = 16
+# A checkpoint this many tokens before a prompt's end (llama-server's offset): a prompt sent again, or a
+# chat's next turn whose template renders the last answer otherwise, restores it.
+CHECKPOINT_END_OFFSET = 4
+
+
+class SlotAdmission:
+    """The Scheduler's admission half (a mixin: it shares the scheduler's state and decode thread)."""
+
+    ctx: _internals.LlamaContext
+    slots: list[Slot]
+    host_cache: HostPrefixCache
+    metrics: dict[str, float]
+    exact_states: bool
+    kv_unified: bool
+    share_prefixes: bool
+    ctx_checkpoints: int
+    cells: MemoryCells
+    _prompt_turn: int
+    long_context: LongContext
+    _pending: FairQueue[Job]
+    _task_ids: itertools.count[int]
+
+    def _emit(self, job: Job, event: Event | BaseException) -> None:
+        raise NotImplementedError
+
+    def _release(self, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def _forget_cache(self, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def _uncount(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def _assign_pending(self) -> None:
+        """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
+        holding the longest common prefix of the prompt wins."""
+        while self._pending and any(s.job is None for s in self.slots):
+            for client, job in self._pending.in_order():
+                idle = [s for s in self.slots if s.job is None]
+                if job.request.id_slot >= 0:
+                    idle = [s for s in idle if s.id == job.request.id_slot]
+                if idle:
+                    prompt = job.request.prompt_tokens
+                    slot = max(idle, key=lambda s: (self._usable_prefix(s.tokens, prompt), -s.last_used))
+                    self._pending.served(client, job)
+                    try:
+                        self._start(slot, job)
+                    except Exception as exc:  # e.g. a host-cache copy: this job fails, the slot stays usable
+                        log.exception("starting a request on slot %d failed", slot.id)
+                        self._emit(job, ServerError(f"generation failed to start: {exc}"))
+                        if slot.job is job:
+                            self._release(slot)
+                        else:
+                            job.sampler.close()
+                            self._uncount(job)
+                        self._forget_cache(slot)
+                    break
+            else:
+                return  # every waiting job wants a busy slot
+
+    def _usable_prefix(self, tokens: list[int], prompt: list[int]) -> int:
+        """How much of what a slot holds `prompt` could start from (on exact states: all of it, or none)."""
+        n = common_prefix(tokens, prompt)
+        return n if not self.exact_states or n == len(tokens) else 0
+
+    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+        """How many prompt tokens `slot` need not evaluate: its own cached prefix, a longer one copied
+        from another slot's cells (also while that slot is still generating), or one restored from the
+        host-memory cache. The slot's old cells are saved there first when a real prefix is dropped."""
+        # The last prompt token is always evaluated again: its logits give the first sample.
+        limit = len(prompt) - 1
+        n_own = min(common_prefix(slot.tokens, prompt), limit)
+        memory = self.ctx.memory
+        source, n_source = None, n_own
+        if self.share_prefixes:
+            for other in self.slots:
+                n = min(common_prefix(other.tokens, prompt), limit) if other is not slot else 0
+                if n >= MIN_SHARED_PREFIX and n > n_source:
+                    source, n_source = other, n
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        if len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+            self.host_cache.save(slot.id, slot.tokens)
+        if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
+            return self._restore(saved, n_saved, slot)
+        if source is not None:
+            return self._copy_cells(source, slot, n_source)
+        if self.long_context.cache_reuse:  # --cache-reuse: move cached chunks the prompt goes on with
+            n_own = len(reuse_chunks(self.cells, slot.id, slot.tokens, prompt, n_own, limit=limit,
+                                     min_chunk=self.long_context.cache_reuse, movable_from=slot.shared))
+        if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n_own, -1):
+            self._drop_cells(slot)
+            return 0
+        return n_own
+
+    def _reuse_state(self, slot: Slot, prompt: list[int]) -> int:
+        """`_reuse_prefix` on a memory that cannot be trimmed (hybrid, recurrent): the slot's own state when
+        the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
+        limit = len(prompt) - 1
+        n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        if not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # what this slot held is about to go
+            self.host_cache.save(slot.id, slot.tokens)
+        if saved is not None and n_saved > n_own:
+            return self._restore(saved, n_saved, slot)
+        if not n_own:
+            self._drop_cells(slot)
+        return n_own
+
+    def _restore(self, saved: tuple[int, ...], n: int, slot: Slot) -> int:
+        """Gives `slot` the host cache's state `saved`, cut to its first `n` tokens (whole on exact states)."""
+        self._drop_cells(slot)
+        if self.host_cache.restore(saved, slot.id) and (
+                n == len(saved) or llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, n, -1)):
+            self.metrics["prompt_tokens_restored_total"] = self.metrics.get("prompt_tokens_restored_total", 0) + n
+            return n
+        self._drop_cells(slot)
+        return 0
+
+    def _drop_cells(self, slot: Slot) -> None:
+        """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
+        slot.shared = 0
+
+    def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
+        """The positions of the prompt at which its state is saved on the way (exact states only): a few
+        tokens before its end, where its last chat message starts (`checkpoint_at`), and where it parts
+        from the longest prompt seen before it. The next prompt that starts the same way, on any slot,
+        restores that state instead of evaluating it."""
+        if not self.ctx_checkpoints:
+            return []
+        prompt = request.prompt_tokens
+        seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
+        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1),
+                     min(request.checkpoint_at, len(prompt) - 1)}
+        return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
+
+    def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
+        """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped). On exact states the
+        source must hold exactly `n` tokens: llama.cpp copies a recurrent state whole, whatever the range."""
+        memory = self.ctx.memory
+        self._drop_cells(slot)
+        if n <= 0:
+            return 0
+        if self.exact_states:
+            assert len(source.tokens) == n, "a recurrent state is copied whole"
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
+        elif self.kv_unified:  # one cell pool: the cells are shared, nothing is copied
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, 0, n)
+            source.shared, slot.shared = max(source.shared, n), n
+        else:
+            # Each slot has its own stream, and llama.cpp copies between streams only whole:
+            # copy all of it, then drop what is past the shared prefix.
+            llama_cpp.llama_memory_seq_cp(memory, source.id, slot.id, -1, -1)
+            if not llama_cpp.llama_memory_seq_rm(memory, slot.id, n, -1):
+                self._drop_cells(slot)
+                return 0
+        self.metrics["prompt_tokens_shared_total"] = self.metrics.get("prompt_tokens_shared_total", 0) + n
+        return n
+
+    def _twin(self, job: Job) -> Slot | None:
+        """A slot started in this same step for the same prompt of the same request (`[p, p]`, n_cmpl)."""
+        if job.group is None:
+            return None
+        return next((s for s in self.slots if s.job is not None and s.job.group == job.group
+                     and not s.t_prompt_start and s.prompt == job.request.prompt_tokens), None)
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        prompt = job.request.prompt_tokens
+        twin = self._twin(job) if job.request.cache_prompt else None
+        if twin is not None:
+            # The copies of one prompt start from the very same cells, then evaluate the same tokens
+            # side by side: llama.cpp's arithmetic depends on the shape of each batch, and a copy that
+            # evaluated its prompt in other batches could part ways at a near tie even when greedy.
+            # (llama-server does this for n_cmpl: the children take the parent's state.)
+            if len(slot.tokens) >= MIN_SHARED_PREFIX:
+                self.host_cache.save(slot.id, slot.tokens)
+            n_common = self._copy_cells(twin, slot, twin.n_cached)
+        elif not job.request.cache_prompt:
+            self.host_cache.save(slot.id, slot.tokens)
+            self._drop_cells(slot)
+            n_common = 0
+        elif self.exact_states:
+            n_common = self._reuse_state(slot, prompt)
+        else:
+            n_common = self._reuse_prefix(slot, prompt)
+        slot.checkpoints = self._checkpoints(job.request, n_common)
+        slot.shifted = False
+        slot.tokens = list(prompt[:n_common])
+        slot.client = job.request.client
+        slot.job = job
+        slot.prompt = list(prompt)
+        slot.to_evaluate = list(prompt[n_common:])
+        slot.n_cached = n_common
+        slot.next_token = None
+        slot.generated = []
+        slot.text_parts = []
+        slot.assembler = TextAssembler(job.request.stop)
+        slot.t_prompt_start = 0.0
+        slot.t_generation_start = 0.0
+        slot.prompt_ms = 0.0
+        slot.n_prompt_tokens_processed = len(slot.to_evaluate)
+        slot.request = job.request
+        slot.id_task = next(self._task_ids)
+        slot.drafts = []
+        slot.n_draft = slot.n_draft_accepted = 0
+
+    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
+        """The step's prompt budget split evenly across the slots still reading a prompt (what one
+        does not need goes to the others), starting from a different slot each step."""
+        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
+        if not reading or budget <= 0:
+            return []
+        self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
+        reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
+        # a slot's batch ends at its next checkpoint: the state is saved after the decode
+        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
+                else len(s.to_evaluate) for s in reading}
+        shares = {s.id: 0 for s in reading}
+        open_slots = list(reading)
+        while budget > 0 and open_slots:
+            even = max(1, budget // len(open_slots))
+            for slot in list(open_slots):
+                give = min(even, room[slot.id] - shares[slot.id], budget)
+                shares[slot.id] += give
+                budget -= give
+                if shares[slot.id] == room[slot.id]:
+                    open_slots.remove(slot)
+                if budget == 0:
+                    break
+        return [(slot, shares[slot.id]) for slot in reading if shares[slot.id]]

@@ -1,0 +1,71 @@
+"""A slot of the scheduler and the job it serves: plain state, read by the scheduler, its prompt admission
+(admission.py), speculative decoding (speculative.py), slot files and GET /slots."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from kinetic.engine.llama.inbox import LoopInbox
+from kinetic.engine.llama.sampler import Sampler
+from kinetic.engine.text import TextAssembler
+from kinetic.engine.types import Event, GenerationRequest, SlotState
+
+
+class SlotBusyError(Exception):
+    """The slot a slot action named is serving a request."""
+
+
+@dataclass
+class Job:
+    """A request on its way through the scheduler, and the way back to its event loop."""
+
+    request: GenerationRequest
+    sampler: Sampler
+    inbox: LoopInbox  # how events reach the event loop that owns `queue`
+    queue: asyncio.Queue[Event | BaseException]
+    cancelled: bool = False
+    done: bool = False
+    counted: bool = True  # still counted against its client's requests in flight
+    group: int | None = None  # the jobs of one submit_many (a list of prompts, n_cmpl) share one
+
+
+@dataclass
+class Slot:
+    id: int
+    tokens: list[int] = field(default_factory=list)  # exactly what this slot's KV cache holds
+    job: Job | None = None
+    last_used: int = 0
+    # per-job state
+    prompt: list[int] = field(default_factory=list)
+    to_evaluate: list[int] = field(default_factory=list)
+    next_token: int | None = None
+    n_cached: int = 0
+    generated: list[int] = field(default_factory=list)
+    text_parts: list[str] = field(default_factory=list)
+    assembler: TextAssembler | None = None
+    checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
+    shared: int = 0  # first cells possibly shared with another slot (unified cache): never moved
+    shifted: bool = False  # the context was shifted during this job (llama-server's `truncated`)
+    t_prompt_start: float = 0.0
+    t_generation_start: float = 0.0
+    prompt_ms: float = 0.0
+    n_prompt_tokens_processed: int = 0  # shown by GET /slots
+    client: str = ""
+    request: GenerationRequest | None = None  # the last task's, shown by GET /slots
+    id_task: int = -1
+    # speculative decoding: the draft in this step's batch after the last token, and the request's counts
+    drafts: list[int] = field(default_factory=list)
+    n_draft: int = 0
+    n_draft_accepted: int = 0
+
+    @property
+    def is_processing(self) -> bool:
+        return self.job is not None
+
+    def state(self) -> SlotState:
+        return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),
+                         n_prompt_tokens=len(self.prompt), n_prompt_tokens_processed=self.n_prompt_tokens_processed,
+                         n_prompt_tokens_cache=self.n_cached,
+                         n_decoded=len(self.generated) if self.is_processing else 0, client=self.client,
+                         id_task=self.id_task, request=self.request)

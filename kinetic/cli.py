@@ -129,7 +129,7 @@ def serve(settings: ServerSettings) -> int:
         if settings.router_mode:
             models, loading = router_registry(settings)
         else:
-            models, loading = single_service(settings)
+            models, loading = single_model(settings)
         settings.api_keys()  # an unreadable --api-key-file should stop us now, not on the first request
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -188,31 +188,27 @@ def serve(settings: ServerSettings) -> int:
     return 0
 
 
-def single_service(settings: ServerSettings) -> tuple[Any, str]:
+def single_model(settings: ServerSettings) -> tuple[Any, str]:
     """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
-    from kinetic.engine.llama import LlamaEngine
+    from kinetic.engine.turns import DecodeTurns
     from kinetic.models import resolve_model
-    from kinetic.service import Service
+    from kinetic.router.factory import backend_factory
+    from kinetic.router.registry import ModelRegistry
+    from kinetic.router.sources import ModelSpec
 
     resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
                              token=settings.hf_token)
     if resolved.note:
         print(f"warning: {resolved.note}", file=sys.stderr)
-    keyed = bool(settings.api_keys())
-    engine = LlamaEngine(resolved.path, n_ctx=settings.ctx_size, n_parallel=settings.parallel,
-                         n_threads=settings.threads, n_batch=settings.batch_size,
-                         n_ubatch=settings.ubatch_size, embeddings=settings.embeddings, pooling=settings.pooling,
-                         options=settings.llama_options(), spec=settings.spec_options(),
-                         fair_share=settings.fair_share,
-                         max_in_flight_per_client=settings.max_in_flight if keyed else 0,
-                         cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
-                         verbose=settings.verbose, long_context=settings.long_context())
-    return Service.create(settings, engine, resolved.name), f"loading {resolved.path} (answers 503 until ready)"
+    aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
+    spec = ModelSpec(name=aliases[0] if aliases else resolved.name, aliases=aliases, path=resolved.path)
+    backend = backend_factory(settings, router=False)(spec, DecodeTurns())
+    return ModelRegistry.single(settings, backend), f"loading {resolved.path} (answers 503 until ready)"
 
 
 def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     """Router mode: every model of the command line, folder and preset, loaded on demand."""
-    from kinetic.router.factory import service_factory
+    from kinetic.router.factory import backend_factory
     from kinetic.router.registry import ModelRegistry
     from kinetic.router.sources import model_specs
 
@@ -220,7 +216,7 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     for key in ignored:
         print(f"warning: preset key {key} is not a per-model setting kinetic implements; ignored", file=sys.stderr)
     names = ", ".join(spec.name for spec in specs)
-    return (ModelRegistry(settings, specs, service_factory(settings), router=True),
+    return (ModelRegistry(settings, specs, backend_factory(settings), router=True),
             f"router mode, {len(specs)} model(s): {names}")
 
 

@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the Service a request is for, resolved through the model registry on app.state.
+"""FastAPI dependencies: the model backend a request is for, resolved through the model registry on app.state.
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
 llama-server's native routes take it); with one model it is ignored. The dependency holds a lease on
@@ -14,9 +14,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from kinetic.backends.base import ModelBackend
 from kinetic.errors import InvalidRequestError, NotFoundError
 from kinetic.router.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
-from kinetic.service import Service
 
 
 def get_registry(request: Request) -> ModelRegistry:
@@ -45,15 +45,15 @@ def autoload_override(request: Request) -> bool | None:
 
 
 @asynccontextmanager
-async def model_service(request: Request, *, missing: str | None = None,
-                        unknown: str | None = None, wake: bool = True) -> AsyncIterator[Service]:
-    """The Service of the model `request` names, leased for the block. `missing` and `unknown`
+async def model_backend(request: Request, *, missing: str | None = None, unknown: str | None = None,
+                        wake: bool = True) -> AsyncIterator[ModelBackend]:
+    """The backend of the model `request` names, leased for the block. `missing` and `unknown`
     (with `{name}`) reword the router's 400 and 404 in a protocol's own words; `wake` False leaves a
     sleeping model asleep (--sleep-idle-seconds: /props and /metrics answer without loading it)."""
     registry = get_registry(request)
     name = await requested_model(request) if registry.router else None
     try:
-        entry, service = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
+        entry, backend = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
     except ModelMissingError:
         if missing is None:
             raise
@@ -63,25 +63,25 @@ async def model_service(request: Request, *, missing: str | None = None,
             raise
         raise NotFoundError(unknown.format(name=exc.name), param="model") from None
     try:
-        yield service
+        yield backend
     finally:
         registry.release(entry, used=wake)
 
 
-async def get_service(request: Request) -> AsyncIterator[Service]:
-    async with model_service(request) as service:
-        yield service
+async def get_backend(request: Request) -> AsyncIterator[ModelBackend]:
+    async with model_backend(request) as backend:
+        yield backend
 
 
-def service_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[Service]]:
-    """get_service with a protocol's own wording for a missing and an unknown model."""
+def backend_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[ModelBackend]]:
+    """get_backend with a protocol's own wording for a missing and an unknown model."""
 
-    async def dependency(request: Request) -> AsyncIterator[Service]:
-        async with model_service(request, missing=missing, unknown=unknown) as service:
-            yield service
+    async def dependency(request: Request) -> AsyncIterator[ModelBackend]:
+        async with model_backend(request, missing=missing, unknown=unknown) as backend:
+            yield backend
 
     return dependency
 
 
-ServiceDep = Annotated[Service, Depends(get_service)]
+BackendDep = Annotated[ModelBackend, Depends(get_backend)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]

@@ -11,18 +11,24 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from kinetic.app import create_app
-from kinetic.engine.base import Generation
+from kinetic.backends.config import model_config
+from kinetic.backends.local import LocalBackend
+from kinetic.engine.base import Generation, submit_each
 from kinetic.engine.types import (
     EngineStats,
     Event,
     Finished,
     GenerationRequest,
     ModelInfo,
+    RankScore,
     SlotFileResult,
     SlotState,
     TextDelta,
@@ -30,7 +36,7 @@ from kinetic.engine.types import (
     Usage,
 )
 from kinetic.errors import KineticError, UnavailableError
-from kinetic.service import Service
+from kinetic.router.registry import ModelRegistry
 from kinetic.settings import ServerSettings
 from tests.server import free_port
 
@@ -44,6 +50,7 @@ class ScriptedEngine:
 
     n_slots = 1
     slot_n_ctx = 4096
+    n_batch = 2048
 
     def __init__(self, script: list[Step], *, loaded: threading.Event | None = None, stall: bool = False):
         self.script = script
@@ -117,6 +124,25 @@ class ScriptedEngine:
                 id_slot=0, tokens_cached=n_prompt, truncated=False))
         return Generation(queue, lambda: None)
 
+    async def submit_many(self, requests: list[GenerationRequest]) -> list[Generation]:
+        return await submit_each(self, requests)
+
+    def lora_adapters(self) -> list[tuple[Path, float]]:
+        return []
+
+    sleeping = False
+
+    def sleep(self) -> None:
+        raise AssertionError("the scripted engine is only put to sleep by tests that say how")
+
+    wake = sleep
+
+    def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        raise AssertionError("the scripted engine has no ranking head")
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        pass
+
     @property
     def embedding_n_ctx(self) -> int:
         return 0
@@ -149,14 +175,39 @@ class ScriptedEngine:
         return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
 
 
+def single_model_backend(settings: ServerSettings, engine: Any, name: str) -> LocalBackend:
+    """The backend `kinetic serve` builds for one model (its -a, else `name`), over `engine`."""
+    aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
+    return LocalBackend(model_config(settings), engine, aliases[0] if aliases else name, aliases)
+
+
+class ReadyClient(TestClient):
+    """A TestClient that, entered, waits for the model to load (the app loads it in the background
+    and answers 503 until then), so that a test's first request is not refused as "loading"."""
+
+    def __enter__(self) -> ReadyClient:
+        super().__enter__()
+        deadline = time.monotonic() + 10
+        while self.get("/health").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the model never loaded")
+            time.sleep(0.01)
+        return self
+
+
+def single_model_app(settings: ServerSettings, engine: Any, name: str = "unused") -> FastAPI:
+    """The app `kinetic serve` builds for one model, over `engine` (loaded when the app starts)."""
+    return create_app(ModelRegistry.single(settings, single_model_backend(settings, engine, name)))
+
+
 class ScriptedServer:
     """The real kinetic app over a ScriptedEngine, served by uvicorn in a thread on a free port."""
 
     def __init__(self, engine: ScriptedEngine, **settings: object):
         self.engine = engine
-        service = Service.create(ServerSettings(**settings), engine, "scripted")  # type: ignore[arg-type]
         self.port = free_port()
-        config = uvicorn.Config(create_app(service), host="127.0.0.1", port=self.port, log_level="warning")
+        app = single_model_app(ServerSettings(**settings), engine, "scripted")  # type: ignore[arg-type]
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

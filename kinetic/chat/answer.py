@@ -22,6 +22,7 @@ from kinetic.chat.toolcalls import (
     split_arguments,
 )
 from kinetic.chat.types import PreparedChat
+from kinetic.engine.types import StructuredCall
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,20 @@ def reasoning_splitter(prepared: PreparedChat) -> ReasoningSplitter:
                              also_ends=enders)
 
 
-def parse_answer(text: str, prepared: PreparedChat) -> Answer:
+def given_calls(calls: tuple[StructuredCall, ...]) -> list[ParsedCall]:
+    """Calls that came as structure (a remote server's), each with an id."""
+    return [ParsedCall(name=call.name, arguments=call.arguments, id=call.id or new_call_id()) for call in calls]
+
+
+def parse_answer(text: str, prepared: PreparedChat, given: tuple[StructuredCall, ...] = ()) -> Answer:
+    """`given`: tool calls that came as structure beside the text, which then holds none."""
     splitter = reasoning_splitter(prepared)
     reasoning, content = splitter.push(text)
     tail_reasoning, tail_content = splitter.flush()
     content += tail_content
     reasoning += tail_reasoning
+    if given:
+        return Answer(reasoning, content or None, given_calls(given))
     if forced_in_json(prepared):
         calls = parse_forced_calls(content)
         if calls is not None:  # None: cut short by the token limit, what was generated is text
@@ -102,18 +111,20 @@ class AnswerStream:
         self.n_calls = max([self.n_calls] + [d.index + 1 for d in deltas])
         return tuple(deltas)
 
-    def finish(self) -> list[AnswerPiece]:
-        """What is left at the end: flushed text, then whatever tool handling held back."""
+    def finish(self, given: tuple[StructuredCall, ...] = ()) -> list[AnswerPiece]:
+        """What is left at the end: flushed text, then whatever tool handling held back, then the calls
+        `given` as structure (a remote server's)."""
         pieces = [self._piece(*self.splitter.flush())]
         if self.forced is not None and self.n_calls == 0 and self.forced_text:
             pieces.append(AnswerPiece(content=self.forced_text))
+        calls: list[ParsedCall] = []
         if self.auto is not None:
             content, calls = self.auto.finish()
             if content:
                 pieces.append(AnswerPiece(content=content))
-            for index, call in enumerate(calls):
-                chunks = split_arguments(call.arguments)
-                deltas = [CallDelta(index=index, arguments=chunks[0], id=call.id or new_call_id(), name=call.name)]
-                deltas += [CallDelta(index=index, arguments=chunk) for chunk in chunks[1:]]
-                pieces.append(AnswerPiece(calls=self._count(deltas)))
+        for index, call in enumerate(calls + given_calls(given), start=self.n_calls):
+            chunks = split_arguments(call.arguments)
+            deltas = [CallDelta(index=index, arguments=chunks[0], id=call.id or new_call_id(), name=call.name)]
+            deltas += [CallDelta(index=index, arguments=chunk) for chunk in chunks[1:]]
+            pieces.append(AnswerPiece(calls=self._count(deltas)))
         return [piece for piece in pieces if piece.reasoning or piece.content or piece.calls]

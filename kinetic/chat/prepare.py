@@ -33,7 +33,7 @@ from kinetic.chat.types import (
 from kinetic.engine.base import Engine
 from kinetic.engine.text import common_prefix
 from kinetic.engine.types import GenerationRequest, SamplingParams
-from kinetic.errors import InvalidRequestError, field_error
+from kinetic.errors import ContextOverflowError, InvalidRequestError, field_error
 
 # SamplingOptions fields that pass to SamplingParams under the same name when the client set them
 EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
@@ -114,6 +114,18 @@ def close_reasoning(prompt: str) -> str:
     model think first and holds only what follows `</think>`; kinetic answers at once, so a client
     with a small max_tokens still gets its JSON (docs/clients.md, the differences table)."""
     return prompt.rstrip() + "\n\n" + CLOSE_TAG + "\n\n"
+
+
+def context_room(n_prompt: int, max_tokens: int, limit: int | None, n_ctx: int) -> int:
+    """`max_tokens` within a client's context limit (Ollama's num_ctx) on prompt + answer. A limit at
+    or above the slot's context is ignored (Ollama reloads the model for it; kinetic serves the one
+    it loaded)."""
+    if limit is None or limit >= n_ctx:
+        return max_tokens
+    if n_prompt >= limit:
+        raise ContextOverflowError(n_prompt, limit)
+    room = limit - n_prompt
+    return room if max_tokens < 0 else min(max_tokens, room)
 
 
 class ChatLayer:
@@ -296,12 +308,16 @@ class ChatLayer:
             lambda text: self.engine.tokenize(text, add_special=False, parse_special=False), info.fim_tokens,
             prefix=req.prefix, suffix=req.suffix, extra=req.extra,
             prompt=self.engine.tokenize(req.prompt, add_special=False, parse_special=True) if req.prompt else [],
-            n_batch=getattr(self.engine, "n_batch", 2048), n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
+            n_batch=self.engine.n_batch, n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
             bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None, spm=self.defaults.spm_infill)
         return self.generation(tokens, req.options, output_grammar(req.output))
 
     def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
         max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
+        if options.prior_tokens:  # the earlier prompt's own BOS leads: this one's would land in the middle
+            bos = self.engine.require_ready().bos_id
+            tokens = list(options.prior_tokens) + (tokens[1:] if tokens and tokens[0] == bos else tokens)
+        max_tokens = context_room(len(tokens), max_tokens, options.context_limit, self.engine.slot_n_ctx)
         return GenerationRequest(prompt_tokens=tokens, sampling=self.sampling(options.sampling, grammar),
                                  max_tokens=max_tokens, stop=options.stop or self.defaults.stop,
                                  n_probs=options.n_probs,

@@ -135,6 +135,10 @@ class GenerationOptions:
     n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
     post_sampling_probs: bool = False  # n_probs after the sampler chain, as probabilities
     return_progress: bool = False  # prompt-progress events while the prompt is evaluated
+    # Ollama's: `num_ctx` below the slot's context limits prompt + answer; `context` (the tokens an
+    # earlier /api/generate returned) goes before this prompt
+    context_limit: int | None = None
+    prior_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
-"""The engine interface: what the service, the streaming layer and the routes may ask of an engine.
-
-A local llama.cpp engine, an embedding-only model or a remote server can each satisfy it. It is
-the bottom of the engine package: it imports only the neutral types, and every backend imports it.
+"""The engine interface: what a local backend (kinetic/backends/local.py) and the streaming layer
+may ask of an engine. The llama.cpp engine satisfies it, generating or embedding-only. It is the
+bottom of the engine package: it imports only the neutral types.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from kinetic.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    RankScore,
     SlotFileResult,
     SlotState,
     TextDelta,
@@ -85,6 +85,7 @@ class Engine(Tokenizer, Protocol):
 
     n_slots: int
     slot_n_ctx: int
+    n_batch: int  # most prompt tokens decoded in one step (infill lays its context out within it)
 
     @property
     def ready(self) -> bool: ...
@@ -106,6 +107,11 @@ class Engine(Tokenizer, Protocol):
     async def submit(self, request: GenerationRequest) -> Generation:
         """Validates and queues a request; errors a client should see as 4xx are raised here,
         before any response bytes are sent."""
+
+    async def submit_many(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Several requests of one client call (a list of prompts, n_cmpl), started together where the
+        engine can (the llama engine: same decode step, so the same arithmetic for the same prompt).
+        Either all are queued or none."""
 
     # embeddings
     @property
@@ -129,6 +135,25 @@ class Engine(Tokenizer, Protocol):
 
     def slot_erase(self, id_slot: int) -> SlotFileResult: ...
 
+    # --sleep-idle-seconds (kinetic/router/idle_sleep.py): unloaded while idle, described as it was
+    sleeping: bool
+
+    def sleep(self) -> None:
+        """Blocking: frees the model while it is idle; its description and counters stay readable."""
+
+    def wake(self) -> None:
+        """Blocking: loads it again after sleep()."""
+
+    # reranking (--rerank: a model with a ranking head)
+    def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        """Blocking: each document's score against the query, in their order."""
+
+    # LoRA adapters loaded with the model (GET/POST /lora-adapters)
+    def lora_adapters(self) -> list[tuple[Path, float]]: ...
+
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """Blocking: waits for the current decode step."""
+
     # state, for /slots, /props and /metrics
     def slot_states(self) -> list[SlotState]: ...
 
@@ -140,13 +165,9 @@ class Engine(Tokenizer, Protocol):
         """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""
 
 
-async def submit_together(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
-    """Several requests of one client call (a list of prompts, n_cmpl), started together where the
-    engine can (the llama backend's `submit_many`: same decode step, so the same arithmetic for the
-    same prompt); elsewhere one by one. Either all are queued or none (the ones queued are cancelled)."""
-    many = getattr(engine, "submit_many", None)
-    if many is not None:
-        return await many(requests)
+async def submit_each(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
+    """submit_many for an engine that cannot start requests in one step: one by one, all or none
+    (the ones queued are cancelled when a later one is refused)."""
     generations: list[Generation] = []
     try:
         for request in requests:

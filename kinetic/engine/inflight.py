@@ -2,7 +2,7 @@
 
 A key's limit (--max-in-flight) is a classroom rule, not a model's: a student with two requests
 running on one model and one waiting on another has three in flight. In router mode every engine
-(each local model's scheduler, each upstream pool) counts its requests here as well as in its own
+(each local model's scheduler, each upstream's waiting line) counts its requests here as well as in its own
 waiting line, so the limit and its 429 hold across models. Engines call it from the event loop and
 from their decode threads: it takes its own lock.
 """
@@ -15,8 +15,9 @@ from kinetic.errors import RateLimitError
 
 
 class InFlight:
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, *, scope: str = "across all models"):
         self.limit = limit  # 0: no limit (the counts are still kept, for the dashboard)
+        self.scope = scope  # what the count covers, as the 429 says it ("" for one model's own limit)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
@@ -25,8 +26,9 @@ class InFlight:
         with self._lock:
             n = self._counts.get(client, 0)
             if self.limit and n >= self.limit:
-                raise RateLimitError(f"too many requests in flight for this key across all models (at most "
-                                     f"{self.limit}); retry when one has finished", retry_after=1)
+                where = f" {self.scope}" if self.scope else ""
+                raise RateLimitError(f"too many requests in flight for this key{where} (at most {self.limit}); "
+                                     "retry when one has finished", retry_after=1)
             self._counts[client] = n + 1
 
     def leave(self, client: str) -> None:

@@ -172,6 +172,13 @@ class PromptProgress:
 
 
 @dataclass(frozen=True)
+class StructuredCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI's `function.arguments`
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Finished:
     finish_reason: FinishReason
     stop_type: StopType
@@ -183,6 +190,9 @@ class Finished:
     id_slot: int
     tokens_cached: int
     truncated: bool
+    # tool calls the model's server gave as structure (a remote OpenAI-compatible one); a local model's
+    # calls are in `text`, and the chat layer reads them from there
+    calls: tuple[StructuredCall, ...] = ()
 
 
 Event = TextDelta | PromptProgress | Finished

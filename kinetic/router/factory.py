@@ -1,39 +1,59 @@
-"""Building the Service of one router model: a local GGUF (chat or embedding) under the shared decode
-turns, or an upstream pool (upstream.py). Every model the factory builds counts its requests per key in
-one InFlight, so --max-in-flight holds across models."""
+"""Building the backend of one model from its spec and config: a local GGUF (chat or embedding)
+under the shared decode turns, or an upstream pool (kinetic/backends/upstream/). In router mode
+every model counts its requests per key in one InFlight, so --max-in-flight holds across models."""
 
 from __future__ import annotations
 
+from kinetic.backends.base import ModelBackend
+from kinetic.backends.config import EngineConfig, model_config
+from kinetic.backends.local import LocalBackend
+from kinetic.engine.base import Engine
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.turns import DecodeLock
+from kinetic.router.registry import BackendFactory
 from kinetic.router.sources import ModelSpec
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
 
 
-def service_factory(settings: ServerSettings):
-    """The factory a router's registry calls (in a worker thread) to build a model's unloaded Service."""
-    keyed = bool(settings.api_keys())
-    in_flight = InFlight(settings.max_in_flight if keyed else 0)  # one for the process
+class Factory:
+    """What the registry calls (in a worker thread) to build a model's unloaded backend."""
 
-    def build(spec: ModelSpec, decode_lock: DecodeLock) -> Service:
-        model_settings = spec.settings or settings
-        # The server's limit is counted process-wide; a preset's own max-in-flight adds a per-model one.
-        own_limit = model_settings.max_in_flight if keyed and model_settings.max_in_flight != settings.max_in_flight \
-            else 0
+    def __init__(self, settings: ServerSettings, *, router: bool):
+        self.settings = settings
+        self.keyed = bool(settings.api_keys())
+        self.router = router
+        # one for the process, for the dashboard and tests too; a single model counts in its engine
+        self.in_flight = InFlight(settings.max_in_flight if self.keyed else 0) if router else None
+
+    def own_limit(self, model_settings: ServerSettings) -> int:
+        """A single model's --max-in-flight; in router mode a preset's own value adds a per-model limit
+        to the process-wide one."""
+        if not self.keyed:
+            return 0
+        if not self.router:
+            return model_settings.max_in_flight
+        return model_settings.max_in_flight if model_settings.max_in_flight != self.settings.max_in_flight else 0
+
+    def __call__(self, spec: ModelSpec, decode_lock: DecodeLock) -> ModelBackend:
+        model_settings = spec.settings or self.settings
+        config = model_config(model_settings)
+        own = self.own_limit(model_settings)
         if spec.remote:
-            from kinetic.router.upstream import upstream_service
+            from kinetic.backends.upstream.backend import UpstreamBackend
 
-            return upstream_service(spec, model_settings, max_in_flight=own_limit, in_flight=in_flight)
-        engine = local_engine(spec, model_settings, decode_lock, max_in_flight=own_limit, in_flight=in_flight)
-        return Service.for_model(model_settings, engine, spec.name, spec.aliases)
-
-    build.in_flight = in_flight  # type: ignore[attr-defined]  # for the dashboard and tests
-    return build
+            return UpstreamBackend(spec, config, own_limit=own, in_flight=self.in_flight)
+        engine = local_engine(spec, config.engine, model_settings, decode_lock, max_in_flight=own,
+                              in_flight=self.in_flight)
+        return LocalBackend(config, engine, spec.name, spec.aliases)
 
 
-def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeLock, *, max_in_flight: int,
-                 in_flight: InFlight | None):
+def backend_factory(settings: ServerSettings, *, router: bool = True) -> BackendFactory:
+    return Factory(settings, router=router)
+
+
+def local_engine(spec: ModelSpec, config: EngineConfig, settings: ServerSettings, decode_lock: DecodeLock, *,
+                 max_in_flight: int, in_flight: InFlight | None) -> Engine:
+    """`settings` only for where the file comes from (-hf's file, --offline, the token)."""
     from kinetic.engine.llama import LlamaEngine
     from kinetic.models import check_gguf, resolve_hf
 
@@ -42,10 +62,9 @@ def local_engine(spec: ModelSpec, settings: ServerSettings, decode_lock: DecodeL
     else:
         assert spec.hf_repo is not None
         path = resolve_hf(spec.hf_repo, settings.hf_file, settings.offline, settings.hf_token).path
-    return LlamaEngine(path, n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
-                       n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
-                       pooling=settings.pooling, options=settings.llama_options(), spec=settings.spec_options(),
-                       fair_share=settings.fair_share, max_in_flight_per_client=max_in_flight,
-                       cache_ram_mib=settings.cache_ram, ctx_checkpoints=settings.ctx_checkpoints,
-                       verbose=settings.verbose, decode_lock=decode_lock, in_flight=in_flight,
-                       long_context=settings.long_context())
+    return LlamaEngine(path, n_ctx=config.n_ctx, n_parallel=config.n_parallel, n_threads=config.n_threads,
+                       n_batch=config.n_batch, n_ubatch=config.n_ubatch, embeddings=config.embeddings,
+                       pooling=config.pooling, options=config.options, fair_share=config.fair_share,
+                       max_in_flight_per_client=max_in_flight, cache_ram_mib=config.cache_ram_mib,
+                       ctx_checkpoints=config.ctx_checkpoints, verbose=config.verbose, decode_lock=decode_lock,
+                       in_flight=in_flight, long_context=config.long_context, spec=config.spec)

@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-import anyio
-
 if TYPE_CHECKING:
     from kinetic.router.registry import ModelEntry, ModelRegistry
 
@@ -28,9 +26,8 @@ MAX_POLL_S = 1.0  # how often the watch looks at the models (at most; a short N 
 
 
 def can_sleep(entry: ModelEntry) -> bool:
-    """A loaded local model whose engine knows how to sleep (an upstream model has nothing to unload)."""
-    service = entry.service
-    return service is not None and not entry.spec.remote and hasattr(service.engine, "sleep")
+    """A loaded model whose backend can sleep (an upstream model has nothing to unload)."""
+    return entry.backend is not None and entry.backend.capabilities.sleep
 
 
 class IdleSleep:
@@ -48,7 +45,7 @@ class IdleSleep:
             for entry in list(self.registry.entries.values()):
                 if not can_sleep(entry) or entry.sleeping:
                     continue
-                if entry.service is not None and not entry.service.ready:
+                if entry.backend is not None and not entry.backend.ready:
                     entry.touch()  # still loading: its idle time starts once it is loaded
                 elif self._idle(entry):
                     try:
@@ -57,31 +54,31 @@ class IdleSleep:
                         log.exception("model %s could not enter sleeping state", entry.name)
 
     def _idle(self, entry: ModelEntry) -> bool:
-        service = entry.service
-        return (service is not None and service.ready and entry.leases == 0 and not entry.busy
+        backend = entry.backend
+        return (backend is not None and backend.ready and entry.leases == 0 and not entry.busy
                 and time.monotonic() - entry.last_used >= self.seconds)
 
     async def fall_asleep(self, entry: ModelEntry) -> None:
         async with self._turn:
-            service = entry.service
+            backend = entry.backend
             # looked at again under the lock, with no await in between: a request that took the model
             # since then keeps it awake
-            if service is None or entry.sleeping or not self._idle(entry):
+            if backend is None or entry.sleeping or not self._idle(entry):
                 return
             log.info("model %s: idle for %gs, entering sleeping state (unloaded until the next request)",
                      entry.name, self.seconds)
-            await anyio.to_thread.run_sync(service.engine.sleep)  # type: ignore[attr-defined]
+            await backend.sleep()
 
     async def awake(self, entry: ModelEntry) -> None:
         """Returns once the model is not asleep (loading it again if it was); a request calls it first."""
         if not entry.sleeping and not self._turn.locked():
             return
         async with self._turn:
-            service = entry.service
-            if service is None or not entry.sleeping:
+            backend = entry.backend
+            if backend is None or not entry.sleeping:
                 return
             log.info("model %s: a request arrived, exiting sleeping state (loading)", entry.name)
-            await anyio.to_thread.run_sync(service.engine.wake)  # type: ignore[attr-defined]
+            await backend.wake()
             entry.touch()
 
 

@@ -5,29 +5,28 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kinetic.backends.base import ModelBackend
 from kinetic.router.registry import ModelEntry, ModelRegistry
-from kinetic.service import Service
 
 
-def model_entry(service: Service) -> dict[str, Any]:
-    """A loaded model, as llama-server's single-model /v1/models shows it."""
-    info = service.info
-    return {
-        "id": service.model_name,
-        "aliases": list(service.aliases),
-        "tags": tags(service.settings.tags),
+def model_entry(backend: ModelBackend) -> dict[str, Any]:
+    """A loaded model, as llama-server's single-model /v1/models shows it (a remote one has no `meta`:
+    its file is the other server's)."""
+    described = backend.describe()
+    body: dict[str, Any] = {
+        "id": backend.name,
+        "aliases": list(backend.aliases),
+        "tags": list(backend.config.switches.tags),
         "object": "model",
         "created": int(time.time()),
         "owned_by": "llamacpp",
-        "meta": {"vocab_type": info.vocab_type, "n_vocab": info.n_vocab, "n_ctx": service.engine.slot_n_ctx,
-                 "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-                 "size": info.size, "ftype": info.ftype},
     }
-
-
-def tags(value: str | None) -> list[str]:
-    """--tags a,b: sorted and without duplicates, as llama-server keeps them (a std::set)."""
-    return sorted({t.strip() for t in (value or "").split(",") if t.strip()})
+    info = described.info
+    if info is not None:
+        body["meta"] = {"vocab_type": info.vocab_type, "n_vocab": info.n_vocab, "n_ctx": described.n_ctx,
+                        "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
+                        "size": info.size, "ftype": info.ftype}
+    return body
 
 
 def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
@@ -41,39 +40,38 @@ def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
 def router_entry(entry: ModelEntry) -> dict[str, Any]:
     """A router's model in any state (llama-server's router /models row)."""
     spec = entry.spec
-    service = entry.service
-    body: dict[str, Any] = model_entry(service) if service is not None and service.ready else {
+    backend = entry.backend
+    body: dict[str, Any] = model_entry(backend) if backend is not None and backend.ready else {
         "id": spec.name, "aliases": list(spec.aliases), "tags": [], "object": "model",
         "created": int(time.time()), "owned_by": "llamacpp"}
     status: dict[str, Any] = {"value": "sleeping" if entry.sleeping else entry.state.value, "args": []}
     if entry.failure:
         status.update(failed=True, message=entry.failure)
     body["status"] = status
-    body["architecture"] = {"input_modalities": ["text"], "output_modalities": capabilities(entry)}
+    body["architecture"] = {"input_modalities": ["text"], "output_modalities": output_modalities(entry)}
     body["source"] = spec.source
     body["can_remove"] = False
     if spec.remote:
         body["owned_by"] = "upstream"
-        upstream_status = getattr(service, "upstream_status", None)  # an UpstreamService's pool
-        if upstream_status is not None:
-            status["upstreams"] = upstream_status()
+        if backend is not None:
+            status["upstreams"] = backend.describe().members
     return body
 
 
-def capabilities(entry: ModelEntry) -> list[str]:
-    service = entry.service
-    if service is not None and service.ready and not service.engine.can_generate:
+def output_modalities(entry: ModelEntry) -> list[str]:
+    backend = entry.backend
+    if backend is not None and backend.ready and not backend.capabilities.generate:
         return ["embedding"]
     return ["text"]
 
 
 def models_body(registry: ModelRegistry) -> dict[str, Any]:
     if not registry.router:
-        service = registry.only.service
-        assert service is not None
-        return {"models": [ollama_shaped(service.model_name, ["completion"])], "object": "list",
-                "data": [model_entry(service)]}
+        backend = registry.only.backend
+        assert backend is not None
+        return {"models": [ollama_shaped(backend.name, ["completion"])], "object": "list",
+                "data": [model_entry(backend)]}
     entries = list(registry.entries.values())
-    return {"models": [ollama_shaped(e.name, ["embedding"] if capabilities(e) == ["embedding"] else ["completion"])
-                       for e in entries],
+    return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
+                                      else ["completion"]) for e in entries],
             "object": "list", "data": [router_entry(e) for e in entries]}

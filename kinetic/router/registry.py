@@ -1,7 +1,8 @@
-"""ModelRegistry: the models one server answers for, their state, and the Service of each loaded one.
+"""ModelRegistry: the models one server answers for, their state, and the backend of each loaded one.
 
-One model named the usual way (`-m`, `-hf`, the bundled default) is a registry of one, loaded at start,
-and the request's `model` field is ignored, as in llama-server. In router mode (several models) the
+One model named the usual way (`-m`, `-hf`, the bundled default) is a registry of one, loaded at start
+(the same way a router loads its models: `load()`), and the request's `model` field is ignored, as
+in llama-server. In router mode (several models) the
 request's `model` picks the entry by name or alias; an unloaded one is loaded first (unless
 --no-models-autoload), and when --models-max local models are already loaded the least recently used
 idle one is unloaded to make room. Every local engine decodes under the registry's one DecodeTurns,
@@ -18,18 +19,18 @@ from enum import Enum
 
 import anyio
 
+from kinetic.backends.base import ModelBackend
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
 from kinetic.router.events import ModelEvents
 from kinetic.router.idle_sleep import IdleSleep
 from kinetic.router.sources import ModelSpec
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
-# Builds the (not yet loaded) Service of a model; runs in a worker thread (it may resolve an -hf repo).
-ServiceFactory = Callable[[ModelSpec, DecodeLock], Service]
+# Builds the (not yet loaded) backend of a model; runs in a worker thread (it may resolve an -hf repo).
+BackendFactory = Callable[[ModelSpec, DecodeLock], ModelBackend]
 IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model to unload
 ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
 
@@ -56,13 +57,13 @@ class ModelMissingError(InvalidRequestError):
 
 
 class ModelEntry:
-    """One model of the registry: its spec, its state and, once loaded, its Service."""
+    """One model of the registry: its spec, its state and, once loaded, its backend."""
 
-    def __init__(self, spec: ModelSpec, service: Service | None = None):
+    def __init__(self, spec: ModelSpec):
         self.spec = spec
-        self.service = service
+        self.backend: ModelBackend | None = None
         self.state = ModelState.UNLOADED
-        self.task: asyncio.Task[Service] | None = None
+        self.task: asyncio.Task[ModelBackend] | None = None
         self.last_used = 0.0
         self.leases = 0  # requests that resolved this model and have not finished
         self.failure: str | None = None  # why the last load failed
@@ -85,22 +86,19 @@ class ModelEntry:
         """A request holds it, or its engine still has work (a stream outlives its route function)."""
         if self.leases > 0:
             return True
-        if self.service is None:
-            return False
-        stats = self.service.engine.stats()
-        return stats.requests_processing > 0 or stats.requests_deferred > 0
+        return self.backend is not None and self.backend.busy
 
     @property
     def sleeping(self) -> bool:
         """Unloaded by --sleep-idle-seconds (idle_sleep.py) until a request wakes it."""
-        return self.service is not None and bool(getattr(self.service.engine, "sleeping", False))
+        return self.backend is not None and self.backend.sleeping
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
 
 class ModelRegistry:
-    def __init__(self, settings: ServerSettings, specs: list[ModelSpec], factory: ServiceFactory | None, *,
+    def __init__(self, settings: ServerSettings, specs: list[ModelSpec], factory: BackendFactory, *,
                  router: bool):
         self.settings = settings
         self.router = router
@@ -119,12 +117,10 @@ class ModelRegistry:
             if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
 
     @classmethod
-    def single(cls, service: Service) -> ModelRegistry:
-        """Today's server: one model, loaded at start, the `model` field ignored."""
-        spec = ModelSpec(name=service.model_name, aliases=service.aliases)
-        registry = cls(service.settings, [spec], None, router=False)
-        registry.entries[spec.name].service = service
-        return registry
+    def single(cls, settings: ServerSettings, backend: ModelBackend) -> ModelRegistry:
+        """One model already built (unloaded), loaded at start; the `model` field ignored."""
+        spec = ModelSpec(name=backend.name, aliases=backend.aliases)
+        return cls(settings, [spec], lambda _spec, _lock: backend, router=False)
 
     # ------------------------------------------------------------------ looking models up
 
@@ -133,8 +129,8 @@ class ModelRegistry:
         """Whether requests may through the gate: the one model is loaded, or (router) always."""
         if self.router:
             return True
-        service = self.only.service
-        return service is not None and (service.ready or self.only.sleeping)  # a request wakes a sleeping one
+        backend = self.only.backend
+        return backend is not None and (backend.ready or backend.sleeping)  # a request wakes a sleeping one
 
     @property
     def only(self) -> ModelEntry:
@@ -156,8 +152,8 @@ class ModelRegistry:
         return entry
 
     async def acquire(self, name: str | None, *, autoload: bool | None = None,
-                      wake: bool = True) -> tuple[ModelEntry, Service]:
-        """The Service of the model a request names, loaded first if need be, with a lease taken on it
+                      wake: bool = True) -> tuple[ModelEntry, ModelBackend]:
+        """The backend of the model a request names, loaded first if need be, with a lease taken on it
         (release() it when the request is done) so that it is not unloaded under the request. `wake`
         False: a sleeping model is answered as it is (llama-server's routes that bypass sleep)."""
         entry = self.resolve(name)
@@ -167,43 +163,39 @@ class ModelRegistry:
         try:
             if self.sleeper is not None and wake:
                 await self.sleeper.awake(entry)
-            service = await self._loaded_service(entry, autoload)
+            backend = await self._loaded_backend(entry, autoload)
         except BaseException:
             entry.leases -= 1
             raise
         if wake:  # a look at a sleeping model's state (/props, /metrics) is no use of it: the idle time runs on
             entry.touch()
-        return entry, service
+        return entry, backend
 
     def release(self, entry: ModelEntry, *, used: bool = True) -> None:
         entry.leases -= 1
         if used:
             entry.touch()
 
-    async def _loaded_service(self, entry: ModelEntry, autoload: bool | None) -> Service:
+    async def _loaded_backend(self, entry: ModelEntry, autoload: bool | None) -> ModelBackend:
+        if entry.state is ModelState.LOADED and entry.backend is not None:
+            return entry.backend
         if not self.router:
-            service = entry.service
-            if service is None or not (service.ready or entry.sleeping):
-                raise UnavailableError("Loading model")
-            return service
-        if entry.state is ModelState.LOADED and entry.service is not None:
-            return entry.service
+            raise UnavailableError("Loading model")
         if entry.state is ModelState.UNLOADED and not (self.settings.models_autoload if autoload is None else autoload):
             raise InvalidRequestError("model is not loaded", param="model")
         return await self.load(entry)
 
     # ------------------------------------------------------------------ loading and unloading
 
-    async def load(self, entry: ModelEntry) -> Service:
+    async def load(self, entry: ModelEntry) -> ModelBackend:
         """Loads `entry` (or joins the load under way); raises ServerError naming the model if it fails."""
         if entry.task is None or entry.task.done():
-            if entry.state is ModelState.LOADED and entry.service is not None:
-                return entry.service
+            if entry.state is ModelState.LOADED and entry.backend is not None:
+                return entry.backend
             entry.task = asyncio.get_running_loop().create_task(self._load(entry))
         return await asyncio.shield(entry.task)
 
-    async def _load(self, entry: ModelEntry) -> Service:
-        assert self.factory is not None
+    async def _load(self, entry: ModelEntry) -> ModelBackend:
         async with self._load_lock:
             if not entry.spec.remote:
                 await self._make_room(entry)
@@ -213,21 +205,20 @@ class ModelRegistry:
             self.events.publish(entry.name, "model_status", {"status": "loading"})  # as llama-server's spawn
             self.events.status(entry.name, "loading")
             try:
-                service = await anyio.to_thread.run_sync(self.factory, entry.spec, self.decode_lock)
-                await anyio.to_thread.run_sync(service.engine.load)
-                service.on_model_loaded()
+                backend = await anyio.to_thread.run_sync(self.factory, entry.spec, self.decode_lock)
+                await backend.load()
             except Exception as exc:  # any failure: the model stays unloaded, the router up
                 entry.state = ModelState.UNLOADED
                 entry.failure = str(exc)
                 log.warning("model %s failed to load: %s", entry.name, exc)
                 self.events.status(entry.name, "unloaded", exit_code=1)
                 raise ServerError(f"model '{entry.name}' failed to load: {exc}") from exc
-            entry.service = service
+            entry.backend = backend
             entry.state = ModelState.LOADED
             entry.touch()
             log.info("model %s loaded", entry.name)
             self.events.status(entry.name, "loaded")
-            return service
+            return backend
 
     def _resident(self, exclude: ModelEntry) -> list[ModelEntry]:
         return [e for e in self.entries.values() if e is not exclude and not e.spec.remote
@@ -266,11 +257,11 @@ class ModelRegistry:
     async def unload(self, entry: ModelEntry) -> None:
         """Unloads now, busy or not: its open streams end at once with a 503 error in their protocol's
         way, its waiting requests get that error, and their counts are given back (docs/router.md)."""
-        service, entry.service = entry.service, None
+        backend, entry.backend = entry.backend, None
         entry.state = ModelState.UNLOADED
-        if service is not None:
+        if backend is not None:
             log.info("unloading model %s", entry.name)
-            await anyio.to_thread.run_sync(service.engine.close)
+            await anyio.to_thread.run_sync(backend.close)
             self.events.status(entry.name, "unloaded", exit_code=0)
 
     async def load_on_startup(self) -> None:
@@ -287,10 +278,10 @@ class ModelRegistry:
     async def end_streams(self, error: KineticError) -> None:
         """Shutdown's end: every model's open streams and waiting requests fail with `error` now."""
         for entry in list(self.entries.values()):
-            if entry.service is not None:
-                await anyio.to_thread.run_sync(entry.service.engine.close, error)
+            if entry.backend is not None:
+                await anyio.to_thread.run_sync(entry.backend.close, error)
 
     def close(self) -> None:
         for entry in self.entries.values():
-            if entry.service is not None:
-                entry.service.engine.close()
+            if entry.backend is not None:
+                entry.backend.close()

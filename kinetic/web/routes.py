@@ -106,16 +106,15 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
     processing = deferred = 0
     by_key: dict[str, int] = {}
     for entry in registry.entries.values():
-        service = entry.service
-        if service is None or not service.ready:  # a router's model that is not loaded: no slots to show
+        backend = entry.backend
+        if backend is None or not backend.ready:  # a router's model that is not loaded: no slots to show
             continue
-        engine = service.engine
-        engine_stats = engine.stats()
-        models.append({"name": entry.name, "n_ctx": engine.slot_n_ctx, "n_slots": engine.n_slots})
+        engine_stats, described = backend.stats(), backend.describe()
+        models.append({"name": entry.name, "n_ctx": described.n_ctx, "n_slots": described.n_slots})
         slots += [{"model": entry.name, "id": slot.id, "state": "processing" if slot.is_processing else "idle",
                    "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
                    "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
-                  for slot in engine.slot_states()]
+                  for slot in backend.slot_states()]
         processing += engine_stats.requests_processing
         deferred += engine_stats.requests_deferred
         for name, count in engine_stats.deferred_by_client.items():

@@ -12,10 +12,9 @@ import openai
 import pytest
 from fastapi.routing import APIRoute
 
-from kinetic.app import create_app
 from kinetic.engine.llama import LlamaEngine
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
+from tests.scripted import single_model_app
 from tests.server import KineticServer
 
 KEY = "segreta123"
@@ -73,8 +72,7 @@ def registered_routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str
 
 
 def app_routes() -> list[tuple[str, str]]:
-    service = Service.create(ServerSettings(), LlamaEngine(Path("unused.gguf")), "unused")
-    return sorted(set(registered_routes(create_app(service).routes)))
+    return sorted(set(registered_routes(single_model_app(ServerSettings(), LlamaEngine(Path("unused.gguf"))).routes)))
 
 
 def test_every_route_but_health_is_behind_the_key(keyed_server: KineticServer) -> None:

@@ -4,18 +4,17 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
 from kinetic.engine.llama import LlamaEngine
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
+from tests.scripted import single_model_app
 
 LOADING = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
 
 
 def app_client(**settings: object) -> TestClient:
     engine = LlamaEngine(Path("unused.gguf"))
-    service = Service.create(ServerSettings(**settings), engine, "unused")
-    return TestClient(create_app(service))  # not entered: the model never loads
+    app = single_model_app(ServerSettings(**settings), engine)
+    return TestClient(app)  # not entered: the model never loads
 
 
 def test_everything_is_503_while_loading_even_health() -> None:

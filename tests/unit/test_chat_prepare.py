@@ -3,6 +3,8 @@ byte tokenizer standing in for a model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
@@ -20,7 +22,7 @@ from kinetic.chat.types import (
     ToolSpec,
 )
 from kinetic.engine.types import SamplingParams
-from kinetic.errors import InvalidRequestError
+from kinetic.errors import ContextOverflowError, InvalidRequestError
 from tests.scripted import ScriptedEngine
 
 WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
@@ -110,3 +112,25 @@ def test_embedding_inputs_truncate_when_asked(layer: ChatLayer) -> None:
     assert small.embedding_inputs(["abc", "d"], ["input[0]", "input[1]"], truncate=True) == [[97, 98], [100]]
     with pytest.raises(InvalidRequestError):
         small.embedding_inputs(["abc"], ["input[0]"])
+
+
+def test_ollamas_context_leads_the_prompt_without_a_second_bos(layer: ChatLayer) -> None:
+    """/api/generate's `context` (an earlier answer's tokens) goes before this prompt, whose own BOS
+    would otherwise land in the middle: the chat layer does it, the route never edits the request."""
+    layer.engine.info = replace(layer.engine.info, bos_id=2)  # type: ignore[attr-defined]
+    options = GenerationOptions(prior_tokens=(2, 10, 11))
+    generation = layer.prepare_prompt(PromptRequest(prompt=[2, 50, 51], options=options))
+    assert generation.prompt_tokens == [2, 10, 11, 50, 51]
+    assert layer.prepare_prompt(PromptRequest(prompt=[2, 50])).prompt_tokens == [2, 50]
+
+
+def test_a_context_limit_below_the_slot_bounds_prompt_and_answer_above_it_is_ignored(layer: ChatLayer) -> None:
+    def max_tokens(limit: int | None, asked: int | None = -1) -> int:
+        options = GenerationOptions(max_tokens=asked, context_limit=limit)
+        return layer.prepare_prompt(PromptRequest(prompt="x" * 100, options=options)).max_tokens
+
+    assert max_tokens(None) == -1 and max_tokens(8192) == -1  # the slot holds 4096: Ollama would reload
+    assert max_tokens(120) == 20 and max_tokens(120, asked=5) == 5 and max_tokens(120, asked=None) == 20
+    with pytest.raises(ContextOverflowError) as info:
+        max_tokens(64)
+    assert info.value.extra == {"n_prompt_tokens": 100, "n_ctx": 64}

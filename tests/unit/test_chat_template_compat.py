@@ -205,10 +205,9 @@ def test_generation_prompt_is_what_add_generation_prompt_adds() -> None:
 
 @pytest.mark.parametrize("mode, wire", [("auto", True), ("content", "content"), ("reasoning", "reasoning_content")])
 def test_continuation_is_forwarded_to_upstream_servers(mode: str, wire: object) -> None:
-    from kinetic.router.upstream import chat_body
-    from kinetic.settings import ServerSettings
+    from kinetic.backends.upstream.body import chat_body
 
     body = chat_body(ChatRequest(messages=(user("q"), assistant("a")), continue_final_message=mode), "m",  # type: ignore[arg-type]
-                     ServerSettings())
+                     -1)
     assert body["continue_final_message"] == wire and body["add_generation_prompt"] is False
-    assert "continue_final_message" not in chat_body(ChatRequest(messages=(user("q"),)), "m", ServerSettings())
+    assert "continue_final_message" not in chat_body(ChatRequest(messages=(user("q"),)), "m", -1)

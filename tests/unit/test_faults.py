@@ -16,16 +16,16 @@ from typing import Any
 import httpx
 import pytest
 
+from kinetic.backends.config import EngineConfig, ModelConfig
+from kinetic.backends.model_file import read_model_file
+from kinetic.backends.upstream.backend import ForwardRequest, UpstreamBackend
 from kinetic.classroom.identity import CLIENT
-from kinetic.engine.base import submit_together
 from kinetic.engine.inflight import InFlight
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
-from kinetic.router.sources import UpstreamSpec
-from kinetic.router.upstream import ForwardRequest, UpstreamEngine
-from kinetic.service import Service, read_model_file
+from kinetic.router.sources import ModelSpec, UpstreamSpec
 from kinetic.settings import ServerSettings
 from kinetic.streaming import merge_frames
-from tests.scripted import ScriptedEngine, ScriptedServer
+from tests.scripted import ScriptedEngine, ScriptedServer, single_model_backend
 
 CHAT = [{"role": "user", "content": "hi"}]
 # Each protocol's streamed request, and the last lines its stream ends with when it fails.
@@ -119,7 +119,7 @@ def test_merge_frames_closes_while_its_streams_are_running() -> None:
 
 
 def test_a_failed_digest_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    service = Service.create(ServerSettings(), loaded_engine([]), "scripted")
+    service = single_model_backend(ServerSettings(), loaded_engine([]), "scripted")
     service.engine.load()
     calls: list[int] = []
 
@@ -129,7 +129,7 @@ def test_a_failed_digest_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
             raise OSError("disk hiccup")
         return "digest"
 
-    monkeypatch.setattr("kinetic.service.read_model_file", flaky)
+    monkeypatch.setattr("kinetic.backends.local.read_model_file", flaky)
 
     async def twice() -> list[Any]:
         results: list[Any] = []
@@ -175,11 +175,10 @@ def upstream_url() -> Any:
         yield server.url + "/v1"
 
 
-def upstream_engine(url: str, **kwargs: Any) -> UpstreamEngine:
-    engine = UpstreamEngine("remote", (UpstreamSpec(url=url, model="m"),), connections_per_member=4,
-                            fair_share=True, max_in_flight_per_client=0, **kwargs)
-    engine.load()
-    return engine
+def upstream_backend(url: str, *, connections: int = 4, in_flight: InFlight | None = None) -> UpstreamBackend:
+    """Not loaded yet: `await backend.load()` on the loop that runs the test."""
+    spec = ModelSpec(name="remote", upstreams=(UpstreamSpec(url=url, model="m"),))
+    return UpstreamBackend(spec, ModelConfig(engine=EngineConfig(n_parallel=connections)), in_flight=in_flight)
 
 
 def forward(client: str) -> ForwardRequest:
@@ -191,18 +190,19 @@ def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str)
     """The second prompt of a list refused with 429 cancels the first one's pump before it ever ran;
     its cleanup must still give back the turn, the HTTP response and the key's count."""
     in_flight = InFlight(1)
-    engine = upstream_engine(upstream_url, in_flight=in_flight)
+    engine = upstream_backend(upstream_url, in_flight=in_flight)
 
     async def refused_list() -> None:
+        await engine.load()
         CLIENT.set("alice")
         with pytest.raises(RateLimitError):
-            await submit_together(engine, [forward("alice"), forward("alice")])
+            await engine.start_together([forward("alice"), forward("alice")])
         await asyncio.sleep(0.2)  # the cancelled pump's cleanup
         assert in_flight.counts() == {} and engine.stats().requests_processing == 0
         assert [m.outstanding for m in engine.pool.members] == [0]
         for _ in range(5):  # more lists than connections: none waits forever
             with pytest.raises(RateLimitError):
-                await asyncio.wait_for(submit_together(engine, [forward("alice"), forward("alice")]), 5)
+                await asyncio.wait_for(engine.start_together([forward("alice"), forward("alice")]), 5)
         engine.close()
 
     asyncio.run(refused_list())
@@ -210,13 +210,12 @@ def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str)
 
 def test_closing_an_upstream_engine_ends_its_streams_fails_the_waiting_and_closes_its_client(
         upstream_url: str) -> None:
-    engine = UpstreamEngine("remote", (UpstreamSpec(url=upstream_url, model="m"),), connections_per_member=1,
-                            fair_share=True, max_in_flight_per_client=0)
-    engine.load()
+    engine = upstream_backend(upstream_url, connections=1)
 
     async def close_mid_stream() -> None:
-        running = await engine.submit(forward("alice"))
-        waiting = asyncio.ensure_future(engine.submit(forward("bob")))  # the one connection is taken
+        await engine.load()
+        running = await engine.start(forward("alice"))
+        waiting = asyncio.ensure_future(engine.start(forward("bob")))  # the one connection is taken
         events = running.events()
         await events.__anext__()
         await asyncio.sleep(0.1)

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.chat.toolcalls import ParsedCall
 from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall
 from kinetic.engine.types import (
     Finished,
-    GenerationRequest,
     ModelInfo,
     TextDelta,
     Timings,
@@ -22,10 +22,9 @@ from kinetic.engine.types import (
     TokenProb,
     Usage,
 )
-from kinetic.errors import ContextOverflowError, InvalidRequestError, NotFoundError, ServerError
+from kinetic.errors import InvalidRequestError, NotFoundError, ServerError
 from kinetic.protocols.ollama import model_facts, replies, translate
-from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest, Options
-from kinetic.service import ModelFile, read_model_file
+from kinetic.protocols.ollama.types import ChatRequest, EmbedRequest, GenerateRequest
 
 SERVED = model_facts.ServedModel(name="tiny", aliases=("tiny", "tiny-2"), thinks=False, n_ctx=2048)
 THINKER = model_facts.ServedModel(name="tiny", aliases=("tiny",), thinks=True, n_ctx=2048)
@@ -229,28 +228,6 @@ def test_generate_suffix_is_refused_without_fill_in_the_middle() -> None:
     assert info.value.param == "suffix"
 
 
-def test_context_is_prepended_without_a_second_bos() -> None:
-    generation = GenerationRequest(prompt_tokens=[2, 50, 51])
-    assert translate.with_context(generation, [2, 10, 11], bos_id=2).prompt_tokens == [2, 10, 11, 50, 51]
-    assert translate.with_context(generation, None, bos_id=2) is generation
-
-
-def test_num_ctx_below_the_slot_limits_prompt_and_answer_above_it_is_ignored() -> None:
-    generation = GenerationRequest(prompt_tokens=[1] * 100, max_tokens=-1)
-    assert translate.limit_context(generation, None, SERVED) is generation
-    assert translate.limit_context(generation, Options(num_ctx=8192), SERVED) is generation
-    assert translate.limit_context(generation, Options(num_ctx=120), SERVED).max_tokens == 20
-    capped = translate.limit_context(GenerationRequest(prompt_tokens=[1] * 100, max_tokens=5),
-                                     Options(num_ctx=120), SERVED)
-    assert capped.max_tokens == 5
-    with pytest.raises(ContextOverflowError) as info:
-        translate.limit_context(generation, Options(num_ctx=64), SERVED)
-    assert info.value.extra == {"n_prompt_tokens": 100, "n_ctx": 64}
-
-
-# ----------------------------------------------------------------------- outward
-
-
 def test_stream_lines_then_a_final_line_with_metrics_in_nanoseconds() -> None:
     out = lines(replies.LineEncoder(context()), ["Hel", "lo"], finished("Hello", "length"))
     assert [o["message"]["content"] for o in out] == ["Hel", "lo", ""]
@@ -389,7 +366,7 @@ def test_dimensions_shorten_and_renormalise() -> None:
     assert math.isclose(sum(v * v for v in translate.shorten([0.5, 0.5, 0.5, 0.5], 2)), 1.0)
     with pytest.raises(InvalidRequestError):
         translate.check_dimensions(641, 640)
-    body = translate.to_embed_response(EmbedRequest(model="tiny", input="a", dimensions=2), [[1, 2, 3]],
+    body = translate.to_embed_response(EmbedRequest(model="tiny", input="a", dimensions=2), 3,
                                        [[0.5, 0.5, 0.5, 0.5]], 0)
     assert len(body["embeddings"][0]) == 2 and body["prompt_eval_count"] == 3
 

@@ -100,7 +100,7 @@ def test_embedding_inputs_name_each_field() -> None:
 
 
 def test_to_embeddings_base64_is_little_endian_float32() -> None:
-    body = translate.to_embeddings(EmbeddingRequest(input="a", encoding_format="base64"), [[1, 2]], [[0.5, -1.0]], "m")
+    body = translate.to_embeddings(EmbeddingRequest(input="a", encoding_format="base64"), 2, [[0.5, -1.0]], "m")
     raw = base64.b64decode(body["data"][0]["embedding"])
     assert struct.unpack("<2f", raw) == (0.5, -1.0) and body["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
 

@@ -15,10 +15,9 @@ import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from kinetic.app import create_app
 from kinetic.engine.llama import LlamaEngine
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
+from tests.scripted import single_model_app
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
@@ -96,7 +95,7 @@ def web_routes() -> set[Route]:
 
 def test_the_app_serves_exactly_the_protocol_routers() -> None:
     """So a router the app includes without a protocol package (or the reverse) is noticed."""
-    app = create_app(Service.create(ServerSettings(), LlamaEngine(Path("unused.gguf")), "unused"))
+    app = single_model_app(ServerSettings(), LlamaEngine(Path("unused.gguf")))
     assert routes_of(app.routes) == set().union(*(protocol_routes(p) for p in PROTOCOLS)) | web_routes()
 
 

@@ -13,16 +13,14 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.roles import ADMIN_ROUTES, Role, needs_admin, role_of
 from kinetic.engine.types import EngineStats, GenerationRequest, SlotState
 from kinetic.errors import InsufficientStorageError, InvalidRequestError
 from kinetic.protocols.llamacpp import translate
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
 from kinetic.slot_folder import check_room, slot_path
-from tests.scripted import ScriptedEngine
+from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 
 ROUTES_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "routes.md"
 STUDENT, ADMIN = "sk-alice", "sk-teacher"
@@ -55,16 +53,15 @@ def registered_routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str
             raise AssertionError(f"unknown route type {route!r}: teach this test about it")
 
 
-def keyed_app(tmp_path: Path, **settings: Any) -> TestClient:
+def keyed_app(tmp_path: Path, **settings: Any) -> ReadyClient:
     keys = tmp_path / "keys.txt"
     keys.write_text(f"{STUDENT} alice\nsk-bob bob\n", encoding="utf-8")
     loaded = threading.Event()
     loaded.set()
     engine = ScriptedEngine(["hi"], loaded=loaded)
-    service = Service.create(ServerSettings(api_key_file=str(keys), admin_key=ADMIN, metrics=True,
-                                            ui_mcp_proxy=True, slot_save_path=str(tmp_path / "slots"),
-                                            **settings), engine, "scripted")
-    return TestClient(create_app(service))
+    return ReadyClient(single_model_app(ServerSettings(api_key_file=str(keys), admin_key=ADMIN, metrics=True,
+                                                      ui_mcp_proxy=True, slot_save_path=str(tmp_path / "slots"),
+                                                      **settings), engine, "scripted"))
 
 
 def call(client: TestClient, method: str, template: str, key: str | None) -> Any:
@@ -131,9 +128,9 @@ def test_a_student_is_refused_in_the_protocols_error_shape(tmp_path: Path) -> No
 def test_without_any_key_everything_is_open(tmp_path: Path) -> None:
     loaded = threading.Event()
     loaded.set()
-    service = Service.create(ServerSettings(metrics=True, ui_mcp_proxy=True), ScriptedEngine(["hi"], loaded=loaded),
-                             "scripted")
-    with TestClient(create_app(service)) as client:
+    app = single_model_app(ServerSettings(metrics=True, ui_mcp_proxy=True), ScriptedEngine(["hi"], loaded=loaded),
+                           "scripted")
+    with ReadyClient(app) as client:
         for method, route in sorted(set(registered_routes(client.app.routes))):  # type: ignore[attr-defined]
             assert call(client, method, route, None).status_code not in (401, 403), (method, route)
 

@@ -12,16 +12,34 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kinetic.chat.toolcalls import ParsedCall, parse_tool_calls
-from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart, ToolChoice, ToolSpec
+from kinetic.backends.base import ModelBackend
+from kinetic.backends.config import ModelConfig, model_config
+from kinetic.backends.local import LocalBackend
+from kinetic.backends.upstream.backend import UpstreamBackend
+from kinetic.backends.upstream.body import chat_body
+from kinetic.backends.upstream.pool import upstream_error
+from kinetic.backends.upstream.stream import read_events
+from kinetic.chat.types import (
+    ChatRequest,
+    GenerationOptions,
+    Message,
+    SamplingOptions,
+    TextPart,
+    ToolChoice,
+    ToolSpec,
+)
 from kinetic.engine.turns import DecodeTurns
-from kinetic.engine.types import Timings, Usage
-from kinetic.errors import InvalidRequestError, ModelLoadError, NotFoundError, NotSupportedError, ServerError
+from kinetic.engine.types import StructuredCall, Timings, Usage
+from kinetic.errors import (
+    InvalidRequestError,
+    ModelLoadError,
+    NotFoundError,
+    NotSupportedError,
+    ServerError,
+)
 from kinetic.router.registry import ModelRegistry, ModelState
 from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
-from kinetic.router.upstream import UpstreamEngine, chat_body, read_events, upstream_error
 from kinetic.serve_args import parse_serve_args
-from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
 
@@ -141,13 +159,13 @@ def registry(names: list[str], *, models_max: int = 0, autoload: bool = True,
     settings = ServerSettings(models_max=models_max, models_autoload=autoload)
     built: list[str] = []
 
-    def factory(spec: ModelSpec, lock: object) -> Service:
+    def factory(spec: ModelSpec, lock: object) -> ModelBackend:
         if spec.name in fail:
             raise ModelLoadError(f"cannot load model {spec.name}.gguf")
         built.append(spec.name)
         loaded = threading.Event()
         loaded.set()
-        return Service.for_model(settings, ScriptedEngine(["x"], loaded=loaded), spec.name, spec.aliases)
+        return LocalBackend(model_config(settings), ScriptedEngine(["x"], loaded=loaded), spec.name, spec.aliases)
 
     specs = [ModelSpec(name=n, aliases=(n, n + "-alias")) for n in names]
     return ModelRegistry(settings, specs, factory, router=True), built
@@ -238,23 +256,23 @@ def test_chat_request_becomes_an_openai_body() -> None:
     req = ChatRequest(messages=(Message(role="user", parts=(TextPart("hi"),)),),
                       options=GenerationOptions(sampling=SamplingOptions(temperature=0.2, top_k=5), max_tokens=7,
                                                 stop=("\n",)))
-    body = chat_body(req, "Qwen/Qwen3-32B", ServerSettings())
+    body = chat_body(req, "Qwen/Qwen3-32B", -1)
     assert body == {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                     "stream_options": {"include_usage": True}, "max_tokens": 7, "stop": ["\n"],
                     "temperature": 0.2, "top_k": 5}
     tools = (ToolSpec(name="f", parameters={"type": "object"}),)
     named = chat_body(ChatRequest(messages=req.messages, tools=tools, tool_choice=ToolChoice("required", "f"),
-                                  parallel_tool_calls=True), "m", ServerSettings())
+                                  parallel_tool_calls=True), "m", -1)
     assert named["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert named["tool_choice"] == {"type": "function", "function": {"name": "f"}} and named["parallel_tool_calls"]
-    assert chat_body(ChatRequest(messages=req.messages, tools=tools), "m", ServerSettings())["tool_choice"] == "auto"
+    assert chat_body(ChatRequest(messages=req.messages, tools=tools), "m", -1)["tool_choice"] == "auto"
     with pytest.raises(InvalidRequestError, match="tool_choice"):  # kinetic's 400, before forwarding
-        chat_body(ChatRequest(messages=req.messages, tool_choice=ToolChoice("required")), "m", ServerSettings())
+        chat_body(ChatRequest(messages=req.messages, tool_choice=ToolChoice("required")), "m", -1)
 
 
 def sse(*chunks: dict) -> httpx.Response:
     body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    return httpx.Response(200, content=body.encode())
+    return httpx.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"})
 
 
 def test_upstream_stream_becomes_engine_events() -> None:
@@ -271,15 +289,15 @@ def test_upstream_stream_becomes_engine_events() -> None:
     assert [d.text for d in deltas] == ["<think>think", "</think>Hi"]  # split again by the answer parser
     assert finished.finish_reason == "length" and finished.usage == Usage(5, 2, 3)
     assert finished.timings == Timings(cache_n=3, prompt_n=2, prompt_ms=4.0, predicted_n=2, predicted_ms=10.0)
-    # streamed call deltas are gathered and written as <tool_call> text, the upstream's id kept
-    *calls, _ = asyncio.run(events(sse(
+    # streamed call deltas are gathered and given as structure on the end event, the upstream's id kept
+    *texts, ended = asyncio.run(events(sse(
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "abc",
                                                 "function": {"name": "f", "arguments": ""}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]},
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})))
-    assert [c.text for c in calls] == ['<tool_call>{"name": "f", "arguments": {"x": 1}, "id": "abc"}</tool_call>']
-    assert parse_tool_calls(calls[0].text).calls[0] == ParsedCall(name="f", arguments='{"x": 1}', id="abc")
+    assert texts == [] and ended.text == ""
+    assert ended.calls == (StructuredCall(name="f", arguments='{"x": 1}', id="abc"),)
     with pytest.raises(ServerError, match="upstream: boom"):
         asyncio.run(events(sse({"error": {"message": "boom"}})))
 
@@ -303,17 +321,17 @@ def test_token_routes_go_to_the_upstreams_root_or_are_a_501_naming_the_route() -
 
     async def scenario() -> None:
         for host in ("llama", "vllm"):
-            engine = UpstreamEngine(host, (UpstreamSpec(url=f"http://{host}:8000/v1"),), connections_per_member=1,
-                                    fair_share=True, max_in_flight_per_client=0)
+            spec = ModelSpec(name=host, upstreams=(UpstreamSpec(url=f"http://{host}:8000/v1", model="m"),))
+            engine = UpstreamBackend(spec, ModelConfig())
             engine.pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
             if host == "llama":
-                assert await engine.forward_native("/tokenize", {"content": "hi", "model": "m"}) == {"tokens": [1, 2]}
+                assert await engine.forward_token_route("/tokenize", {"content": "hi"}) == {"tokens": [1, 2]}
                 with pytest.raises(InvalidRequestError, match="upstream: tokens must be a list"):
-                    await engine.forward_native("/detokenize", {"tokens": "x"})
+                    await engine.forward_token_route("/detokenize", {"tokens": "x"})
             else:
-                with pytest.raises(NotSupportedError, match=r"http://vllm:8000/v1\) that has no /tokenize route"):
-                    await engine.forward_native("/tokenize", {"content": "hi"})
-            engine.pool.stop_watching()
+                with pytest.raises(NotSupportedError, match=r"cannot serve /tokenize: its upstream server "
+                                                            r"\(http://vllm:8000/v1\) has no such route"):
+                    await engine.forward_token_route("/tokenize", {"content": "hi"})
             await engine.pool.close()
 
     asyncio.run(scenario())

@@ -25,11 +25,10 @@ from kinetic.protocols.llamacpp.rerank import rerank_request, to_rerank_body
 from kinetic.router import idle_sleep
 from kinetic.router.registry import ModelRegistry
 from kinetic.serve_args import parse_serve_args
-from kinetic.service import Service
 from kinetic.settings import ServerSettings, SettingsError
 from kinetic.sse_ping import PING, with_pings
 from tests.control_vector_model import write_control_vector
-from tests.scripted import ScriptedEngine
+from tests.scripted import ScriptedEngine, single_model_backend
 
 
 def test_control_vector_flags_become_options(tmp_path: Path) -> None:
@@ -222,12 +221,12 @@ class SleepyEngine(ScriptedEngine):
 def test_an_idle_model_sleeps_and_a_request_wakes_it_but_a_look_does_not() -> None:
     async def scenario() -> None:
         engine = SleepyEngine()
-        engine._ready = True
-        service = Service.create(ServerSettings(sleep_idle_seconds=1), engine, "m")
-        service.chat = object()  # type: ignore[assignment]  # ready without a template
-        registry = ModelRegistry.single(service)
+        engine.loaded.set()
+        settings = ServerSettings(sleep_idle_seconds=1)
+        registry = ModelRegistry.single(settings, single_model_backend(settings, engine, "m"))
+        await registry.load(registry.only)  # loaded as the app loads it
         assert registry.sleeper is not None and ModelRegistry.single(
-            Service.create(ServerSettings(), engine, "m")).sleeper is None
+            ServerSettings(), single_model_backend(ServerSettings(), engine, "m")).sleeper is None
         registry.sleeper.seconds = 0.2
         async with idle_sleep.watching(registry.sleeper):
             await asyncio.sleep(0.1)

@@ -176,13 +176,12 @@ def test_threads_http_caps_the_worker_threads() -> None:
 def test_cors_methods_headers_and_credentials_reach_the_preflight() -> None:
     from fastapi.testclient import TestClient
 
-    from kinetic.app import create_app
     from kinetic.engine.llama import LlamaEngine
-    from kinetic.service import Service
+    from tests.scripted import single_model_app
 
     def preflight(*argv: str) -> httpx.Headers:
-        service = Service.create(parse_serve_args(list(argv), environ={}), LlamaEngine(Path("unused.gguf")), "x")
-        client = TestClient(create_app(service))  # not entered: the model never loads, the gate still answers
+        app = single_model_app(parse_serve_args(list(argv), environ={}), LlamaEngine(Path("unused.gguf")), "x")
+        client = TestClient(app)  # not entered: the model never loads, the gate still answers
         return client.options("/v1/chat/completions", headers={
             "Origin": "http://example.org", "Access-Control-Request-Headers": "authorization"}).headers
 

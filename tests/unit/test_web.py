@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.roles import require_admin
 from kinetic.classroom.stats import UNKNOWN, ClassStats, name_of
 from kinetic.engine.llama import LlamaEngine
 from kinetic.errors import ForbiddenError, UnauthorizedError
-from kinetic.service import Service
 from kinetic.settings import ServerSettings
 from kinetic.web.routes import OLLAMA_TEXT, wants_html
+from tests.scripted import single_model_app
 
 CHROME_ACCEPT = ("text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,"
                  "*/*;q=0.8,application/signed-exchange;v=b3;q=0.7")
@@ -24,8 +23,8 @@ CHROME_ACCEPT = ("text/html,application/xhtml+xml,application/xml;q=0.9,image/av
 
 def app_client(**settings: object) -> TestClient:
     engine = LlamaEngine(Path("unused.gguf"))
-    service = Service.create(ServerSettings(**settings), engine, "unused")
-    return TestClient(create_app(service))  # not entered: the model never loads, pages still serve
+    app = single_model_app(ServerSettings(**settings), engine)
+    return TestClient(app)  # not entered: the model never loads, pages still serve
 
 
 @pytest.mark.parametrize(("accept", "html"), [

@@ -7,7 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.deps import ServiceDep
+from kinetic.deps import BackendDep
 from kinetic.protocols.anthropic import translate
 from kinetic.protocols.anthropic.types import CountTokensRequest, MessagesRequest
 from kinetic.streaming import respond
@@ -16,17 +16,16 @@ router = APIRouter()
 
 
 @router.post("/v1/messages")
-async def create_message(body: MessagesRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
+async def create_message(body: MessagesRequest, request: Request, backend: BackendDep) -> Response:
+    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
     ctx = translate.message_context(body, prepared)
-    generation = await service.engine.submit(generation_request)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_message, ctx=ctx))
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, service: ServiceDep) -> dict[str, int]:
-    forwarded = await service.forward_native("/v1/messages/count_tokens", body.model_dump(exclude_unset=True))
-    if forwarded is not None:
-        return forwarded
-    return {"input_tokens": await service.count_chat_tokens(translate.count_tokens_request(body))}
+async def count_tokens(body: CountTokensRequest, backend: BackendDep) -> dict[str, int]:
+    if backend.capabilities.forwards_token_routes:  # the server behind it has the tokenizer: it counts
+        return await backend.forward_token_route("/v1/messages/count_tokens", body.model_dump(exclude_unset=True))
+    return {"input_tokens": await backend.count_chat_tokens(translate.count_tokens_request(body))}

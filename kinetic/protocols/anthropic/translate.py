@@ -231,7 +231,7 @@ def _input(arguments: str) -> Any:
 
 
 def to_message(deltas: list[TextDelta], finished: Finished, ctx: MessageContext) -> dict[str, Any]:
-    answer = parse_answer(finished.text, ctx.prepared)
+    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     content: list[dict[str, Any]] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
@@ -321,7 +321,7 @@ class EventEncoder:
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
             return frames + self._frames(self.answer.push(event.text))
-        for piece in self.answer.finish():
+        for piece in self.answer.finish(event.calls):
             frames += self._frames(piece)
         frames += self._close()
         usage = _usage(event)

@@ -12,10 +12,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__, slot_folder
+from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
 from kinetic.classroom.identity import CLIENT
 from kinetic.classroom.roles import Role
-from kinetic.deps import RegistryDep, ServiceDep, model_service
-from kinetic.engine.base import submit_together
+from kinetic.deps import BackendDep, RegistryDep, model_backend
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.protocols.common import translate as common
@@ -31,7 +31,6 @@ from kinetic.protocols.llamacpp.types import (
     TokenizeRequest,
 )
 from kinetic.router.registry import ModelState
-from kinetic.service import Service
 from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
@@ -50,8 +49,23 @@ async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
     if registry.router and not request.query_params.get("model"):
         return translate.router_props(max_instances=registry.settings.models_max,
                                       autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
-    async with model_service(request, wake=False) as service:  # answered asleep (--sleep-idle-seconds)
-        return translate.props(service)
+    async with model_backend(request, wake=False) as backend:  # answered asleep (--sleep-idle-seconds)
+        return translate.props(served_state(backend, request.url.path))
+
+
+def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
+    described, switches = backend.describe(), backend.config.switches
+    if described.info is None:
+        raise lacking(backend.name, route, "it is served by another server, whose properties are its own")
+    template = described.template
+    return translate.ServedState(
+        alias=backend.name, info=described.info, n_ctx=described.n_ctx, n_slots=described.n_slots,
+        sampling=backend.default_sampling(), n_predict=backend.config.defaults.n_predict,
+        n_keep=backend.config.defaults.n_keep,
+        template_source=template.source if template else "", template_origin=template.origin if template else "",
+        build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
+        endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params,
+        is_sleeping=backend.sleeping, speculative_types=described.speculative_types)
 
 
 @router.post("/models/load")
@@ -88,8 +102,8 @@ async def unload_model(body: ModelActionRequest, registry: RegistryDep) -> dict[
 
 
 @router.post("/props")
-async def set_props(service: ServiceDep) -> dict[str, Any]:
-    if not service.settings.props:
+async def set_props(backend: BackendDep) -> dict[str, Any]:
+    if not backend.config.switches.props:
         raise NotSupportedError("This server does not support changing global properties. Start it with `--props`")
     return {"success": True}  # as in llama-server, no property is changeable yet
 
@@ -102,27 +116,30 @@ def _viewer(request: Request) -> str | None:
 
 
 @router.get("/slots")
-async def get_slots(request: Request, service: ServiceDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
-    if not service.settings.slots:
+async def get_slots(request: Request, backend: BackendDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
+    if not backend.config.switches.slots:
         raise NotSupportedError("This server does not support slots endpoint. Start it with `--slots`")
-    states = service.engine.slot_states()
+    require(backend.capabilities.slots, backend, request.url.path, "its slots are the server's behind it")
+    states = backend.slot_states()
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
-    return translate.slots(states, service.engine.slot_n_ctx, viewer=_viewer(request),
-                           speculative=bool(service.engine.speculative_types))
+    described = backend.describe()
+    return translate.slots(states, described.n_ctx, viewer=_viewer(request),
+                           speculative=bool(described.speculative_types))
 
 
 @router.post("/slots/{id_slot}")
-async def slot_action(id_slot: str, request: Request, service: ServiceDep, action: str = "") -> dict[str, Any]:
-    if not service.settings.slot_save_path:
+async def slot_action(id_slot: str, request: Request, backend: BackendDep, action: str = "") -> dict[str, Any]:
+    folder = backend.config.switches.slot_save_path
+    if not folder:
         raise NotSupportedError("This server does not support slots action. Start it with `--slot-save-path`")
     try:
         slot = int(id_slot)
     except ValueError:
         raise InvalidRequestError("Invalid slot ID", param="id_slot") from None
-    engine = service.engine
+    require(backend.capabilities.slots, backend, request.url.path, "its slots are the server's behind it")
     if action == "erase":
-        return translate.slot_file(action, await anyio.to_thread.run_sync(engine.slot_erase, slot), None)
+        return translate.slot_file(action, await backend.slot_file(action, slot, None), None)
     if action not in ("save", "restore"):
         raise InvalidRequestError("Invalid action", param="action")
     try:
@@ -130,55 +147,54 @@ async def slot_action(id_slot: str, request: Request, service: ServiceDep, actio
     except ValueError:  # not JSON, or a filename that is not a string
         raise InvalidRequestError("Invalid filename", param="filename") from None
     filename = translate.slot_filename(body.filename)
-    folder = service.settings.slot_save_path
     path = slot_folder.slot_path(folder, filename)
     if action == "restore":
-        return translate.slot_file(action, await anyio.to_thread.run_sync(engine.slot_restore, slot, path), filename)
-    cap = service.settings.slot_save_max
+        return translate.slot_file(action, await backend.slot_file(action, slot, path), filename)
+    cap = backend.config.switches.slot_save_max
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap)  # already full: nothing is written
-    result = await anyio.to_thread.run_sync(engine.slot_save, slot, path)
+    result = await backend.slot_file(action, slot, path)
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap, path)
     return translate.slot_file(action, result, filename)
 
 
 @router.get("/metrics")
 async def get_metrics(request: Request) -> Response:
-    async with model_service(request, wake=False) as service:  # answered asleep: a scraper keeps no model up
-        return _metrics(request, service)
+    async with model_backend(request, wake=False) as backend:  # answered asleep: a scraper keeps no model up
+        return _metrics(request, backend)
 
 
-def _metrics(request: Request, service: Service) -> Response:
-    if not service.settings.metrics:
+def _metrics(request: Request, backend: ModelBackend) -> Response:
+    if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    response = PlainTextResponse(translate.metrics_text(service.engine.stats(scrape=True), viewer=_viewer(request)),
+    response = PlainTextResponse(translate.metrics_text(backend.stats(scrape=True), viewer=_viewer(request)),
                                  media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
-    response.raw_headers.append((b"Process-Start-Time-Unix", str(service.started).encode()))
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))
     return response
 
 
 @router.post("/completion")
 @router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
-async def completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_requests = [await service.prepare_prompt(r)
-                           for r in translate.to_prompt_requests(body, n_slots=service.engine.n_slots)]
+async def completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
+    generation_requests = [await backend.prepare_prompt(r)
+                           for r in translate.to_prompt_requests(body, n_slots=backend.describe().n_slots)]
     # one result is an object, several an array (llama-server's rule)
-    return await _generate(body, generation_requests, request, service, several=len(generation_requests) > 1)
+    return await _generate(body, generation_requests, request, backend, several=len(generation_requests) > 1)
 
 
 @router.post("/infill")
-async def infill(body: InfillRequest, request: Request, service: ServiceDep) -> Response:
-    service.require_infill()
-    generation_request = await service.prepare_infill(translate.to_infill_request(body))
-    return await _generate(body, [generation_request], request, service, several=False)
+async def infill(body: InfillRequest, request: Request, backend: BackendDep) -> Response:
+    require(backend.capabilities.infill, backend, request.url.path, "the server behind it is reached by its "
+            "OpenAI routes, which have no fill-in-the-middle")
+    generation_request = await backend.prepare_infill(translate.to_infill_request(body))
+    return await _generate(body, [generation_request], request, backend, several=False)
 
 
 async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[GenerationRequest],
-                    request: Request, service: Service, *, several: bool) -> Response:
-    contexts = [translate.native_context(body, g, model=service.model_name, index=i,
-                                         prompt_text=service.engine.detokenize(g.prompt_tokens, special=True))
+                    request: Request, backend: ModelBackend, *, several: bool) -> Response:
+    contexts = [translate.native_context(body, g, model=backend.name, index=i, prompt_text=backend.prompt_text(g))
                 for i, g in enumerate(generation_requests)]
-    generations = await submit_together(service.engine, generation_requests)
+    generations = await backend.start_together(generation_requests)
     if not several:
         ctx = contexts[0]
         return await respond(request, generations[0], stream=bool(body.stream), encoder=translate.NativeEncoder(ctx),
@@ -191,67 +207,72 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
 
 @router.post("/embedding")
 @router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
-async def embedding(body: EmbeddingRequest, service: ServiceDep) -> list[dict[str, Any]]:
-    service.require_embeddings()
+async def embedding(body: EmbeddingRequest, backend: BackendDep) -> list[dict[str, Any]]:
+    if not backend.capabilities.embeddings:
+        raise embeddings_off()
     items, params = translate.embedding_inputs(body)
-    inputs = await service.embedding_inputs(items, params)
-    vectors = await service.embed_all(inputs)
-    return translate.to_native_embeddings(vectors, pooling=service.engine.embedding_pooling,
+    embedded = await backend.embed(items, params, per_token=True)
+    return translate.to_native_embeddings(embedded.vectors, pooling=backend.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
-                                          else service.settings.embd_normalize)
+                                          else backend.config.switches.embd_normalize)
 
 
 @router.post("/rerank")
 @router.post("/reranking")
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
-async def rerank_documents(request: Request, service: ServiceDep) -> Any:
-    if not service.settings.serves_rerank:  # checked before the body, as llama-server does
-        raise NotSupportedError("This server does not support reranking. Start it with `--reranking`")
+async def rerank_documents(request: Request, backend: BackendDep) -> Any:
+    if not backend.capabilities.rerank:  # checked before the body, as llama-server does
+        raise rerank_off()
     try:
         raw = await request.json()
     except ValueError:
         raise InvalidRequestError("Invalid JSON body", param="body") from None
     body = rerank.rerank_request(raw)
-    scores = await service.rerank(body.query, body.documents)
-    return rerank.to_rerank_body(body, scores, model=service.model_name)
+    scores = await backend.rerank(body.query, body.documents)
+    return rerank.to_rerank_body(body, scores, model=backend.name)
 
 
 @router.get("/lora-adapters")
-async def lora_adapters(service: ServiceDep) -> list[dict[str, Any]]:
-    return service.lora_adapters()
+async def lora_adapters(backend: BackendDep) -> list[dict[str, Any]]:
+    """llama-server's list (a model with no adapters, or a remote one: empty)."""
+    listed = backend.lora_adapters() if backend.capabilities.lora else []
+    return [{"id": i, "path": str(path), "scale": scale, "task_name": "", "prompt_prefix": ""}
+            for i, (path, scale) in enumerate(listed)]
 
 
 @router.post("/lora-adapters")
-async def set_lora_adapters(request: Request, service: ServiceDep) -> dict[str, bool]:
+async def set_lora_adapters(request: Request, backend: BackendDep) -> dict[str, bool]:
     try:
         body = await request.json()
     except ValueError:
         raise InvalidRequestError("Invalid JSON body: expected an array of {id, scale}", param="body") from None
-    await service.set_lora_scales(translate.lora_scales(body))
+    scales = translate.lora_scales(body)
+    if backend.capabilities.lora:
+        await backend.set_lora_scales(scales)
     return {"success": True}
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, service: ServiceDep) -> dict[str, Any]:
-    if (answer := await service.forward_native("/tokenize", body.model_dump(exclude_unset=True))) is not None:
-        return answer
-    return await anyio.to_thread.run_sync(translate.tokenize, body, service.engine)
+async def tokenize(body: TokenizeRequest, backend: BackendDep) -> dict[str, Any]:
+    if backend.capabilities.forwards_token_routes:
+        return await backend.forward_token_route("/tokenize", body.model_dump(exclude_unset=True))
+    return await anyio.to_thread.run_sync(translate.tokenize, body, backend.tokenizer)
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, service: ServiceDep) -> dict[str, str]:
-    if (answer := await service.forward_native("/detokenize", body.model_dump(exclude_unset=True))) is not None:
-        return answer
-    return await anyio.to_thread.run_sync(translate.detokenize, body, service.engine)
+async def detokenize(body: DetokenizeRequest, backend: BackendDep) -> dict[str, Any]:
+    if backend.capabilities.forwards_token_routes:
+        return await backend.forward_token_route("/detokenize", body.model_dump(exclude_unset=True))
+    return await anyio.to_thread.run_sync(translate.detokenize, body, backend.tokenizer)
 
 
 @router.post("/apply-template")
-async def apply_template(body: ApplyTemplateRequest, service: ServiceDep) -> dict[str, str]:
-    if (answer := await service.forward_native("/apply-template", body.model_dump(exclude_unset=True))) is not None:
-        return answer
+async def apply_template(body: ApplyTemplateRequest, backend: BackendDep) -> dict[str, Any]:
+    if backend.capabilities.forwards_token_routes:
+        return await backend.forward_token_route("/apply-template", body.model_dump(exclude_unset=True))
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-    rendered = await service.render(common.to_messages(body.messages), tools=tools,
+    rendered = await backend.render(common.to_messages(body.messages), tools=tools,
                                     template_kwargs=body.chat_template_kwargs,
                                     add_generation_prompt=body.add_generation_prompt,
                                     continue_final_message=common.continuation(body.continue_final_message))

@@ -15,7 +15,9 @@ from kinetic.engine.types import (
     Event,
     Finished,
     GenerationRequest,
+    ModelInfo,
     PromptProgress,
+    SamplingParams,
     SlotFileResult,
     SlotState,
     TextDelta,
@@ -34,7 +36,6 @@ from kinetic.protocols.llamacpp.types import (
     InfillRequest,
     TokenizeRequest,
 )
-from kinetic.service import Service
 from kinetic.streaming import sse_data
 
 
@@ -271,36 +272,56 @@ def to_native_embeddings(vectors: list[list[list[float]]], *, pooling: str,
 # ------------------------------------------------------------------------------- server state
 
 
-def props(service: Service) -> dict[str, Any]:
-    engine = service.engine
-    info = service.info
-    defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=service.default_sampling(),
-                                                     max_tokens=service.settings.n_predict,
-                                                     n_keep=service.settings.keep), short=True)
-    template = service.template
-    defaults["speculative.types"] = ",".join(engine.speculative_types) or "none"
+@dataclass(frozen=True)
+class ServedState:
+    """What GET /props shows of a model, handed in by the route (its backend's description and switches)."""
+
+    alias: str
+    info: ModelInfo
+    n_ctx: int
+    n_slots: int
+    sampling: SamplingParams
+    n_predict: int
+    n_keep: int
+    template_source: str
+    template_origin: str
+    build_info: str
+    endpoint_slots: bool
+    endpoint_props: bool
+    endpoint_metrics: bool
+    ui_settings: dict[str, Any]
+    llama_params: dict[str, Any]
+    is_sleeping: bool = False  # --sleep-idle-seconds
+    speculative_types: tuple[str, ...] = ()
+
+
+def props(state: ServedState) -> dict[str, Any]:
+    info = state.info
+    defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=state.sampling,
+                                                     max_tokens=state.n_predict, n_keep=state.n_keep), short=True)
+    defaults["speculative.types"] = ",".join(state.speculative_types) or "none"
     return {
-        "default_generation_settings": {"n_ctx": engine.slot_n_ctx, "params": defaults},
-        "total_slots": engine.n_slots,
-        "model_alias": service.model_name,
+        "default_generation_settings": {"n_ctx": state.n_ctx, "params": defaults},
+        "total_slots": state.n_slots,
+        "model_alias": state.alias,
         "model_ftype": info.ftype,
         "model_path": str(info.path),
         # kinetic's: which cache paths apply (docs/models.md); llama-server has no such field
         "memory_kind": info.memory_kind,
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": service.settings.slots,
-        "endpoint_props": service.settings.props,
-        "endpoint_metrics": service.settings.metrics,
-        "chat_template": template.source if template else "",
-        "chat_template_origin": template.origin if template else "",
+        "endpoint_slots": state.endpoint_slots,
+        "endpoint_props": state.endpoint_props,
+        "endpoint_metrics": state.endpoint_metrics,
+        "chat_template": state.template_source,
+        "chat_template_origin": state.template_origin,
         "chat_template_caps": {"supports_tools": True, "supports_parallel_tool_calls": False},
         "bos_token": info.bos_token,
         "eos_token": info.eos_token,
-        "build_info": service.system_fingerprint,
-        "is_sleeping": bool(getattr(engine, "sleeping", False)),  # --sleep-idle-seconds
-        "ui_settings": service.settings.ui_settings(),
+        "build_info": state.build_info,
+        "is_sleeping": state.is_sleeping,
+        "ui_settings": state.ui_settings,
         # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
-        "llama_params": service.settings.llama_options().describe(),
+        "llama_params": state.llama_params,
     }
 
 

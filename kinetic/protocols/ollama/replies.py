@@ -104,7 +104,7 @@ def _final(body: dict[str, Any], finished: Finished, ctx: ReplyContext) -> dict[
 
 def to_response(deltas: list[TextDelta], finished: Finished, ctx: ReplyContext) -> dict[str, Any]:
     """The whole answer as one object (`stream: false`)."""
-    answer = parse_answer(finished.text, ctx.prepared)
+    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     calls = [tool_call(call, index) for index, call in enumerate(answer.calls)]
     body = _body(ctx, content=answer.content or "", thinking=answer.reasoning, calls=calls, done=True)
     if ctx.n_probs:
@@ -150,7 +150,7 @@ class LineEncoder:
         if isinstance(event, TextDelta):
             logprob = event.logprob if self.ctx.n_probs else None
             return self._lines(self.answer.push(event.text), logprob)
-        lines = [line for piece in self.answer.finish() for line in self._lines(piece)]
+        lines = [line for piece in self.answer.finish(event.calls) for line in self._lines(piece)]
         if self.calls:
             calls = [tool_call(ParsedCall(name=c.name, arguments=c.arguments, id=c.id), index)
                      for index, c in sorted(self.calls.items())]

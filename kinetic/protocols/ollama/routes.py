@@ -10,13 +10,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
-from kinetic.deps import RegistryDep, service_dependency
+from kinetic.deps import RegistryDep, backend_dependency
 from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from kinetic.router.registry import ModelEntry
-from kinetic.service import Service
 from kinetic.streaming import respond
 
 router = APIRouter()
@@ -24,20 +24,27 @@ NDJSON = "application/x-ndjson"
 
 
 # In router mode the body's `model` picks the model; Ollama's own words when it is missing or unknown.
-OllamaServiceDep = Annotated[Service, Depends(service_dependency(missing="model is required",
-                                                                 unknown='model "{name}" not found'))]
+OllamaBackendDep = Annotated[ModelBackend, Depends(backend_dependency(missing="model is required",
+                                                                      unknown='model "{name}" not found'))]
 
 
-def served(service: Service) -> translate.ServedModel:
-    template = service.template
-    return translate.ServedModel(name=service.model_name, aliases=service.aliases,
-                                 thinks=template is not None and template.thinks, n_ctx=service.engine.slot_n_ctx,
-                                 embeddings=service.engine.embedding_n_ctx > 0,
-                                 generates=service.engine.can_generate)
+def served(backend: ModelBackend) -> translate.ServedModel:
+    described, capabilities = backend.describe(), backend.capabilities
+    template = described.template
+    return translate.ServedModel(name=described.name, aliases=described.aliases,
+                                 thinks=template is not None and template.thinks, n_ctx=described.n_ctx,
+                                 embeddings=capabilities.embeddings, generates=capabilities.generate)
 
 
-def loaded(entry: ModelEntry) -> Service | None:
-    return entry.service if entry.service is not None and entry.service.ready else None
+def loaded(entry: ModelEntry) -> ModelBackend | None:
+    """A loaded model whose file kinetic reads (a remote one is listed by name only)."""
+    backend = entry.backend
+    return backend if backend is not None and backend.ready and backend.describe().info is not None else None
+
+
+async def _listed(backend: ModelBackend) -> tuple[translate.ServedModel, Any, Any]:
+    described = backend.describe()
+    return served(backend), described.info, await backend.model_file()
 
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
@@ -47,78 +54,79 @@ async def version() -> dict[str, str]:
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(registry: RegistryDep) -> dict[str, Any]:
-    """Every model (a router's unloaded ones by name only)."""
-    return {"models": [translate.model_entry(served(s), s.info, await s.model_file()) if (s := loaded(e))
+    """Every model (a router's unloaded ones, and remote ones, by name only)."""
+    return {"models": [translate.model_entry(*await _listed(b)) if (b := loaded(e))
                        else translate.unloaded_entry(e.name) for e in registry.entries.values()]}
 
 
 @router.get("/api/ps")
 async def ps(registry: RegistryDep) -> dict[str, Any]:
     """The models loaded now."""
-    return {"models": [translate.ps_entry(served(s), s.info, await s.model_file())
-                       for e in registry.entries.values() if (s := loaded(e))]}
+    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values() if (b := loaded(e))]}
 
 
 @router.post("/api/show")
-async def show(body: ShowRequest, service: OllamaServiceDep) -> dict[str, Any]:
-    model = served(service)
+async def show(body: ShowRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
+    model = served(backend)
     translate.check_model(body.model or body.name or "", model)
-    template = service.template.source if service.template is not None else ""
-    return translate.show(model, service.info, await service.model_file(), template=template,
-                          stop=(service.info.eos_token,), temperature=service.settings.temp)
+    described = backend.describe()
+    if described.info is None:
+        raise translate.no_model_file(model.name, request.url.path)
+    template = described.template.source if described.template is not None else ""
+    return translate.show(model, described.info, await backend.model_file(), template=template,
+                          stop=(described.info.eos_token,), temperature=backend.config.temperature)
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, request: Request, service: OllamaServiceDep) -> Response:
-    started, model = time.monotonic_ns(), served(service)
+async def chat(body: ChatRequest, request: Request, backend: OllamaBackendDep) -> Response:
+    started, model = time.monotonic_ns(), served(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body, model))
-    generation_request = translate.limit_context(generation_request, body.options, model)
+    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body, model))
     ctx = translate.reply_context(body, prepared, started_ns=started)
-    generation = await service.engine.submit(generation_request)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)
 
 
-async def _prepare_generate(body: GenerateRequest, service: Service,
+async def _prepare_generate(body: GenerateRequest, backend: ModelBackend,
                             model: translate.ServedModel) -> tuple[GenerationRequest, PreparedChat]:
     """`raw` prompts go to the model verbatim; others through the chat template."""
     if body.raw:
-        generation_request = await service.prepare_prompt(translate.to_prompt_request(body, model))
-        prepared = translate.raw_prepared(generation_request)
-    else:
-        generation_request, prepared = await service.prepare_chat(translate.to_generate_chat(body, model))
-    generation_request = translate.with_context(generation_request, body.context, service.info.bos_id)
-    return translate.limit_context(generation_request, body.options, model), prepared
+        generation_request = await backend.prepare_prompt(translate.to_prompt_request(body, model))
+        return generation_request, translate.raw_prepared(generation_request)
+    return await backend.prepare_chat(translate.to_generate_chat(body, model))
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, request: Request, service: OllamaServiceDep) -> Response:
-    started, model = time.monotonic_ns(), served(service)
+async def generate(body: GenerateRequest, request: Request, backend: OllamaBackendDep) -> Response:
+    started, model = time.monotonic_ns(), served(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, prepared = await _prepare_generate(body, service, model)
+    generation_request, prepared = await _prepare_generate(body, backend, model)
     ctx = translate.reply_context(body, prepared, started_ns=started, prompt_tokens=generation_request.prompt_tokens)
-    generation = await service.engine.submit(generation_request)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, service: OllamaServiceDep) -> dict[str, Any]:
-    service.require_embeddings()
-    started, model = time.monotonic_ns(), served(service)
+async def embed(body: EmbedRequest, backend: OllamaBackendDep) -> dict[str, Any]:
+    if not backend.capabilities.embeddings:
+        raise embeddings_off()
+    started, model = time.monotonic_ns(), served(backend)
     items, params = translate.embed_inputs(body, model)
-    translate.check_dimensions(body.dimensions, service.info.n_embd)
-    inputs = await service.embedding_inputs(items, params, truncate=body.truncate is not False) if items else []
-    vectors = await service.embed(inputs) if inputs else []
-    return translate.to_embed_response(body, inputs, vectors, started)
+    described = backend.describe()
+    if described.info is not None:  # a remote model's width is the server's behind it to check
+        translate.check_dimensions(body.dimensions, described.info.n_embd)
+    embedded = await backend.embed(items, params, truncate=body.truncate is not False)
+    return translate.to_embed_response(body, embedded.n_tokens, embedded.vectors, started)
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, service: OllamaServiceDep) -> dict[str, Any]:
-    service.require_embeddings()
-    items = translate.embeddings_input(body, served(service))
-    inputs = await service.embedding_inputs(items, ["prompt"], truncate=True) if items else []
-    return translate.to_embeddings_response(await service.embed(inputs) if inputs else [])
+async def embeddings(body: EmbeddingsRequest, backend: OllamaBackendDep) -> dict[str, Any]:
+    if not backend.capabilities.embeddings:
+        raise embeddings_off()
+    items = translate.embeddings_input(body, served(backend))
+    embedded = await backend.embed(items, ["prompt"], truncate=True)
+    return translate.to_embeddings_response(embedded.vectors)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from typing import Any
 
 from kinetic.chat import types as neutral
 from kinetic.engine.types import GenerationRequest
-from kinetic.errors import ContextOverflowError, InvalidRequestError, field_error
+from kinetic.errors import InvalidRequestError, field_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.ollama.model_facts import OLLAMA_VERSION as OLLAMA_VERSION
 from kinetic.protocols.ollama.model_facts import ServedModel, check_model, timestamp
 from kinetic.protocols.ollama.model_facts import model_entry as model_entry
+from kinetic.protocols.ollama.model_facts import no_model_file as no_model_file
 from kinetic.protocols.ollama.model_facts import ps_entry as ps_entry
 from kinetic.protocols.ollama.model_facts import show as show
 from kinetic.protocols.ollama.model_facts import unloaded_entry as unloaded_entry
@@ -57,8 +57,8 @@ def _in_options(err: InvalidRequestError) -> InvalidRequestError:
     return InvalidRequestError(message, param=field)
 
 
-def generation_options(options: Options | None, *, logprobs: bool | None = None,
-                       top_logprobs: int | None = None) -> neutral.GenerationOptions:
+def generation_options(options: Options | None, *, logprobs: bool | None = None, top_logprobs: int | None = None,
+                       context: list[int] | None = None) -> neutral.GenerationOptions:
     opts = options or Options()
     try:
         sampling = common.sampling_options(opts)
@@ -74,7 +74,8 @@ def generation_options(options: Options | None, *, logprobs: bool | None = None,
     if opts.num_ctx is not None and opts.num_ctx < 1:
         raise field_error("options.num_ctx", f"Value must be >= 1, but got {opts.num_ctx}")
     return neutral.GenerationOptions(sampling=sampling, max_tokens=max_tokens, stop=common.stop_list(opts.stop),
-                                     n_probs=max(top_logprobs or 0, 1) if logprobs else 0)
+                                     n_probs=max(top_logprobs or 0, 1) if logprobs else 0,
+                                     context_limit=opts.num_ctx, prior_tokens=tuple(context or ()))
 
 
 def output_constraint(fmt: Format) -> neutral.OutputConstraint:
@@ -174,7 +175,8 @@ def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.Chat
     messages.append(neutral.Message(role="user", parts=(neutral.TextPart(body.prompt or ""),) + _images(body.images)))
     return neutral.ChatRequest(
         messages=tuple(messages),
-        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
+        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+                                   context=body.context),
         template_kwargs=kwargs, reasoning_format=reasoning_format, output=output_constraint(body.format))
 
 
@@ -193,34 +195,6 @@ def raw_prepared(generation: GenerationRequest) -> neutral.PreparedChat:
     """A raw prompt seen as a chat with no template: every generated character is the response."""
     return neutral.PreparedChat(prompt="", prompt_tokens=len(generation.prompt_tokens), starts_in_reasoning=False,
                                 reasoning_format="none", tool_mode="none", tool_names=())
-
-
-def with_context(generation: GenerationRequest, context: list[int] | None, bos_id: int) -> GenerationRequest:
-    """The deprecated `context` of an earlier /api/generate, continued by this prompt (whose own
-    BOS would otherwise land in the middle)."""
-    if not context:
-        return generation
-    tokens = generation.prompt_tokens
-    if tokens and tokens[0] == bos_id:
-        tokens = tokens[1:]
-    return replace(generation, prompt_tokens=list(context) + tokens)
-
-
-def limit_context(generation: GenerationRequest, options: Options | None, served: ServedModel) -> GenerationRequest:
-    """`num_ctx` below the slot's context is a limit on prompt + answer; above it, it is ignored
-    (Ollama reloads the model for a bigger context, kinetic serves the one it loaded)."""
-    num_ctx = options.num_ctx if options is not None else None
-    if num_ctx is None or num_ctx >= served.n_ctx:
-        return generation
-    n_prompt = len(generation.prompt_tokens)
-    if n_prompt >= num_ctx:
-        raise ContextOverflowError(n_prompt, num_ctx)
-    room = num_ctx - n_prompt
-    max_tokens = room if generation.max_tokens < 0 else min(generation.max_tokens, room)
-    return replace(generation, max_tokens=max_tokens)
-
-
-# ----------------------------------------------------------------------------- embeddings
 
 
 def embed_inputs(body: EmbedRequest, served: ServedModel) -> tuple[list[neutral.PromptInput], list[str]]:
@@ -247,11 +221,11 @@ def shorten(vector: list[float], dimensions: int | None) -> list[float]:
     return [v / norm for v in head] if norm > 0 else head
 
 
-def to_embed_response(body: EmbedRequest, inputs: list[list[int]], vectors: list[list[float]],
+def to_embed_response(body: EmbedRequest, n_tokens: int, vectors: list[list[float]],
                       started_ns: int) -> dict[str, Any]:
     return {"model": body.model, "embeddings": [shorten(v, body.dimensions) for v in vectors],
             "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
-            "prompt_eval_count": sum(len(tokens) for tokens in inputs)}
+            "prompt_eval_count": n_tokens}
 
 
 def embeddings_input(body: EmbeddingsRequest, served: ServedModel) -> list[neutral.PromptInput]:

@@ -9,7 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.deps import RegistryDep, ServiceDep
+from kinetic.backends.base import embeddings_off, require
+from kinetic.deps import BackendDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -21,43 +22,48 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.chat_context(body, prepared, model=service.model_name, fingerprint=service.system_fingerprint,
-                                 generation=generation_request, verbose=service.settings.verbose)
-    generation = await service.engine.submit(generation_request)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep) -> Response:
+    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.chat_context(body, prepared, model=backend.name, fingerprint=backend.describe().fingerprint,
+                                 generation=generation_request, verbose=backend.config.switches.verbose)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.ChunkEncoder(ctx),
                          to_body=partial(translate.to_chat_completion, ctx=ctx))
 
 
 @router.post("/v1/chat/completions/input_tokens")
 @router.post("/chat/completions/input_tokens")
-async def count_chat_completion_tokens(body: ChatCompletionRequest, service: ServiceDep) -> dict[str, int]:
+async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request,
+                                      backend: BackendDep) -> dict[str, int]:
     """llama-server's: the prompt tokens this chat request would take (tools and template included)."""
-    return {"input_tokens": await service.count_chat_tokens(translate.to_chat_request(body))}
+    require(backend.capabilities.tokenizer, backend, request.url.path, "its tokenizer and template are the "
+            "server's behind it")
+    return {"input_tokens": await backend.count_chat_tokens(translate.to_chat_request(body))}
 
 
 @router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there
-async def create_completion(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request = await service.prepare_prompt(translate.to_prompt_request(body))
-    ctx = translate.completion_context(body, model=service.model_name, fingerprint=service.system_fingerprint)
-    generation = await service.engine.submit(generation_request)
+async def create_completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
+    generation_request = await backend.prepare_prompt(translate.to_prompt_request(body))
+    ctx = translate.completion_context(body, model=backend.name, fingerprint=backend.describe().fingerprint)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream),
                          encoder=translate.CompletionChunkEncoder(ctx),
                          to_body=partial(translate.to_completion, ctx=ctx))
 
 
 @router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
-async def create_embeddings(body: EmbeddingRequest, service: ServiceDep) -> dict[str, Any]:
-    service.require_embeddings()
-    if service.engine.embedding_pooling == "none":
+async def create_embeddings(body: EmbeddingRequest, backend: BackendDep) -> dict[str, Any]:
+    if not backend.capabilities.embeddings:
+        raise embeddings_off()
+    described = backend.describe()
+    if described.pooling == "none":
         raise InvalidRequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type",
                                   param="input")
     items, params = translate.embedding_inputs(body)
-    translate.check_dimensions(body, service.info.n_embd)
-    inputs = await service.embedding_inputs(items, params)
-    vectors = await service.embed(inputs)
-    return translate.to_embeddings(body, inputs, vectors, service.model_name)
+    if described.info is not None:  # a remote model's width is the server's behind it to check
+        translate.check_dimensions(body, described.info.n_embd)
+    embedded = await backend.embed(items, params)
+    return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, backend.name)
 
 
 @router.get("/v1/models")

@@ -206,7 +206,7 @@ def finish_reason(finished: Finished, has_calls: bool) -> str:
 
 
 def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatContext) -> dict[str, Any]:
-    answer = parse_answer(finished.text, ctx.prepared)
+    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     if answer.reasoning:
         message["reasoning_content"] = answer.reasoning
@@ -286,7 +286,7 @@ class ChunkEncoder:
         return frames + self._frames(self.answer.push(event.text), logprobs)
 
     def _finish(self, finished: Finished) -> list[bytes]:
-        frames = [frame for piece in self.answer.finish() for frame in self._frames(piece)]
+        frames = [frame for piece in self.answer.finish(finished.calls) for frame in self._frames(piece)]
         timings = finished.timings.to_dict()
         finish_choice = {"finish_reason": finish_reason(finished, self.answer.n_calls > 0), "index": 0, "delta": {}}
         # llama-server puts `__verbose` on the first chunk of the final result
@@ -401,8 +401,7 @@ def check_dimensions(req: EmbeddingRequest, n_embd: int) -> None:
         raise field_error("dimensions", f"this model's embeddings have {n_embd} dimensions, but got {req.dimensions}")
 
 
-def to_embeddings(req: EmbeddingRequest, inputs: list[list[int]], vectors: list[list[float]],
-                  model: str) -> dict[str, Any]:
+def to_embeddings(req: EmbeddingRequest, n_tokens: int, vectors: list[list[float]], model: str) -> dict[str, Any]:
     data = []
     for index, vector in enumerate(vectors):
         item: dict[str, Any] = {"index": index, "object": "embedding"}
@@ -413,7 +412,6 @@ def to_embeddings(req: EmbeddingRequest, inputs: list[list[int]], vectors: list[
         else:
             item["embedding"] = vector
         data.append(item)
-    n_tokens = sum(len(tokens) for tokens in inputs)
     return {"model": model, "object": "list", "data": data,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.deps import ServiceDep
+from kinetic.backends.base import require
+from kinetic.deps import BackendDep
 from kinetic.protocols.responses import translate
 from kinetic.protocols.responses.types import InputTokensRequest, ResponsesRequest
 from kinetic.streaming import respond
@@ -18,15 +19,17 @@ router = APIRouter()
 
 @router.post("/v1/responses")
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, request: Request, service: ServiceDep) -> Response:
-    generation_request, prepared = await service.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.response_context(body, prepared, model=service.model_name)
-    generation = await service.engine.submit(generation_request)
+async def create_response(body: ResponsesRequest, request: Request, backend: BackendDep) -> Response:
+    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.response_context(body, prepared, model=backend.name)
+    generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx))
 
 
 @router.post("/v1/responses/input_tokens")
 @router.post("/responses/input_tokens")
-async def count_input_tokens(body: InputTokensRequest, service: ServiceDep) -> dict[str, Any]:
-    return translate.input_tokens_body(await service.count_chat_tokens(translate.to_chat_request(body)))
+async def count_input_tokens(body: InputTokensRequest, request: Request, backend: BackendDep) -> dict[str, Any]:
+    require(backend.capabilities.tokenizer, backend, request.url.path, "its tokenizer and template are the "
+            "server's behind it")
+    return translate.input_tokens_body(await backend.count_chat_tokens(translate.to_chat_request(body)))

@@ -290,7 +290,7 @@ def function_call_item(call_id: str, name: str, arguments: str, status: str) -> 
 def to_response(deltas: list[TextDelta], finished: Finished, ctx: ResponseContext) -> dict[str, Any]:
     """The non-streamed response: reasoning, message and function_call items, each only if there is
     one, then usage and (kinetic's extra, as on the chat route) llama-server's timings."""
-    answer = parse_answer(finished.text, ctx.prepared)
+    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     output: list[dict[str, Any]] = []
     if answer.reasoning:
         output.append(reasoning_item(common.random_id("rs_", 32), answer.reasoning, "completed"))
@@ -417,7 +417,7 @@ class EventEncoder:
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
             return frames + self._frames(self.answer.push(event.text))
-        for piece in self.answer.finish():
+        for piece in self.answer.finish(event.calls):
             frames += self._frames(piece)
         frames += self._close()
         response = _response(self.ctx, status="completed", output=self.done, finished=event)

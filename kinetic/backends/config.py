@@ -1,0 +1,102 @@
+"""What one model needs to run, read once from the command line (or a preset section): its context,
+slots, template choice, defaults and feature switches. Backends are built from this, never from the
+~50-field ServerSettings, so a preset's per-model values and the server's own cannot be confused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetic.chat.prepare import ServerDefaults
+from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
+from kinetic.sampling_defaults import default_sampling, default_stops
+from kinetic.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    """--jinja, --chat-template, --chat-template-file: how the chat template is picked at load."""
+
+    jinja: bool = True
+    override: str | None = None
+    override_file: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The llama engine's construction: context, slots, threads, batches, embeddings, llama.cpp options."""
+
+    n_ctx: int = 0
+    n_parallel: int = -1
+    n_threads: int = -1
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    embeddings: bool = False
+    pooling: str | None = None
+    options: LlamaOptions = field(default_factory=LlamaOptions)
+    fair_share: bool = True
+    cache_ram_mib: int = 0
+    ctx_checkpoints: int = 32
+    verbose: bool = False
+    long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
+    spec: SpecOptions = field(default_factory=SpecOptions)  # speculative decoding (-md, --spec-type...)
+
+
+@dataclass(frozen=True)
+class Switches:
+    """Feature switches the routes honour per model (llama-server's --slots, --metrics, --props...)."""
+
+    slots: bool = True
+    metrics: bool = False
+    props: bool = False
+    slot_save_path: str | None = None
+    slot_save_max: int = 4096  # MiB
+    verbose: bool = False
+    embd_normalize: int = 2
+    tags: tuple[str, ...] = ()
+    ui_settings: dict[str, Any] = field(default_factory=dict)
+    llama_params: dict[str, Any] = field(default_factory=dict)  # /props: what -ngl, -fa, -ctk... asked
+    rerank: bool = False  # /rerank answers (--rerank, or --embeddings with --pooling rank)
+    log_prompts_dir: str | None = None  # --log-prompts-dir: each prompt as the model reads it, one file each
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    defaults: ServerDefaults = field(default_factory=ServerDefaults)
+    template: TemplateChoice = field(default_factory=TemplateChoice)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    switches: Switches = field(default_factory=Switches)
+    temperature: float = 0.8  # --temp as given (Ollama's /api/show prints it)
+
+
+def tags(value: str | None) -> tuple[str, ...]:
+    """--tags a,b: sorted and without duplicates, as llama-server keeps them (a std::set)."""
+    return tuple(sorted({t.strip() for t in (value or "").split(",") if t.strip()}))
+
+
+def model_config(settings: ServerSettings) -> ModelConfig:
+    """One model's config from the server's settings (a preset's section already applied to them).
+    Blocking: a --json-schema is compiled to a grammar here."""
+    defaults = ServerDefaults(
+        sampler=default_sampling(settings), stop=default_stops(settings), n_predict=settings.n_predict,
+        reasoning_format=settings.reasoning_format, template_kwargs=settings.template_kwargs(),
+        reasoning=settings.reasoning, prefill_assistant=settings.prefill_assistant,
+        cache_prompt=settings.cache_prompt, spm_infill=settings.spm_infill, n_keep=settings.keep,
+        reasoning_budget=settings.reasoning_budget, reasoning_budget_message=settings.reasoning_budget_message,
+        skip_chat_parsing=settings.skip_chat_parsing)
+    options = settings.llama_options()
+    engine = EngineConfig(
+        n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
+        n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
+        pooling=settings.pooling, options=options, fair_share=settings.fair_share, cache_ram_mib=settings.cache_ram,
+        ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context(),
+        spec=settings.spec_options())
+    switches = Switches(
+        slots=settings.slots, metrics=settings.metrics, props=settings.props,
+        slot_save_path=settings.slot_save_path, slot_save_max=settings.slot_save_max, verbose=settings.verbose,
+        embd_normalize=settings.embd_normalize, tags=tags(settings.tags), ui_settings=settings.ui_settings(),
+        llama_params=options.describe(), rerank=settings.serves_rerank, log_prompts_dir=settings.log_prompts_dir)
+    template = TemplateChoice(jinja=settings.jinja, override=settings.chat_template,
+                              override_file=settings.chat_template_file)
+    return ModelConfig(defaults=defaults, template=template, engine=engine, switches=switches,
+                       temperature=settings.temp)

@@ -1,0 +1,285 @@
+"""The backend of a model an upstream pool serves (see the package's docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kinetic import __version__
+from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
+from kinetic.backends.config import ModelConfig
+from kinetic.backends.upstream.body import chat_body, prompt_body
+from kinetic.backends.upstream.line import WaitingLine
+from kinetic.backends.upstream.pool import UpstreamPool
+from kinetic.backends.upstream.stream import read_events
+from kinetic.chat.prepare import RenderedChat
+from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.classroom.identity import CLIENT
+from kinetic.engine.base import Generation, Tokenizer
+from kinetic.engine.inflight import InFlight
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    GenerationRequest,
+    RankScore,
+    SamplingParams,
+    SlotFileResult,
+    SlotState,
+)
+from kinetic.errors import KineticError, NotSupportedError, ServerError, UnavailableError
+from kinetic.router.sources import ModelSpec
+
+DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
+CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,
+                            forwards_token_routes=True, slots=False, lora=False)
+NO_TOKENIZER = "kinetic has no tokenizer or chat template for it: the server behind it has them"
+
+
+@dataclass(frozen=True)
+class ForwardRequest(GenerationRequest):
+    """What an upstream model starts: the OpenAI route and body to send. It has no prompt tokens (the
+    upstream tokenizes); the fields it inherits carry the request's limits for the protocols' echo."""
+
+    route: str = "/chat/completions"
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class UpstreamBackend:
+    def __init__(self, spec: ModelSpec, config: ModelConfig, *, own_limit: int = 0, in_flight: InFlight | None = None):
+        self.config = config
+        self.name = spec.name
+        self.aliases = spec.aliases or (spec.name,)
+        self.started = int(time.time())
+        self.upstream_model = spec.upstreams[0].model or spec.name
+        self.pool = UpstreamPool(spec.name, spec.upstreams)
+        parallel = config.engine.n_parallel
+        connections = DEFAULT_CONNECTIONS if parallel < 0 else parallel
+        self.line = WaitingLine(connections * len(spec.upstreams), fair=config.engine.fair_share,
+                                own_limit=own_limit, shared=in_flight)
+        self._loaded = False
+        self._streams: dict[asyncio.Task[None], asyncio.Queue[Event | BaseException]] = {}  # open answers
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop the answers run on
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def ready(self) -> bool:
+        return self._loaded
+
+    async def load(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.pool.check_now()
+        self._loaded = True
+
+    def close(self, error: Exception | None = None) -> None:
+        """Unloads (from any thread): every open answer fails with `error` and stops, every waiting
+        request gets it too, and the pool's HTTP client is closed."""
+        self._loaded = False
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.pool.stop_watching()
+            return
+        failure = error if isinstance(error, KineticError) else UnavailableError(f"model '{self.name}' was unloaded")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._fail_open(failure)
+        else:
+            asyncio.run_coroutine_threadsafe(self._fail_open_async(failure), loop).result(timeout=10)
+
+    async def _fail_open_async(self, error: KineticError) -> None:
+        self._fail_open(error)
+
+    def _fail_open(self, error: KineticError) -> None:
+        for task, queue in list(self._streams.items()):
+            queue.put_nowait(error)
+            task.cancel()
+        self.line.fail_waiting(error)
+        asyncio.get_running_loop().create_task(self.pool.close())  # its httpx client: one per pool
+
+    @property
+    def busy(self) -> bool:
+        return self.line.running > 0 or len(self.line) > 0
+
+    @property
+    def sleeping(self) -> bool:
+        return False  # nothing of it is loaded here to unload
+
+    async def sleep(self) -> None:
+        raise lacking(self.name, "sleeping", "nothing of it is loaded here to unload")
+
+    async def wake(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
+
+    def describe(self) -> Description:
+        return Description(name=self.name, aliases=self.aliases, info=None, n_ctx=0, n_slots=self.line.n_slots,
+                           template=None, pooling="", fingerprint=f"b{__version__}-kinetic",
+                           members=[member.status() for member in self.pool.members])
+
+    def default_sampling(self) -> SamplingParams:
+        return self.config.defaults.sampling()
+
+    async def model_file(self) -> Any:
+        raise lacking(self.name, "its model file", "it is the upstream server's")
+
+    # ------------------------------------------------------------------ generation
+
+    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        body = chat_body(req, self.upstream_model, self.config.defaults.n_predict)
+        # the upstream's calls come back as structure (stream.py): nothing is parsed from the text
+        prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
+                                reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format,
+                                tool_mode="none", tool_names=())
+        return ForwardRequest(prompt_tokens=[], payload=body, client=CLIENT.get()), prepared
+
+    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        return ForwardRequest(prompt_tokens=[], route="/completions", client=CLIENT.get(),
+                              payload=prompt_body(req, self.upstream_model, self.config.defaults.n_predict))
+
+    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+        raise lacking(self.name, "/infill", "its upstream is reached by OpenAI routes, which have no infill")
+
+    async def start(self, request: GenerationRequest) -> Generation:
+        """Waits for a turn, then sends the request to a pool member; an upstream 4xx is raised here
+        (before any byte goes to the client), a member that is down is skipped."""
+        if not isinstance(request, ForwardRequest):
+            raise NotSupportedError(f"model '{self.name}' is served by an upstream server: it takes messages or "
+                                    "text, not token prompts")
+        client = request.client
+        self.line.count(client)
+        try:
+            await self.line.take_turn(client)
+        except BaseException:
+            self.line.uncount(client)
+            raise
+        try:
+            member, response = await self.pool.open(request.route, request.payload)
+        except BaseException:
+            self.line.end_turn()
+            self.line.uncount(client)
+            raise
+        queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in read_events(response, is_chat=request.route == "/chat/completions"):
+                    queue.put_nowait(event)
+            except httpx.HTTPError as exc:
+                self.pool.mark_down(member, f"stream broken: {exc or type(exc).__name__}")
+                queue.put_nowait(ServerError(f"upstream {member.spec.url} failed mid-answer: "
+                                             f"{exc or type(exc).__name__}"))
+            except KineticError as exc:
+                queue.put_nowait(exc)
+
+        def give_back(task: asyncio.Task[None]) -> None:
+            # A done callback, not the pump's `finally`: a pump cancelled before it ever ran (the
+            # second prompt of a list refused with 429) never reaches its `finally`.
+            self._streams.pop(task, None)
+            loop.create_task(self.pool.done(member, response))
+            self.line.end_turn()
+            self.line.uncount(client)
+
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        task = loop.create_task(pump())
+        self._streams[task] = queue
+        task.add_done_callback(give_back)
+
+        def cancel() -> None:
+            task.cancel()
+
+        return Generation(queue, cancel)
+
+    async def start_together(self, requests: list[GenerationRequest]) -> list[Generation]:
+        generations: list[Generation] = []
+        try:
+            for request in requests:
+                generations.append(await self.start(request))
+        except BaseException:
+            for generation in generations:
+                generation.cancel()
+            raise
+        return generations
+
+    async def _forward_json(self, route: str, payload: dict[str, Any]) -> Any:
+        """A non-streamed call (embeddings), with the same turns, limits and failover."""
+        client = CLIENT.get()
+        self.line.count(client)
+        try:
+            await self.line.take_turn(client)
+            try:
+                return await self.pool.json(route, payload)
+            finally:
+                self.line.end_turn()
+        finally:
+            self.line.uncount(client)
+
+    # ------------------------------------------------------------------ token-level work
+
+    async def count_chat_tokens(self, req: ChatRequest) -> int:
+        raise lacking(self.name, "token counting", NO_TOKENIZER)
+
+    async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                     continue_final_message: str | None = None) -> RenderedChat:
+        raise lacking(self.name, "template rendering", NO_TOKENIZER)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        raise lacking(self.name, "tokenizing", NO_TOKENIZER)
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text
+
+    async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A token-level route (/tokenize...) answered by a pool member's own native route: at the
+        server's root, not under /v1. Cheap: no turn is taken and nothing is counted against the key.
+        An OpenAI-only upstream (vLLM) has no such route: a 501 says what is missing."""
+        answer: dict[str, Any] = await self.pool.json(route, {**body, "model": self.upstream_model}, native=True)
+        return answer
+
+    # ------------------------------------------------------------------ embeddings
+
+    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
+                    per_token: bool = False) -> Embeddings:
+        """The upstream's vectors (it tokenizes and pools) and its count of the tokens read."""
+        if not inputs:
+            return Embeddings(vectors=[], n_tokens=0)
+        answer = await self._forward_json("/embeddings", {"model": self.upstream_model, "input": list(inputs)})
+        vectors = [item["embedding"] for item in sorted(answer.get("data", []), key=lambda d: d["index"])]
+        n_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        return Embeddings(vectors=[[v] for v in vectors] if per_token else vectors, n_tokens=n_tokens)
+
+    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
+        raise lacking(self.name, "rerank", "its upstream is reached by OpenAI routes, which have no rerank")
+
+    # ------------------------------------------------------------------ slots, adapters, counters
+
+    def slot_states(self) -> list[SlotState]:
+        return []
+
+    async def slot_file(self, action: str, id_slot: int, path: Path | None) -> SlotFileResult:
+        raise lacking(self.name, "slot files", "its slots are the upstream server's")
+
+    def lora_adapters(self) -> list[tuple[Path, float]]:
+        return []
+
+    async def set_lora_scales(self, scales: dict[int, float]) -> None:
+        raise lacking(self.name, "LoRA adapters", "its adapters are the upstream server's")
+
+    def stats(self, *, scrape: bool = False) -> EngineStats:
+        return EngineStats(counters={}, requests_processing=self.line.running, requests_deferred=len(self.line),
+                           deferred_by_client=self.line.waiting_by_client())

@@ -1,0 +1,84 @@
+"""The neutral request as an OpenAI body: what an upstream is sent instead of a token prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kinetic.chat.constraints import template_tools, tool_plan
+from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PromptInput, PromptRequest
+
+
+def openai_message(message: Message) -> dict[str, Any]:
+    data: dict[str, Any] = {"role": message.role}
+    if message.parts is not None:
+        data["content"] = message.text
+    if message.name is not None:
+        data["name"] = message.name
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        data["tool_calls"] = [{"id": call.id or f"call_{i}", "type": "function",
+                               "function": {"name": call.name, "arguments": call.arguments
+                                            if isinstance(call.arguments, str) else json.dumps(call.arguments)}}
+                              for i, call in enumerate(message.tool_calls)]
+    return data
+
+
+def output_fields(output: OutputConstraint) -> dict[str, Any]:
+    if output.schema is not None:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": output.schema}}}
+    if output.any_json:
+        return {"response_format": {"type": "json_object"}}
+    if output.grammar:
+        return {"grammar": output.grammar}  # llama-server's (and kinetic's) extension
+    return {}
+
+
+def option_fields(req: ChatRequest | PromptRequest, n_predict: int) -> dict[str, Any]:
+    options, sampling = req.options, req.options.sampling
+    body: dict[str, Any] = {}
+    max_tokens = options.max_tokens if options.max_tokens is not None else n_predict
+    if max_tokens is not None and max_tokens > 0:
+        body["max_tokens"] = max_tokens
+    if options.stop:
+        body["stop"] = list(options.stop)
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed"):
+        value = getattr(sampling, name)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def tool_fields(req: ChatRequest) -> dict[str, Any]:
+    """`tools`, `tool_choice` and `parallel_tool_calls` as OpenAI writes them (validated here first,
+    so a bad choice is kinetic's 400 naming the field, whatever the upstream would say)."""
+    mode, only = tool_plan(req)
+    if not req.tools:
+        return {}
+    choice: Any = {"auto": "auto", "none": "none", "forced": "required"}[mode]
+    if only is not None:
+        choice = {"type": "function", "function": {"name": only}}
+    body: dict[str, Any] = {"tools": template_tools(req), "tool_choice": choice}
+    if req.parallel_tool_calls:
+        body["parallel_tool_calls"] = True
+    return body
+
+
+def chat_body(req: ChatRequest, model: str, n_predict: int) -> dict[str, Any]:
+    body = {"model": model, "messages": [openai_message(m) for m in req.messages], "stream": True,
+            "stream_options": {"include_usage": True}, **option_fields(req, n_predict), **output_fields(req.output),
+            **tool_fields(req)}
+    if req.template_kwargs:
+        body["chat_template_kwargs"] = req.template_kwargs
+    if req.continue_final_message is not None:  # vLLM's and llama-server's spelling
+        body["continue_final_message"] = {"auto": True, "content": "content",
+                                          "reasoning": "reasoning_content"}[req.continue_final_message]
+        body["add_generation_prompt"] = False
+    return body
+
+
+def prompt_body(req: PromptRequest, model: str, n_predict: int) -> dict[str, Any]:
+    prompt: PromptInput = req.prompt
+    return {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
+            **option_fields(req, n_predict), **output_fields(req.output)}

@@ -1,0 +1,70 @@
+"""The upstream's waiting line: at most `n_slots` requests forwarded at once, the rest waiting in a
+line fair across keys (engine/fairqueue.py), and every request counted per key (engine/inflight.py:
+the model's own limit, and the process-wide one in router mode) until it is done."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kinetic.engine.fairqueue import FairQueue
+from kinetic.engine.inflight import InFlight
+from kinetic.errors import KineticError
+
+
+class WaitingLine:
+    def __init__(self, n_slots: int, *, fair: bool, own_limit: int, shared: InFlight | None):
+        self.n_slots = n_slots
+        self.running = 0
+        self.own = InFlight(own_limit, scope="")  # this model's --max-in-flight (0: none, still counted)
+        self.shared = shared
+        self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def waiting_by_client(self) -> dict[str, int]:
+        return self._waiting.counts()
+
+    def count(self, client: str) -> None:
+        """One more request of `client` in flight; past a limit, a 429 instead."""
+        self.own.enter(client)
+        if self.shared is not None:
+            try:
+                self.shared.enter(client)
+            except BaseException:
+                self.own.leave(client)
+                raise
+
+    def uncount(self, client: str) -> None:
+        self.own.leave(client)
+        if self.shared is not None:
+            self.shared.leave(client)
+
+    async def take_turn(self, client: str) -> None:
+        """Returns when a connection is free for this request (at once when one is and nobody waits)."""
+        if self.running < self.n_slots and not self._waiting:
+            self.running += 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.push(client, turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if not self._waiting.remove(turn):  # the turn was given just as we left: pass it on
+                self.end_turn()
+            raise
+
+    def end_turn(self) -> None:
+        self.running -= 1
+        for client, turn in self._waiting.in_order():
+            self._waiting.served(client, turn)
+            self.running += 1
+            turn.set_result(None)
+            return
+
+    def fail_waiting(self, error: KineticError) -> None:
+        """Every waiting request gets `error` (the model is unloaded)."""
+        for client, turn in list(self._waiting.in_order()):
+            self._waiting.served(client, turn)
+            if not turn.done():
+                turn.set_exception(error)

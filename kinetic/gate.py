@@ -1,0 +1,151 @@
+"""The request gate, in front of every route: CORS, the preflight, "loading" (503), the API key (401)
+and the admin role (403), and a deadline on reading the body (408)."""
+
+from __future__ import annotations
+
+import anyio
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kinetic.classroom.keys import KeyRing, key_from_headers
+from kinetic.classroom.roles import needs_admin, require_admin, role_of
+from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
+from kinetic.protocols.catalog import error_response
+from kinetic.router.registry import ModelRegistry
+from kinetic.web.routes import is_public_page
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+class RequestGate:
+    """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
+
+    def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, cors_origins: str,
+                 body_timeout: float, cors_methods: str = CORS_METHODS, cors_headers: str | None = None,
+                 cors_credentials: bool = True):
+        self.app = app
+        self.registry = registry
+        self.keys = keys
+        self.cors_origins = cors_origins
+        self.body_timeout = body_timeout
+        self.cors_methods = cors_methods  # --cors-methods
+        self.cors_headers = cors_headers  # --cors-headers; None: the headers the preflight asks for
+        self.cors_credentials = cors_credentials  # --no-cors-credentials: "false", and * stays * (llama-server)
+
+    def _allow_origin(self, origin: str) -> str | None:
+        if self.cors_origins == "*":
+            return (origin or "*") if self.cors_credentials else "*"
+        if self.cors_origins == "localhost":
+            host = origin.split("://", 1)[-1].rsplit(":", 1)[0] if origin else ""
+            if origin.split("://", 1)[-1].startswith("[::1]"):
+                host = "[::1]"
+            return origin if host in LOCAL_HOSTS else None
+        allowed = [o.strip() for o in self.cors_origins.split(",")]
+        return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
+
+    def _client_name(self, sent: str) -> str | None:
+        """The name of the key sent (from --api-key-file), or None for no key or a wrong one."""
+        return self.keys.name_for(sent) if self.keys else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        allow_origin = self._allow_origin(headers.get("origin", ""))
+        cors = [(b"access-control-allow-credentials", b"true" if self.cors_credentials else b"false")]
+        if allow_origin:
+            cors.insert(0, (b"access-control-allow-origin", allow_origin.encode("latin-1")))
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [(_wire_name(k), v) for k, v in [*message.get("headers", []), *cors]] + [
+                    (b"server", b"kinetic")]
+            await send(message)
+
+        path = scope["path"]
+        # Who is asking, by name and never by key: for the ledger, the fair queue, the dashboard; and
+        # in which role (classroom/roles.py), for what the routes show them.
+        sent = key_from_headers(headers)
+        client_name = self._client_name(sent)
+        state = scope.setdefault("state", {})
+        if client_name is not None:
+            state["client_name"] = client_name
+        state["role"] = role_of(self.keys, sent)
+        if scope["method"] == "OPTIONS":
+            response: Response = Response(status_code=200, headers={
+                "Access-Control-Allow-Methods": self.cors_methods,
+                "Access-Control-Allow-Headers": self.cors_headers or headers.get("access-control-request-headers", "*")
+                or "*"})
+        elif is_public_page(scope["method"], path):  # no key, and served while loading (the page says so)
+            await self._call_app(scope, receive, send_with_cors)
+            return
+        elif not self.registry.ready:
+            response = error_response(path, UnavailableError("Loading model"), scope["method"])
+        elif self.keys and path not in PUBLIC_PATHS and client_name is None:
+            response = error_response(path, UnauthorizedError("Invalid API Key"), scope["method"])
+        elif needs_admin(scope["method"], path) and (refusal := self._admin_refusal(sent)) is not None:
+            response = error_response(path, refusal, scope["method"])
+        else:
+            await self._call_app(_as_json(scope, headers), receive, send_with_cors)
+            return
+        await response(scope, receive, send_with_cors)
+
+    def _admin_refusal(self, sent: str) -> KineticError | None:
+        """A management route: None for the admin, else the 403 (a student) or 401 (no key) to answer."""
+        try:
+            require_admin(self.keys, sent)
+        except KineticError as err:
+            return err
+        return None
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Runs the app with a deadline on each body read: a client that sends its headers and then
+        stalls gets a 408 and its connection closed. Once the body is complete, reads (the
+        disconnect watch of a long stream) have no deadline."""
+        body_complete = False
+        timed_out = False
+
+        async def receive_with_deadline() -> Message:
+            nonlocal body_complete, timed_out
+            if body_complete:
+                return await receive()
+            try:
+                with anyio.fail_after(self.body_timeout):
+                    message = await receive()
+            except TimeoutError:
+                timed_out = True
+                raise
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_complete = True
+            return message
+
+        async def send_unless_timed_out(message: Message) -> None:
+            if not timed_out:
+                await send(message)
+            elif message["type"] == "http.response.start":  # replace the app's answer with a 408
+                err = RequestTimeoutError(f"request body not received within {self.body_timeout:g} s")
+                response = error_response(scope["path"], err, scope["method"])
+                response.headers["connection"] = "close"
+                await response(scope, receive, send)
+
+        await self.app(scope, receive_with_deadline, send_unless_timed_out)
+
+
+def _wire_name(name: bytes) -> bytes:
+    """CORS headers spelled as llama-server sends them (Access-Control-Allow-Origin): header names
+    are case-insensitive, but scripts that read them into a plain dict look them up that way."""
+    if name.lower().startswith(b"access-control-"):
+        return b"-".join(part.capitalize() for part in name.lower().split(b"-"))
+    return name
+
+
+def _as_json(scope: Scope, headers: dict[str, str]) -> Scope:
+    """Bodies are JSON whatever Content-Type says (curl -d sends form encoding), as in llama-server."""
+    content_type = headers.get("content-type", "")
+    if scope["method"] != "POST" or "json" in content_type or content_type.startswith("multipart/"):
+        return scope
+    raw = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    return {**scope, "headers": raw + [(b"content-type", b"application/json")]}

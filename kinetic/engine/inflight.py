@@ -21,15 +21,15 @@ class InFlight:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
 
-    def enter(self, client: str) -> None:
-        """Counts one more request of `client`; one over the limit gets a 429 instead."""
+    def enter(self, client: str, count: int = 1) -> None:
+        """Counts `count` more requests of `client`, all or none; past the limit, a 429 instead."""
         with self._lock:
             n = self._counts.get(client, 0)
-            if self.limit and n >= self.limit:
+            if self.limit and n + count > self.limit:
                 where = f" {self.scope}" if self.scope else ""
                 raise RateLimitError(f"too many requests in flight for this key{where} (at most {self.limit}); "
                                      "retry when one has finished", retry_after=1)
-            self._counts[client] = n + 1
+            self._counts[client] = n + count
 
     def leave(self, client: str) -> None:
         with self._lock:
@@ -42,3 +42,32 @@ class InFlight:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+
+class ModelInFlight:
+    """One model's count (its own --max-in-flight) and, in router mode, the process-wide one: a request is
+    counted in both or in neither."""
+
+    def __init__(self, own_limit: int, shared: InFlight | None):
+        self.own = InFlight(own_limit, scope="")  # 0: no limit, still counted
+        self.shared = shared
+
+    def enter(self, wanted: dict[str, int]) -> None:
+        """Counts every client's requests, all or none: past either limit, a 429 and nothing counted."""
+        entered: list[tuple[InFlight, str, int]] = []
+        try:
+            for client, count in wanted.items():
+                for counter in (self.own, self.shared):
+                    if counter is not None:
+                        counter.enter(client, count)
+                        entered.append((counter, client, count))
+        except BaseException:
+            for counter, client, count in entered:
+                for _ in range(count):
+                    counter.leave(client)
+            raise
+
+    def leave(self, client: str) -> None:
+        self.own.leave(client)
+        if self.shared is not None:
+            self.shared.leave(client)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from kinetic.engine.fairqueue import FairQueue
-from kinetic.engine.inflight import InFlight
+from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.errors import KineticError
 
 
@@ -15,8 +15,7 @@ class WaitingLine:
     def __init__(self, n_slots: int, *, fair: bool, own_limit: int, shared: InFlight | None):
         self.n_slots = n_slots
         self.running = 0
-        self.own = InFlight(own_limit, scope="")  # this model's --max-in-flight (0: none, still counted)
-        self.shared = shared
+        self.in_flight = ModelInFlight(own_limit, shared)  # this model's --max-in-flight, and the router's
         self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair)
 
     def __len__(self) -> int:
@@ -27,18 +26,10 @@ class WaitingLine:
 
     def count(self, client: str) -> None:
         """One more request of `client` in flight; past a limit, a 429 instead."""
-        self.own.enter(client)
-        if self.shared is not None:
-            try:
-                self.shared.enter(client)
-            except BaseException:
-                self.own.leave(client)
-                raise
+        self.in_flight.enter({client: 1})
 
     def uncount(self, client: str) -> None:
-        self.own.leave(client)
-        if self.shared is not None:
-            self.shared.leave(client)
+        self.in_flight.leave(client)
 
     async def take_turn(self, client: str) -> None:
         """Returns when a connection is free for this request (at once when one is and nobody waits)."""

@@ -34,6 +34,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -41,7 +42,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
-from kinetic.engine.inflight import InFlight
+from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
@@ -64,7 +65,7 @@ from kinetic.engine.types import (
     TokenLogprob,
     Usage,
 )
-from kinetic.errors import InvalidRequestError, KineticError, RateLimitError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
 
 # the scheduler's parts that moved to their own modules, still importable from here
 __all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Slot", "SlotBusyError"]
@@ -116,15 +117,14 @@ class Scheduler(SlotAdmission):
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
         self.ctx_checkpoints = max(0, ctx_checkpoints) if self.exact_states and self.host_cache.enabled else 0
-        self.max_in_flight = max_in_flight  # per client, waiting or running; 0: no limit
-        self.shared_in_flight = in_flight  # router mode: the process-wide count and limit (inflight.py)
+        # per client, waiting or running: this model's limit (0: none) and, in router mode, the process-wide one
+        self.in_flight = ModelInFlight(max_in_flight, in_flight)
         self.share_prefixes = share_prefixes
         self.speculator = make_speculator(spec, model, n_ctx=self.n_ctx, n_slots=n_slots, n_batch=self.n_batch,
                                           n_ubatch=params.n_ubatch, n_threads=n_threads, kv_unified=kv_unified,
                                           exact_states=self.exact_states) if spec is not None else None
         self._cv = threading.Condition()
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
-        self._in_flight: dict[str, int] = {}
         self._outbox: list[tuple[Job, Event | BaseException]] = []
         self._prompt_turn = 0
         self._stopping = False
@@ -147,27 +147,9 @@ class Scheduler(SlotAdmission):
         with self._cv:
             if self._stopping:  # raced an unload: the model is gone
                 raise self._closed_error
-            wanted: dict[str, int] = {}
+            self.in_flight.enter(dict(Counter(job.request.client for job in jobs)))
             for job in jobs:
-                wanted[job.request.client] = wanted.get(job.request.client, 0) + 1
-            for client, count in wanted.items():
-                if self.max_in_flight and self._in_flight.get(client, 0) + count > self.max_in_flight:
-                    raise RateLimitError(f"too many requests in flight for this key (at most "
-                                         f"{self.max_in_flight}); retry when one has finished", retry_after=1)
-            entered: list[str] = []
-            try:
-                for job in jobs:
-                    if self.shared_in_flight is not None:
-                        self.shared_in_flight.enter(job.request.client)
-                        entered.append(job.request.client)
-            except BaseException:
-                for client in entered:
-                    self.shared_in_flight.leave(client)  # type: ignore[union-attr]
-                raise
-            for job in jobs:
-                client = job.request.client
-                self._in_flight[client] = self._in_flight.get(client, 0) + 1
-                self._pending.push(client, job)
+                self._pending.push(job.request.client, job)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
@@ -182,12 +164,7 @@ class Scheduler(SlotAdmission):
         """Called under the lock."""
         if job.counted:
             job.counted = False
-            client = job.request.client
-            self._in_flight[client] -= 1
-            if not self._in_flight[client]:
-                del self._in_flight[client]
-            if self.shared_in_flight is not None:
-                self.shared_in_flight.leave(client)
+            self.in_flight.leave(job.request.client)
 
     def with_idle_slot(self, slot_id: int, action: Callable[[Slot], T]) -> T:
         """Runs `action` on slot `slot_id` while no step decodes and no waiting job can take the slot

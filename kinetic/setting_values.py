@@ -222,6 +222,46 @@ def _hf_repo(value: str) -> str:
     return value
 
 
+def _slot_count(value: int) -> int:
+    if value == 0 or value < -1:
+        raise ValueError("expected -1 (auto) or a number of slots >= 1")
+    return value
+
+
+def _idle_seconds(value: int) -> int:
+    if value == 0 or value < -1:
+        raise ValueError("cannot be 0 or less than -1")  # llama-server's rule
+    return value
+
+
+def _template_variables(value: str) -> str:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
+    return value
+
+
+def _layer_range(value: str) -> str:
+    try:
+        int(value.split()[0]), int(value.split()[1])
+    except (ValueError, IndexError):
+        raise ValueError("expected two layer numbers, START END") from None
+    return value
+
+
+def _template_name_or_jinja(value: str) -> str:
+    from kinetic.chat.templates import BUILTIN_NAMES, known_names
+
+    if value in BUILTIN_NAMES or "{%" in value or "{{" in value:
+        return value
+    if value not in known_names():
+        raise ValueError(f"expected a built-in template name ({', '.join(known_names())}) or Jinja text")
+    return value
+
+
 Port = Annotated[int, Field(ge=0, le=65535)]
 ByteSize = Annotated[int, BeforeValidator(byte_size), Field(ge=1)]
 OnOffAuto = Annotated[Literal["on", "off", "auto"], BeforeValidator(on_off_auto)]
@@ -247,3 +287,9 @@ HfRepo = Annotated[str, AfterValidator(_hf_repo)]
 SpecTypes = Annotated[str, AfterValidator(_spec_types)]
 CpuMask = Annotated[str, AfterValidator(_cpu_mask)]
 CpuRange = Annotated[str, AfterValidator(_cpu_range)]
+SlotCount = Annotated[int, AfterValidator(_slot_count)]
+IdleSeconds = Annotated[int, AfterValidator(_idle_seconds)]
+TemplateVariables = Annotated[str, AfterValidator(_template_variables)]
+TemplateName = Annotated[str, AfterValidator(_template_name_or_jinja)]
+LayerRange = Annotated[str, AfterValidator(_layer_range)]
+DryBase = Annotated[float, AfterValidator(lambda value: value if value >= 1.0 else 1.75)]  # llama-server's rule

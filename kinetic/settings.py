@@ -35,16 +35,19 @@ from kinetic.setting_values import (
     CpuMask,
     CpuRange,
     DeviceList,
+    DryBase,
     ExistingFile,
     ExistingFolder,
     FileInExistingFolder,
     GpuLayers,
     HfRepo,
+    IdleSeconds,
     JsonObjectFile,
     JsonObjectText,
     JsonSchemaFile,
     JsonSchemaText,
     KvOverrides,
+    LayerRange,
     LogitBiases,
     LoraFiles,
     OnOffAuto,
@@ -52,7 +55,10 @@ from kinetic.setting_values import (
     ReadableFile,
     Repeated,
     ScaledLoraFiles,
+    SlotCount,
     SpecTypes,
+    TemplateName,
+    TemplateVariables,
     TensorOverrides,
     TensorSplit,
     Upstreams,
@@ -93,7 +99,7 @@ class ServerSettings(BaseSettings):
     models_autoload: bool = True
     upstream: Upstreams = ()
     ctx_size: Annotated[int, Field(ge=0)] = 0
-    parallel: int = -1
+    parallel: SlotCount = -1
     batch_size: Annotated[int, Field(ge=1)] = 2048  # llama-server's defaults
     ubatch_size: Annotated[int, Field(ge=1)] = 512
     threads: int = -1
@@ -113,7 +119,7 @@ class ServerSettings(BaseSettings):
     presence_penalty: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     frequency_penalty: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     dry_multiplier: float = 0.0
-    dry_base: float = 1.75
+    dry_base: DryBase = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: Annotated[int, Field(ge=0)] = 64
     dry_sequence_breaker: Repeated = ()  # empty: the defaults (DEFAULT_DRY_BREAKERS)
@@ -197,7 +203,7 @@ class ServerSettings(BaseSettings):
     spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
     control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
     control_vector_scaled: ScaledLoraFiles = ()
-    control_vector_layer_range: str | None = None  # "START END", as the command line gives the two values
+    control_vector_layer_range: LayerRange | None = None  # "START END", as the command line gives the two values
     path: ExistingFolder | None = None
     api_prefix: str | None = None
     ssl_key_file: ExistingFile | None = None
@@ -209,7 +215,7 @@ class ServerSettings(BaseSettings):
     threads_http: int = -1
     spm_infill: bool = False
     timeout: Annotated[float, Field(gt=0)] | None = None
-    sleep_idle_seconds: int = -1
+    sleep_idle_seconds: IdleSeconds = -1
     embd_normalize: int = 2
     reasoning_effort: str = "default"
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
@@ -244,9 +250,9 @@ class ServerSettings(BaseSettings):
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None
     ledger_content: bool = False
-    chat_template: str | None = None
+    chat_template: TemplateName | None = None
     chat_template_file: ExistingFile | None = None
-    chat_template_kwargs: str | None = None
+    chat_template_kwargs: TemplateVariables | None = None
     jinja: bool = True
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] = "auto"
     reasoning: OnOffAuto = "auto"
@@ -299,59 +305,6 @@ class ServerSettings(BaseSettings):
         """Switches read from variables take llama.cpp's words (enabled/disabled too)."""
         if isinstance(value, str) and info.field_name and cls.model_fields[info.field_name].annotation in SWITCH_TYPES:
             return switch_word(value)
-        return value
-
-    @field_validator("parallel")
-    @classmethod
-    def _slots_count(cls, value: int) -> int:
-        if value == 0 or value < -1:
-            raise ValueError("expected -1 (auto) or a number of slots >= 1")
-        return value
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
-        return value
-
-    @field_validator("sleep_idle_seconds")
-    @classmethod
-    def _sleep_seconds(cls, value: int) -> int:
-        if value == 0 or value < -1:
-            raise ValueError("cannot be 0 or less than -1")  # llama-server's rule
-        return value
-
-    @field_validator("control_vector_layer_range")
-    @classmethod
-    def _layer_range(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                int(value.split()[0]), int(value.split()[1])
-            except (ValueError, IndexError):
-                raise ValueError("expected two layer numbers, START END") from None
-        return value
-
-    @field_validator("dry_base")
-    @classmethod
-    def _dry_base(cls, value: float) -> float:
-        return value if value >= 1.0 else 1.75  # llama-server keeps its default for a base below 1
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template_name_or_jinja(cls, value: str | None) -> str | None:
-        from kinetic.chat.templates import BUILTIN_NAMES, known_names
-
-        if value is None or value in BUILTIN_NAMES or "{%" in value or "{{" in value:
-            return value
-        if value not in known_names():
-            raise ValueError(f"expected a built-in template name ({', '.join(known_names())}) or Jinja text")
         return value
 
     @model_validator(mode="before")

@@ -115,3 +115,23 @@ def test_the_architecture_page_is_in_the_site_and_names_every_protocol() -> None
         assert f"`{protocol}`" in page or f"protocols/{protocol}/" in page, protocol
     for layer in ("kinetic/transport.py", "kinetic/classroom/", "kinetic/chat/", "kinetic/router/", "kinetic/engine/"):
         assert f"`{layer}`" in page, layer
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """No module of kinetic/ over 500 lines and no function over 80: past that, split by concern."""
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = str(path.relative_to(PACKAGE.parent))
+        if source.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{name} ({source.count(chr(10))} lines)")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}:{node.lineno} {node.name} ({length} lines)")
+    assert not long_modules and not long_functions, long_modules + long_functions

@@ -18,9 +18,9 @@ from kinetic.classroom.stats import ClassStats
 from kinetic.error_funnel import install_error_funnel, validation_message
 from kinetic.errors import ServerError, UnavailableError
 from kinetic.gate import RequestGate
+from kinetic.model_registry import idle_sleep
+from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
-from kinetic.router import idle_sleep
-from kinetic.router.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 

@@ -191,10 +191,10 @@ def serve(settings: ServerSettings) -> int:
 def single_model(settings: ServerSettings) -> tuple[Any, str]:
     """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
     from kinetic.engine.turns import DecodeTurns
+    from kinetic.model_registry.factory import backend_factory
+    from kinetic.model_registry.registry import ModelRegistry
+    from kinetic.model_registry.sources import ModelSpec
     from kinetic.models import resolve_model
-    from kinetic.router.factory import backend_factory
-    from kinetic.router.registry import ModelRegistry
-    from kinetic.router.sources import ModelSpec
 
     resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
                              token=settings.hf_token)
@@ -208,9 +208,9 @@ def single_model(settings: ServerSettings) -> tuple[Any, str]:
 
 def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     """Router mode: every model of the command line, folder and preset, loaded on demand."""
-    from kinetic.router.factory import backend_factory
-    from kinetic.router.registry import ModelRegistry
-    from kinetic.router.sources import model_specs
+    from kinetic.model_registry.factory import backend_factory
+    from kinetic.model_registry.registry import ModelRegistry
+    from kinetic.model_registry.sources import model_specs
 
     specs, ignored = model_specs(settings)
     for key in ignored:

@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 
 from kinetic.backends.base import ModelBackend
 from kinetic.errors import InvalidRequestError, NotFoundError
-from kinetic.router.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
+from kinetic.model_registry.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
 
 
 def get_registry(request: Request) -> ModelRegistry:

@@ -10,8 +10,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.roles import needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
+from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import error_response
-from kinetic.router.registry import ModelRegistry
 from kinetic.web.routes import is_public_page
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})

@@ -1,6 +1,6 @@
 """`kinetic serve`'s flags: each setting's spellings (llama-server's where it has the flag), help and
 variables. The table is read by the one command-line reader (kinetic.serve_args) for the run and for
-`--help`, by the router's presets (kinetic.router.sources) and by the generated docs (kinetic.flag_status).
+`--help`, by the router's presets (kinetic.model_registry.sources) and by the generated docs (kinetic.flag_status).
 A flag's type and default live on ServerSettings, whose field is named by the flag's `dest`.
 """
 

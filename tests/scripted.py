@@ -36,7 +36,7 @@ from kinetic.engine.types import (
     Usage,
 )
 from kinetic.errors import KineticError, UnavailableError
-from kinetic.router.registry import ModelRegistry
+from kinetic.model_registry.registry import ModelRegistry
 from kinetic.settings import ServerSettings
 from tests.server import free_port
 

@@ -222,19 +222,20 @@ class ChatLayer:
         last = messages[-1]
         template_message(last)  # refuses media as any message does
         prompt = self.template.render(head, add_generation_prompt=False, tools=tools, kwargs=kwargs)
-        generation = self.template.generation_prompt(head, tools=tools, kwargs=kwargs)
+        assistant_start = self.template.generation_prompt(head, tools=tools, kwargs=kwargs)
         in_reasoning = False
         if self.template.supports_thinking and self.template.thinks:
-            cut = generation.find(OPEN_TAG)
-            generation = (generation if cut < 0 else generation[:cut]) + OPEN_TAG + (last.reasoning_content or "")
+            cut = assistant_start.find(OPEN_TAG)
+            kept = assistant_start if cut < 0 else assistant_start[:cut]
+            assistant_start = kept + OPEN_TAG + (last.reasoning_content or "")
             if mode == "content":
-                generation += CLOSE_TAG
+                assistant_start += CLOSE_TAG
             else:
                 in_reasoning = True
         if mode == "content":
             # text parts joined by a blank line, as common_chat_msg::render_content joins them
-            generation += "\n\n".join(part.text for part in last.parts or () if isinstance(part, TextPart))
-        return prompt + generation, in_reasoning
+            assistant_start += "\n\n".join(part.text for part in last.parts or () if isinstance(part, TextPart))
+        return prompt + assistant_start, in_reasoning
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens of a prompt with the model's BOS, never twice (templates often write it too)."""
@@ -276,17 +277,17 @@ class ChatLayer:
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,
                                constrained=constraints.grammar is not None)
-        generation = self.generation(rendered.tokens, req.options, constraints.grammar)
+        engine_request = self.engine_request(rendered.tokens, req.options, constraints.grammar)
         shared = self.last_message_start(req.messages, rendered.tokens, tools=constraints.tools,
                                          template_kwargs=req.template_kwargs)
         if shared:
-            generation = replace(generation, checkpoint_at=shared)
+            engine_request = replace(engine_request, checkpoint_at=shared)
         budget = reasoning_budget(req, server_tokens=self.defaults.reasoning_budget,
                                   server_message=self.defaults.reasoning_budget_message,
                                   thinks=self.template.thinks and not self.defaults.skip_chat_parsing,
                                   starts_inside=rendered.starts_in_reasoning,
                                   constrained=constraints.grammar is not None)
-        generation = replace(generation, reasoning_budget=budget)
+        engine_request = replace(engine_request, reasoning_budget=budget)
         prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
                                 starts_in_reasoning=rendered.starts_in_reasoning,
                                 reasoning_format="none" if self.defaults.skip_chat_parsing
@@ -294,11 +295,11 @@ class ChatLayer:
                                 tool_mode=constraints.tool_mode, tool_names=constraints.tool_names,
                                 call_format=constraints.call_format,
                                 tool_parameters=tuple((tool.name, tool.parameters or {}) for tool in req.tools))
-        return generation, prepared
+        return engine_request, prepared
 
     def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         tokens = self.prompt_tokens(req.prompt, req.param)
-        return self.generation(tokens, req.options, output_grammar(req.output))
+        return self.engine_request(tokens, req.options, output_grammar(req.output))
 
     def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
         info = self.engine.require_ready()
@@ -310,9 +311,9 @@ class ChatLayer:
             prompt=self.engine.tokenize(req.prompt, add_special=False, parse_special=True) if req.prompt else [],
             n_batch=self.engine.n_batch, n_predict=max_tokens, n_ctx=self.engine.slot_n_ctx,
             bos=info.bos_id if info.add_bos and info.bos_id >= 0 else None, spm=self.defaults.spm_infill)
-        return self.generation(tokens, req.options, output_grammar(req.output))
+        return self.engine_request(tokens, req.options, output_grammar(req.output))
 
-    def generation(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
+    def engine_request(self, tokens: list[int], options: GenerationOptions, grammar: str | None) -> GenerationRequest:
         max_tokens = options.max_tokens if options.max_tokens is not None else self.defaults.n_predict
         if options.prior_tokens:  # the earlier prompt's own BOS leads: this one's would land in the middle
             bos = self.engine.require_ready().bos_id

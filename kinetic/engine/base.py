@@ -135,7 +135,7 @@ class Engine(Tokenizer, Protocol):
 
     def slot_erase(self, id_slot: int) -> SlotFileResult: ...
 
-    # --sleep-idle-seconds (kinetic/router/idle_sleep.py): unloaded while idle, described as it was
+    # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded while idle, described as it was
     sleeping: bool
 
     def sleep(self) -> None:

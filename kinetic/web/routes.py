@@ -21,7 +21,7 @@ from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.stats import ClassStats
 from kinetic.deps import RegistryDep
 from kinetic.errors import NotFoundError
-from kinetic.router.registry import ModelRegistry
+from kinetic.model_registry.registry import ModelRegistry
 
 router = APIRouter()
 

@@ -38,7 +38,7 @@ def test_protocols_import_no_other_protocol(protocol: str) -> None:
 # events back, so it imports none of what holds a model: the llama engine, the chat layer's
 # preparation, the backends or the registry above the engines, or the app.
 NOT_FOR_TRANSLATORS = ("kinetic.engine.llama", "llama_cpp", "kinetic.chat.prepare", "kinetic.backends",
-                       "kinetic.router", "kinetic.app", "kinetic.deps")
+                       "kinetic.model_registry", "kinetic.app", "kinetic.deps")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -113,7 +113,8 @@ def test_the_architecture_page_is_in_the_site_and_names_every_protocol() -> None
     assert "architecture.md" in (root / "mkdocs.yml").read_text(encoding="utf-8")
     for protocol in PROTOCOLS:
         assert f"`{protocol}`" in page or f"protocols/{protocol}/" in page, protocol
-    for layer in ("kinetic/transport.py", "kinetic/classroom/", "kinetic/chat/", "kinetic/router/", "kinetic/engine/"):
+    for layer in ("kinetic/transport.py", "kinetic/classroom/", "kinetic/chat/", "kinetic/model_registry/",
+                  "kinetic/engine/"):
         assert f"`{layer}`" in page, layer
 
 

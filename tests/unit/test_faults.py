@@ -22,7 +22,7 @@ from kinetic.backends.upstream.backend import ForwardRequest, UpstreamBackend
 from kinetic.classroom.identity import CLIENT
 from kinetic.engine.inflight import InFlight
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
-from kinetic.router.sources import ModelSpec, UpstreamSpec
+from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
 from kinetic.settings import ServerSettings
 from kinetic.streaming import merge_frames
 from tests.scripted import ScriptedEngine, ScriptedServer, single_model_backend

@@ -37,8 +37,8 @@ from kinetic.errors import (
     NotSupportedError,
     ServerError,
 )
-from kinetic.router.registry import ModelRegistry, ModelState
-from kinetic.router.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
+from kinetic.model_registry.registry import ModelRegistry, ModelState
+from kinetic.model_registry.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine

@@ -20,10 +20,10 @@ from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import RankScore
 from kinetic.errors import InvalidRequestError, ModelLoadError
 from kinetic.log_setup import configure_logging
+from kinetic.model_registry import idle_sleep
+from kinetic.model_registry.registry import ModelRegistry
 from kinetic.prompt_log import write_prompt
 from kinetic.protocols.llamacpp.rerank import rerank_request, to_rerank_body
-from kinetic.router import idle_sleep
-from kinetic.router.registry import ModelRegistry
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 from kinetic.sse_ping import PING, with_pings

@@ -18,8 +18,8 @@ from kinetic.backends.config import ModelConfig
 from kinetic.backends.upstream.backend import UpstreamBackend
 from kinetic.backends.upstream.stream import sse_chunks
 from kinetic.errors import ServerError
-from kinetic.router.registry import ModelRegistry
-from kinetic.router.sources import ModelSpec, UpstreamSpec
+from kinetic.model_registry.registry import ModelRegistry
+from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
 from kinetic.settings import ServerSettings
 
 CHAT = [{"role": "user", "content": "Weather in Paris?"}]

@@ -32,7 +32,7 @@ from kinetic.engine.types import (
     SlotState,
 )
 from kinetic.errors import KineticError, NotSupportedError, ServerError, UnavailableError
-from kinetic.router.sources import ModelSpec
+from kinetic.model_registry.sources import ModelSpec
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,

@@ -25,7 +25,7 @@ from kinetic.errors import (
     UnauthorizedError,
     UnavailableError,
 )
-from kinetic.router.sources import UpstreamSpec
+from kinetic.model_registry.sources import UpstreamSpec
 
 log = logging.getLogger(__name__)
 

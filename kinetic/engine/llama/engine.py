@@ -107,7 +107,7 @@ class LlamaEngine:
         self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
         self.pooling = pooling  # None: the model's own (mean when it declares none)
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
-        # --sleep-idle-seconds (kinetic/router/idle_sleep.py): unloaded until woken, its description kept
+        # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded until woken, its description kept
         self.sleeping = False
         self._asleep: tuple[ModelInfo, EngineStats] | None = None
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,

@@ -18,6 +18,7 @@ from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, RegistryDep, model_backend
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
+from kinetic.model_registry.registry import ModelState
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.llamacpp import cors_proxy, rerank, translate
 from kinetic.protocols.llamacpp.types import (
@@ -30,7 +31,6 @@ from kinetic.protocols.llamacpp.types import (
     SlotActionRequest,
     TokenizeRequest,
 )
-from kinetic.router.registry import ModelState
 from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
@@ -81,7 +81,7 @@ async def load_model(body: ModelActionRequest, registry: RegistryDep) -> dict[st
 
 @router.get("/models/sse")
 async def models_sse(registry: RegistryDep) -> StreamingResponse:
-    """Model state changes as they happen (router/events.py), as llama-server's router streams them."""
+    """Model state changes as they happen (model_registry/events.py), as llama-server's router streams them."""
     if not registry.router:
         raise NotFoundError("File Not Found")
     return StreamingResponse(registry.events.stream(), media_type="text/event-stream",

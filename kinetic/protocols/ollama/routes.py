@@ -14,9 +14,9 @@ from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
 from kinetic.deps import RegistryDep, backend_dependency
 from kinetic.engine.types import GenerationRequest
+from kinetic.model_registry.registry import ModelEntry
 from kinetic.protocols.ollama import translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
-from kinetic.router.registry import ModelEntry
 from kinetic.streaming import respond
 
 router = APIRouter()
@@ -28,7 +28,7 @@ OllamaBackendDep = Annotated[ModelBackend, Depends(backend_dependency(missing="m
                                                                       unknown='model "{name}" not found'))]
 
 
-def served(backend: ModelBackend) -> translate.ServedModel:
+def served_model(backend: ModelBackend) -> translate.ServedModel:
     described, capabilities = backend.describe(), backend.capabilities
     template = described.template
     return translate.ServedModel(name=described.name, aliases=described.aliases,
@@ -44,7 +44,7 @@ def loaded(entry: ModelEntry) -> ModelBackend | None:
 
 async def _listed(backend: ModelBackend) -> tuple[translate.ServedModel, Any, Any]:
     described = backend.describe()
-    return served(backend), described.info, await backend.model_file()
+    return served_model(backend), described.info, await backend.model_file()
 
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
@@ -67,7 +67,7 @@ async def ps(registry: RegistryDep) -> dict[str, Any]:
 
 @router.post("/api/show")
 async def show(body: ShowRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
-    model = served(backend)
+    model = served_model(backend)
     translate.check_model(body.model or body.name or "", model)
     described = backend.describe()
     if described.info is None:
@@ -79,7 +79,7 @@ async def show(body: ShowRequest, request: Request, backend: OllamaBackendDep) -
 
 @router.post("/api/chat")
 async def chat(body: ChatRequest, request: Request, backend: OllamaBackendDep) -> Response:
-    started, model = time.monotonic_ns(), served(backend)
+    started, model = time.monotonic_ns(), served_model(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
     generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body, model))
@@ -100,7 +100,7 @@ async def _prepare_generate(body: GenerateRequest, backend: ModelBackend,
 
 @router.post("/api/generate")
 async def generate(body: GenerateRequest, request: Request, backend: OllamaBackendDep) -> Response:
-    started, model = time.monotonic_ns(), served(backend)
+    started, model = time.monotonic_ns(), served_model(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
     generation_request, prepared = await _prepare_generate(body, backend, model)
@@ -114,7 +114,7 @@ async def generate(body: GenerateRequest, request: Request, backend: OllamaBacke
 async def embed(body: EmbedRequest, backend: OllamaBackendDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
-    started, model = time.monotonic_ns(), served(backend)
+    started, model = time.monotonic_ns(), served_model(backend)
     items, params = translate.embed_inputs(body, model)
     described = backend.describe()
     if described.info is not None:  # a remote model's width is the server's behind it to check
@@ -127,6 +127,6 @@ async def embed(body: EmbedRequest, backend: OllamaBackendDep) -> dict[str, Any]
 async def embeddings(body: EmbeddingsRequest, backend: OllamaBackendDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
-    items = translate.embeddings_input(body, served(backend))
+    items = translate.embeddings_input(body, served_model(backend))
     embedded = await backend.embed(items, ["prompt"], truncate=True)
     return translate.to_embeddings_response(embedded.vectors)

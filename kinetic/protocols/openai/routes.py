@@ -12,9 +12,9 @@ from fastapi.responses import Response
 from kinetic.backends.base import embeddings_off, require
 from kinetic.deps import BackendDep, RegistryDep
 from kinetic.errors import InvalidRequestError
+from kinetic.model_registry import listing
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from kinetic.router import listing
 from kinetic.streaming import respond
 
 router = APIRouter()

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from kinetic.backends.base import ModelBackend
-from kinetic.router.registry import ModelEntry, ModelRegistry
+from kinetic.model_registry.registry import ModelEntry, ModelRegistry
 
 
 def model_entry(backend: ModelBackend) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinetic.router.registry import ModelEntry, ModelRegistry
+    from kinetic.model_registry.registry import ModelEntry, ModelRegistry
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ import anyio
 from kinetic.backends.base import ModelBackend
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
-from kinetic.router.events import ModelEvents
-from kinetic.router.idle_sleep import IdleSleep
-from kinetic.router.sources import ModelSpec
+from kinetic.model_registry.events import ModelEvents
+from kinetic.model_registry.idle_sleep import IdleSleep
+from kinetic.model_registry.sources import ModelSpec
 from kinetic.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,14 @@ class ModelEntry:
         self.leases = 0  # requests that resolved this model and have not finished
         self.failure: str | None = None  # why the last load failed
         # --models-max: a load waiting for this model's room "drains" it: new requests for it wait at
-        # `open` (outside the engine) until it has been unloaded, so its key's flood cannot hold the
+        # `accepting` (outside the engine) until it has been unloaded, so its key's flood cannot hold the
         # room forever; they then load it again in their turn. Cleared while it drains.
-        self.open = asyncio.Event()
-        self.open.set()
+        self.accepting = asyncio.Event()
+        self.accepting.set()
 
     @property
     def draining(self) -> bool:
-        return not self.open.is_set()
+        return not self.accepting.is_set()
 
     @property
     def name(self) -> str:
@@ -158,7 +158,7 @@ class ModelRegistry:
         False: a sleeping model is answered as it is (llama-server's routes that bypass sleep)."""
         entry = self.resolve(name)
         while entry.draining:  # another model waits for its room: wait for the switch, then load it again
-            await entry.open.wait()
+            await entry.accepting.wait()
         entry.leases += 1
         try:
             if self.sleeper is not None and wake:
@@ -242,7 +242,7 @@ class ModelRegistry:
                 loaded = [e for e in resident if e.state is ModelState.LOADED]
                 if loaded and not any(e.draining for e in loaded):
                     victim = min(loaded, key=lambda e: e.last_used)
-                    victim.open.clear()
+                    victim.accepting.clear()
                     drained.append(victim)
                     log.info("model %s waits for model %s to finish its requests, to take its place",
                              entry.name, victim.name)
@@ -252,7 +252,7 @@ class ModelRegistry:
                 await asyncio.sleep(IDLE_POLL_S)
         finally:
             for victim in drained:
-                victim.open.set()
+                victim.accepting.set()
 
     async def unload(self, entry: ModelEntry) -> None:
         """Unloads now, busy or not: its open streams end at once with a 503 error in their protocol's

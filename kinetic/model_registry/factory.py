@@ -10,8 +10,8 @@ from kinetic.backends.local import LocalBackend
 from kinetic.engine.base import Engine
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.turns import DecodeLock
-from kinetic.router.registry import BackendFactory
-from kinetic.router.sources import ModelSpec
+from kinetic.model_registry.registry import BackendFactory
+from kinetic.model_registry.sources import ModelSpec
 from kinetic.settings import ServerSettings
 
 

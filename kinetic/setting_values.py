@@ -69,13 +69,13 @@ def read_text(path: str) -> str:
         raise ValueError(f"cannot read it ({exc})") from None
 
 
-def json_object_text(text: str) -> dict[str, Any]:
+def json_object_text(text: str, *, example: str = "") -> dict[str, Any]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
     if not isinstance(parsed, dict):
-        raise ValueError("expected a JSON object")
+        raise ValueError("expected a JSON object" + (f", like {example}" if example else ""))
     return parsed
 
 
@@ -235,12 +235,7 @@ def _idle_seconds(value: int) -> int:
 
 
 def _template_variables(value: str) -> str:
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
-    if not isinstance(parsed, dict):
-        raise ValueError("expected a JSON object, like '{\"enable_thinking\": false}'")
+    json_object_text(value, example="'{\"enable_thinking\": false}'")
     return value
 
 

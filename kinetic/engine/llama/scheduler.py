@@ -44,6 +44,7 @@ from llama_cpp import _internals
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
@@ -332,14 +333,7 @@ class Scheduler(SlotAdmission):
                                        time_ms=elapsed_ms))
 
     def _batch_add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        batch = self.batch.batch
-        i = batch.n_tokens
-        batch.token[i] = token
-        batch.pos[i] = pos
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq_id
-        batch.logits[i] = logits
-        batch.n_tokens = i + 1
+        add_token(self.batch, token, pos, seq_id, logits)
 
     def _sample(self, slot: Slot, row: int) -> None:
         job = slot.job

@@ -30,6 +30,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
+from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import logits_row
@@ -150,14 +151,7 @@ class DraftModel:
         return token, float(1.0 / np.exp(top - top.max()).sum())
 
     def _add(self, token: int, pos: int, seq: int, logits: bool) -> None:
-        batch = self.batch.batch
-        i = batch.n_tokens
-        batch.token[i] = token
-        batch.pos[i] = pos
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq
-        batch.logits[i] = logits
-        batch.n_tokens = i + 1
+        add_token(self.batch, token, pos, seq, logits)
 
     def _decode(self) -> None:
         status = llama_cpp.llama_decode(self.ctx.ctx, self.batch.batch)

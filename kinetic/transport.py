@@ -153,8 +153,10 @@ class LimitedH11Protocol(H11Protocol):
 
     # ------------------------------------------------------------ the request head
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
+    # uvicorn types the argument as BaseTransport but is always handed a Transport, and the wrapper
+    # stands in for one (it forwards what it does not change)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # see above
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]  # see above
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:

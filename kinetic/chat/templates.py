@@ -130,7 +130,7 @@ class ChatTemplate:
         if tools:
             variables["tools"] = tools
         try:
-            return self._compiled.render(**variables)  # type: ignore[attr-defined]
+            return self._compiled.render(**variables)  # type: ignore[attr-defined]  # set in __post_init__ (frozen)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"chat template error: {exc}", param="messages") from exc
         except (TypeError, AttributeError, KeyError, IndexError) as exc:

@@ -111,9 +111,10 @@ def _call_from(obj: Any, names: set[str] | None) -> ParsedCall | None:
 def _calls_from(value: Any, names: set[str] | None) -> list[ParsedCall] | None:
     items = value if isinstance(value, list) else [value]
     calls = [_call_from(item, names) for item in items]
-    if not items or any(c is None for c in calls):
+    parsed = [c for c in calls if c is not None]
+    if not items or len(parsed) != len(calls):
         return None
-    return calls  # type: ignore[return-value]
+    return parsed
 
 
 def _decode_all(text: str, separators: str = " \t\r\n;,") -> list[Any] | None:

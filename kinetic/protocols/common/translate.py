@@ -231,7 +231,7 @@ def to_message(message: ChatMessage) -> Message:
     elif isinstance(message.content, str):
         parts = (TextPart(message.content),)
     else:
-        parts = tuple(TextPart(p.text) if p.type == "text" else MediaPart(p.type)  # type: ignore[union-attr]
+        parts = tuple(TextPart(p.text) if p.type == "text" else MediaPart(p.type)  # type: ignore[union-attr]  # text parts have .text
                       for p in message.content)
     calls = tuple(ToolCall(name=c.function.name, arguments=_arguments(c.function.arguments), id=c.id)
                   for c in message.tool_calls or ())

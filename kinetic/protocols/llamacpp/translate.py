@@ -378,11 +378,10 @@ def slot_file(action: str, result: SlotFileResult, filename: str | None) -> dict
 
 def slot_filename(raw: str | None) -> str:
     """A bare file name inside --slot-save-path (llama.cpp's fs_validate_filename, in short)."""
-    bad = (not raw or len(raw.encode("utf-8")) > 255 or raw in (".", "..") or raw.startswith(".")
-           or any(c in raw for c in '/\\:*?"<>|') or any(ord(c) < 32 for c in raw))
-    if bad:
+    if (not raw or len(raw.encode("utf-8")) > 255 or raw in (".", "..") or raw.startswith(".")
+            or any(c in raw for c in '/\\:*?"<>|') or any(ord(c) < 32 for c in raw)):
         raise InvalidRequestError("Invalid filename", param="filename")
-    return raw  # type: ignore[return-value]
+    return raw
 
 
 # llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)

@@ -390,7 +390,7 @@ def embedding_inputs(req: EmbeddingRequest) -> tuple[list[PromptInput], list[str
     if isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
         items: list[PromptInput] = [raw]  # type: ignore[list-item]  # one text, or one prompt of token ids
     else:
-        items = list(raw)  # type: ignore[arg-type]
+        items = list(raw)  # type: ignore[arg-type]  # a list of texts or of token-id lists
     params = ["input"] if len(items) == 1 else [f"input[{i}]" for i in range(len(items))]
     return items, params
 

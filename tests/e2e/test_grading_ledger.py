@@ -29,7 +29,7 @@ from tests.lab_04_02_runs import (
     student_runs,
     template_style,
 )
-from tests.server import KineticServer
+from tests.server import KineticServer, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -104,6 +104,8 @@ def test_concurrent_requests_each_get_one_whole_line(classroom) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(ask, range(8))) == [200] * 8
+    # a record is written once the server has sent the response's end, which a client may read first
+    wait_until(lambda: len(read_ledger(ledger)) >= before + 8, "eight records in the ledger", timeout=10)
     new = read_ledger(ledger)[before:]
     assert len(new) == 8 and all(r["status"] == 200 for r in new)
     assert sorted(r["client"] for r in new) == sorted(names[i % len(names)] for i in range(8))

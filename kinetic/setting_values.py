@@ -205,16 +205,6 @@ def _spec_types(value: str) -> str:
     return value
 
 
-def _cpu_mask(value: str) -> str:
-    parse_cpu_mask(value)
-    return value
-
-
-def _cpu_range(value: str) -> str:
-    parse_cpu_range(value)
-    return value
-
-
 def _hf_repo(value: str) -> str:
     repo = value.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -280,8 +270,8 @@ GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]
 HfRepo = Annotated[str, AfterValidator(_hf_repo)]
 SpecTypes = Annotated[str, AfterValidator(_spec_types)]
-CpuMask = Annotated[str, AfterValidator(_cpu_mask)]
-CpuRange = Annotated[str, AfterValidator(_cpu_range)]
+CpuMask = Annotated[str, _checked(parse_cpu_mask)]
+CpuRange = Annotated[str, _checked(parse_cpu_range)]
 SlotCount = Annotated[int, AfterValidator(_slot_count)]
 IdleSeconds = Annotated[int, AfterValidator(_idle_seconds)]
 TemplateVariables = Annotated[str, AfterValidator(_template_variables)]

@@ -161,9 +161,12 @@ def test_a_long_prompt_does_not_hold_back_another_slots_stream(model_lock: None)
 # scheduler changes of issue 15 shows the same first difference on the same token (8098 vs 16976,
 # a 0.005-nat tie). So greedy text is identical until two candidates are that close, and may
 # differ from there on. These tests demand exactly that: the same tokens, or a first difference
-# where the two runs' choices are each other's runner-up by less than NEAR_TIE. Cross-talk between
-# slots (a wrong logits row, sequence or sampler) picks tokens far from this sequence's top two.
+# where, in each run, both choices are among its top candidates less than NEAR_TIE apart. A tie can
+# have three ways (clean run f: "4" -2.013, "7" -2.057 alone, and a third digit won in the batch),
+# so the candidates looked at are the top N_CANDIDATES, not two. Cross-talk between slots (a wrong
+# logits row, sequence or sampler) picks tokens far from this sequence's top candidates.
 NEAR_TIE = 0.5  # nats: twice the largest drift measured
+N_CANDIDATES = 5
 
 
 def assert_same_or_near_tie(alone: dict[str, Any], other: dict[str, Any]) -> None:
@@ -173,13 +176,14 @@ def assert_same_or_near_tie(alone: dict[str, Any], other: dict[str, Any]) -> Non
     k = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
     for run in (alone, other):
         top = run["completion_probabilities"][k]["top_logprobs"]
-        assert {t["id"] for t in top[:2]} == {a[k], b[k]}, (k, top)
-        assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, (k, top)
+        logprob = {t["id"]: t["logprob"] for t in top}
+        assert a[k] in logprob and b[k] in logprob, (k, top)
+        assert abs(logprob[a[k]] - logprob[b[k]]) < NEAR_TIE, (k, top)
 
 
 def greedy(prompt: str, **extra: Any) -> dict[str, Any]:
     return {"prompt": prompt, "n_predict": 24, "temperature": 0, "ignore_eos": True, "return_tokens": True,
-            "n_probs": 2, **extra}
+            "n_probs": N_CANDIDATES, **extra}
 
 
 # --------------------------------------------------------------------- shared prefixes

@@ -203,6 +203,7 @@ def large_body_under_limit(t: Target) -> None:
         sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[:-1])
         time.sleep(1)  # the server takes the body in; the last byte then starts seconds of tokenizing
+
         def read_big() -> Answer:
             big_answer = read_answer(sock, wait_for_close=False)
             order.append("big")

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,7 +49,8 @@ def measure_http(url: str, tokens: int) -> tuple[float, float, int, dict]:
     """(ttft seconds, decode tokens/s, tokens, server timings) streaming /v1/completions."""
     body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "cache_prompt": False}
-    stamps, timings = [], {}
+    stamps: list[float] = []
+    timings: dict[str, Any] = {}
     started = time.perf_counter()
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as response:
         for line in response.iter_lines():

@@ -285,7 +285,7 @@ def flag_row(call: str, named: dict[str, list[str]]) -> dict | None:
         negations = string_literals(ctor[1])
     elif len(ctor) == 4:
         kind = "value"  # (args, value_hint, help, string or int handler)
-        hint = (string_literals(ctor[1]) or [None])[0]
+        hint = next(iter(string_literals(ctor[1])), None)
     elif len(ctor) == 5:
         kind = "value2"  # (args, value_hint, value_hint_2, help, string-string handler)
         hint = " ".join(string_literals(ctor[1]) + string_literals(ctor[2]))

@@ -16,7 +16,7 @@ from kinetic.engine.llama.context_shift import MemoryCells, reuse_chunks
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
 from kinetic.engine.options import LongContext
-from kinetic.engine.text import TextAssembler, common_prefix
+from kinetic.engine.text import common_prefix
 from kinetic.engine.types import Event, GenerationRequest
 from kinetic.errors import ServerError
 
@@ -217,26 +217,7 @@ class SlotAdmission:
             n_common = self._reuse_state(slot, prompt)
         else:
             n_common = self._reuse_prefix(slot, prompt)
-        slot.checkpoints = self._checkpoints(job.request, n_common)
-        slot.shifted = False
-        slot.tokens = list(prompt[:n_common])
-        slot.client = job.request.client
-        slot.job = job
-        slot.prompt = list(prompt)
-        slot.to_evaluate = list(prompt[n_common:])
-        slot.n_cached = n_common
-        slot.next_token = None
-        slot.generated = []
-        slot.text_parts = []
-        slot.assembler = TextAssembler(job.request.stop)
-        slot.t_prompt_start = 0.0
-        slot.t_generation_start = 0.0
-        slot.prompt_ms = 0.0
-        slot.n_prompt_tokens_processed = len(slot.to_evaluate)
-        slot.request = job.request
-        slot.id_task = next(self._task_ids)
-        slot.drafts = []
-        slot.n_draft = slot.n_draft_accepted = 0
+        slot.begin(job, n_common, self._checkpoints(job.request, n_common), next(self._task_ids))
 
     def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
         """The step's prompt budget split evenly across the slots still reading a prompt (what one

@@ -1,4 +1,5 @@
-"""One token into a llama_batch: what the decode loop and the draft model both fill their batches with."""
+"""One token into a llama_batch: what the decode loop, the draft model and the embedding context fill their
+batches with."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
+from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.turns import DecodeLock
 from kinetic.errors import InvalidRequestError, ServerError
@@ -66,17 +67,11 @@ class EmbeddingContext:
         """Evaluates one input from an empty cache, its outputs then readable; the caller holds decode_lock."""
         if self.ctx.memory is not None:  # encoder-only models keep no cache
             llama_cpp.llama_memory_clear(self.ctx.memory, True)
-        batch = self.batch.batch
-        batch.n_tokens = 0
+        self.batch.batch.n_tokens = 0
         for pos, token in enumerate(tokens):
-            batch.token[pos] = token
-            batch.pos[pos] = pos
-            batch.n_seq_id[pos] = 1
-            batch.seq_id[pos][0] = 0
-            batch.logits[pos] = True
-        batch.n_tokens = len(tokens)
+            add_token(self.batch, token, pos, 0, True)
         start = time.perf_counter()
-        if llama_cpp.llama_decode(self.ctx.ctx, batch) != 0:
+        if llama_cpp.llama_decode(self.ctx.ctx, self.batch.batch) != 0:
             raise ServerError("llama_decode failed while computing an embedding")
         self.counters["prompt_tokens_total"] += len(tokens)
         self.counters["prompt_seconds_total"] += time.perf_counter() - start

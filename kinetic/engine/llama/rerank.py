@@ -25,8 +25,9 @@ def rerank_template(model: LoadedModel) -> str | None:
     return raw.decode("utf-8") if raw else None
 
 
-def pair_tokens(model: LoadedModel, query: str, document: str) -> list[int]:
-    template = rerank_template(model)
+def pair_tokens(model: LoadedModel, template: str | None, query: str, document: str) -> list[int]:
+    """One (query, document) pair as the model reads it: laid out by `template` (rerank_template) or, with
+    none, by the vocabulary's special tokens."""
     if template is not None:
         prompt = template.replace("{query}", query).replace("{document}", document)
         return model.tokenize(prompt, add_special=False, parse_special=True)
@@ -46,7 +47,8 @@ def pair_tokens(model: LoadedModel, query: str, document: str) -> list[int]:
 
 def rerank(context: EmbeddingContext, query: str, documents: list[str]) -> list[RankScore]:
     """One score per document, in the documents' order. Blocking; call it from a worker thread."""
-    inputs = [pair_tokens(context.model, query, document) for document in documents]
+    template = rerank_template(context.model)
+    inputs = [pair_tokens(context.model, template, query, document) for document in documents]
     for tokens in inputs:
         if len(tokens) > context.n_ctx:
             raise InvalidRequestError(f"input ({len(tokens)} tokens) is larger than the max context size "

@@ -62,7 +62,6 @@ from kinetic.engine.types import (
     PromptProgress,
     StopType,
     TextDelta,
-    Timings,
     TokenLogprob,
     Usage,
 )
@@ -399,28 +398,21 @@ class Scheduler(SlotAdmission):
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None
         slot.text_parts.append(text)
-        so_far = Timings(cache_n=slot.n_cached, prompt_n=len(slot.prompt) - slot.n_cached, prompt_ms=slot.prompt_ms,
-                         predicted_n=len(slot.generated),
-                         predicted_ms=max((time.perf_counter() - slot.t_generation_start) * 1000.0, 0.001),
-                         draft_n=slot.n_draft, draft_n_accepted=slot.n_draft_accepted)
-        self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob, timings=so_far))
+        self._emit(slot.job, TextDelta(text=text, token_id=token, logprob=logprob, timings=slot.timings()))
 
     def _finish(self, slot: Slot, reason: FinishReason, stop_type: StopType, *, truncated: bool = False) -> None:
         job = slot.job
         assert job is not None and slot.assembler is not None
-        predicted_ms = max((time.perf_counter() - slot.t_generation_start) * 1000.0, 0.001)
+        timings = slot.timings()
         n_predicted = len(slot.generated)
         n_prompt = len(slot.prompt)
-        timings = Timings(cache_n=slot.n_cached, prompt_n=n_prompt - slot.n_cached, prompt_ms=slot.prompt_ms,
-                          predicted_n=n_predicted, predicted_ms=predicted_ms, draft_n=slot.n_draft,
-                          draft_n_accepted=slot.n_draft_accepted)
         usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_predicted, cached_tokens=slot.n_cached)
         metrics = self.metrics
         metrics["prompt_tokens_total"] += timings.prompt_n
         metrics["prompt_tokens_cached_total"] += timings.cache_n
         metrics["prompt_seconds_total"] += slot.prompt_ms / 1000.0
         metrics["tokens_predicted_total"] += n_predicted
-        metrics["tokens_predicted_seconds_total"] += predicted_ms / 1000.0
+        metrics["tokens_predicted_seconds_total"] += timings.predicted_ms / 1000.0
         metrics["n_tokens_max"] = max(metrics["n_tokens_max"], n_prompt + n_predicted)
         self._emit(job, Finished(
             finish_reason=reason,

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.text import TextAssembler
-from kinetic.engine.types import Event, GenerationRequest, SlotState
+from kinetic.engine.types import Event, GenerationRequest, SlotState, Timings
 
 
 class SlotBusyError(Exception):
@@ -62,6 +63,31 @@ class Slot:
     @property
     def is_processing(self) -> bool:
         return self.job is not None
+
+    def begin(self, job: Job, n_cached: int, checkpoints: list[int], id_task: int) -> None:
+        """Takes `job`, whose prompt's first `n_cached` tokens the slot's cells already hold: every per-job
+        field starts again."""
+        request = job.request
+        self.job, self.request, self.client, self.id_task = job, request, request.client, id_task
+        self.prompt = list(request.prompt_tokens)
+        self.tokens = self.prompt[:n_cached]
+        self.to_evaluate = self.prompt[n_cached:]
+        self.n_cached = n_cached
+        self.n_prompt_tokens_processed = len(self.to_evaluate)
+        self.checkpoints = checkpoints
+        self.next_token = None
+        self.generated, self.text_parts = [], []
+        self.assembler = TextAssembler(request.stop)
+        self.shifted = False
+        self.t_prompt_start = self.t_generation_start = self.prompt_ms = 0.0
+        self.drafts, self.n_draft, self.n_draft_accepted = [], 0, 0
+
+    def timings(self) -> Timings:
+        """The job's llama-server `timings` so far: each streamed token's and, at the end, the answer's."""
+        return Timings(cache_n=self.n_cached, prompt_n=len(self.prompt) - self.n_cached, prompt_ms=self.prompt_ms,
+                       predicted_n=len(self.generated),
+                       predicted_ms=max((time.perf_counter() - self.t_generation_start) * 1000.0, 0.001),
+                       draft_n=self.n_draft, draft_n_accepted=self.n_draft_accepted)
 
     def state(self) -> SlotState:
         return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),

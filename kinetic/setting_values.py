@@ -200,11 +200,6 @@ def _tensor_overrides(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
-def _spec_types(value: str) -> str:
-    parse_spec_types(value)  # a ValueError names the unknown type
-    return value
-
-
 def _hf_repo(value: str) -> str:
     repo = value.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -212,21 +207,12 @@ def _hf_repo(value: str) -> str:
     return value
 
 
-def _slot_count(value: int) -> int:
-    if value == 0 or value < -1:
-        raise ValueError("expected -1 (auto) or a number of slots >= 1")
-    return value
-
-
-def _idle_seconds(value: int) -> int:
-    if value == 0 or value < -1:
-        raise ValueError("cannot be 0 or less than -1")  # llama-server's rule
-    return value
-
-
-def _template_variables(value: str) -> str:
-    json_object_text(value, example="'{\"enable_thinking\": false}'")
-    return value
+def _auto_or_positive(message: str) -> AfterValidator:
+    """-1 (auto, or off) or a number from 1: a count where 0 means nothing sensible."""
+    def check(value: int) -> None:
+        if value == 0 or value < -1:
+            raise ValueError(message)
+    return _checked(check)
 
 
 def _layer_range(value: str) -> str:
@@ -269,12 +255,13 @@ TensorOverrides = Annotated[Repeated, AfterValidator(_tensor_overrides)]
 GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]
 HfRepo = Annotated[str, AfterValidator(_hf_repo)]
-SpecTypes = Annotated[str, AfterValidator(_spec_types)]
+SpecTypes = Annotated[str, _checked(parse_spec_types)]  # a ValueError names the unknown type
 CpuMask = Annotated[str, _checked(parse_cpu_mask)]
 CpuRange = Annotated[str, _checked(parse_cpu_range)]
-SlotCount = Annotated[int, AfterValidator(_slot_count)]
-IdleSeconds = Annotated[int, AfterValidator(_idle_seconds)]
-TemplateVariables = Annotated[str, AfterValidator(_template_variables)]
+SlotCount = Annotated[int, _auto_or_positive("expected -1 (auto) or a number of slots >= 1")]
+IdleSeconds = Annotated[int, _auto_or_positive("cannot be 0 or less than -1")]  # llama-server's words
+TemplateVariables = Annotated[str, _checked(lambda value: json_object_text(
+    value, example="'{\"enable_thinking\": false}'"))]
 TemplateName = Annotated[str, AfterValidator(_template_name_or_jinja)]
 LayerRange = Annotated[str, AfterValidator(_layer_range)]
 DryBase = Annotated[float, AfterValidator(lambda value: value if value >= 1.0 else 1.75)]  # llama-server's rule

@@ -70,6 +70,11 @@ from kinetic.setting_values import TRUE_WORDS as TRUE_WORDS
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
+def chosen_cpus(mask: str | None, cpu_range: str | None) -> set[int]:
+    """The CPUs a -C mask and a -Cr range name together (empty: any)."""
+    return set(parse_cpu_mask(mask) if mask else ()) | set(parse_cpu_range(cpu_range) if cpu_range else ())
+
+
 def scaled_files(plain: tuple[str, ...], scaled: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     """FNAME flags (scale 1) then FNAME:SCALE flags, each a comma list: (path, scale) in the order given."""
     return tuple([(part, 1.0) for item in plain for part in item.split(",")]
@@ -388,13 +393,11 @@ class ServerSettings(BaseSettings):
 
     def cpu_params(self, *, batch: bool = False) -> CpuParams:
         """The generation pool's CPU flags, or the prompt pool's: each -batch flag not given takes the other's."""
-        cpus = set(parse_cpu_mask(self.cpu_mask) if self.cpu_mask else ()) | set(
-            parse_cpu_range(self.cpu_range) if self.cpu_range else ())
+        cpus = chosen_cpus(self.cpu_mask, self.cpu_range)
         strict, prio, poll = bool(self.cpu_strict), self.prio, self.poll
         if batch:
             if self.cpu_mask_batch or self.cpu_range_batch:
-                cpus = set(parse_cpu_mask(self.cpu_mask_batch) if self.cpu_mask_batch else ()) | set(
-                    parse_cpu_range(self.cpu_range_batch) if self.cpu_range_batch else ())
+                cpus = chosen_cpus(self.cpu_mask_batch, self.cpu_range_batch)
             strict = strict if self.cpu_strict_batch is None else bool(self.cpu_strict_batch)
             prio = prio if self.prio_batch is None else self.prio_batch
             poll = poll if self.poll_batch is None else self.poll_batch

@@ -16,11 +16,24 @@ class TextPart:
     text: str
 
 
+MediaKind = Literal["image", "audio", "video", "document"]
+
+
 @dataclass(frozen=True)
 class MediaPart:
-    """An image, audio, video or document part; the wire name says which (e.g. "image_url")."""
+    """An image, audio, video or document part.
+
+    `kind` is the wire name ("image_url", "input_audio", "input_image", "image", "images"...), for
+    messages; `modality` is what the model must read. The file is either in the request (`data`: the
+    decoded bytes of a data: URL or base64 field) or named by it (`url`: http(s):// or file://), which
+    the backend loads (kinetic/backends/media_source.py) before the chat layer sees the request.
+    `param` is the request field it came from, for a 400 naming it."""
 
     kind: str
+    modality: MediaKind = "image"
+    data: bytes | None = None
+    url: str | None = None
+    param: str = "messages"
 
 
 ContentPart = TextPart | MediaPart
@@ -175,6 +188,8 @@ class PromptRequest:
     options: GenerationOptions = field(default_factory=GenerationOptions)
     output: OutputConstraint = field(default_factory=OutputConstraint)
     param: str = "prompt"  # the field the prompt came from, for error messages
+    # llama-server's `multimodal_data`: one file per media marker in a text prompt, in order
+    media: tuple[MediaPart, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,38 @@ class ReasoningBudget:
 
 
 @dataclass(frozen=True)
+class Modalities:
+    """What a model reads besides text: its multimodal projector's (llama-server's /props `modalities`)."""
+
+    vision: bool = False
+    audio: bool = False
+
+    def reads(self, modality: str) -> bool:
+        return (modality == "image" and self.vision) or (modality == "audio" and self.audio)
+
+
+@dataclass(frozen=True, eq=False)
+class MediaSpan:
+    """One image or audio clip inside a prompt, as the projector encodes it.
+
+    `prompt_tokens[start:start + n_pos]` hold stand-ins for it: negative ids made from the file's content
+    hash (`key`), so the prompt cache compares media by content as it compares text by token, and a prefix
+    never matches into a different image. `n_pos` is how many positions it takes in the sequence (fewer than
+    `n_tokens`, the embeddings it is encoded to, on M-RoPE models); `chunk` is the engine's own handle."""
+
+    start: int
+    n_pos: int
+    n_tokens: int
+    key: str
+    modality: str
+    chunk: object
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_pos
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -90,6 +122,7 @@ class GenerationRequest:
     # hybrid and recurrent models the state there is saved (llama-server's user-message checkpoints)
     checkpoint_at: int = 0
     reasoning_budget: ReasoningBudget | None = None  # None: thinking is not limited
+    media: tuple[MediaSpan, ...] = ()  # images and audio in the prompt, in order (their stand-ins in prompt_tokens)
 
 
 @dataclass(frozen=True)

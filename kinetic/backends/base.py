@@ -21,6 +21,7 @@ from kinetic.engine.types import (
     EngineStats,
     GenerationRequest,
     ModelInfo,
+    Modalities,
     RankScore,
     SamplingParams,
     SlotFileResult,
@@ -59,6 +60,8 @@ class Description:
     # a remote model's servers: each one's URL, whether it is in rotation, its requests outstanding
     members: list[dict[str, Any]] = field(default_factory=list)
     speculative_types: tuple[str, ...] = ()  # the speculative decoding kinds its slots run ("" none)
+    modalities: Modalities = field(default_factory=Modalities)  # what its projector reads besides text
+    media_marker: str = ""  # the text that stands for one file in a raw prompt (/completion multimodal_data)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.prepare import ServerDefaults
-from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
+from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
@@ -40,6 +40,7 @@ class EngineConfig:
     verbose: bool = False
     long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
     spec: SpecOptions = field(default_factory=SpecOptions)  # speculative decoding (-md, --spec-type...)
+    projector: ProjectorOptions = field(default_factory=ProjectorOptions)  # image/audio input (-mm, -hf's mmproj)
 
 
 @dataclass(frozen=True)

@@ -207,3 +207,18 @@ class SpecOptions:
     @property
     def not_run(self) -> tuple[str, ...]:
         return tuple(t for t in self.types if t not in SPEC_TYPES_RUN)
+
+
+@dataclass(frozen=True)
+class ProjectorOptions:
+    """A model's multimodal projector (llama-server's -mm, found by -hf unless --no-mmproj) and how mtmd loads it."""
+
+    path: str | None = None  # the mmproj GGUF; None: the model reads text only
+    use_gpu: bool = True  # --mmproj-offload / --no-mmproj-offload (-mmdev none turns it off)
+    device: str | None = None  # -mmdev: the one device it runs on (None: follows --device)
+    image_min_tokens: int = -1  # --image-min-tokens (-1: the projector's own)
+    image_max_tokens: int = -1  # --image-max-tokens
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None

@@ -27,6 +27,8 @@ from kinetic.engine.types import (
     Event,
     Finished,
     GenerationRequest,
+    MediaSpan,
+    Modalities,
     ModelInfo,
     RankScore,
     SlotFileResult,
@@ -35,7 +37,7 @@ from kinetic.engine.types import (
     Timings,
     Usage,
 )
-from kinetic.errors import KineticError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.settings import ServerSettings
 from tests.server import free_port
@@ -51,6 +53,8 @@ class ScriptedEngine:
     n_slots = 1
     slot_n_ctx = 4096
     n_batch = 2048
+    modalities = Modalities()  # reads text only
+    media_marker = ""
 
     def __init__(self, script: list[Step], *, loaded: threading.Event | None = None, stall: bool = False):
         self.script = script
@@ -96,6 +100,10 @@ class ScriptedEngine:
 
     def valid_token(self, token: int) -> bool:
         return 0 <= token < 256
+
+    def tokenize_media(self, text: str, files: list[bytes],
+                       params: list[str]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        raise InvalidRequestError("the scripted engine reads text only", param=params[0] if params else "prompt")
 
     @property
     def can_generate(self) -> bool:

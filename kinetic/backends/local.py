@@ -105,7 +105,8 @@ class LocalBackend:
         return Description(name=self.name, aliases=self.aliases, info=self.info, n_ctx=self.engine.slot_n_ctx,
                            n_slots=self.engine.n_slots, template=self.chat.template if self.chat else None,
                            pooling=self.engine.embedding_pooling, fingerprint=FINGERPRINT,
-                           speculative_types=self.engine.speculative_types)
+                           speculative_types=self.engine.speculative_types, modalities=self.engine.modalities,
+                           media_marker=self.engine.media_marker)
 
     def default_sampling(self) -> SamplingParams:
         return self.config.defaults.sampling()

@@ -15,6 +15,7 @@ from kinetic.chat.callformats import rendered_calls
 from kinetic.chat.callformats.base import FoundCall
 from kinetic.chat.constraints import chat_constraints, output_grammar
 from kinetic.chat.infill import check_fim, infill_tokens
+from kinetic.chat.media import check_readable, content_with_markers, file_bytes, media_extra, media_parts, shifted
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
 from kinetic.chat.reasoning_control import preserve_variables, pure_content, reasoning_budget
 from kinetic.chat.templates import ChatTemplate
@@ -32,7 +33,7 @@ from kinetic.chat.types import (
 )
 from kinetic.engine.base import Engine
 from kinetic.engine.text import common_prefix
-from kinetic.engine.types import GenerationRequest, SamplingParams
+from kinetic.engine.types import GenerationRequest, MediaSpan, Modalities, SamplingParams
 from kinetic.errors import ContextOverflowError, InvalidRequestError, field_error
 
 # SamplingOptions fields that pass to SamplingParams under the same name when the client set them
@@ -70,19 +71,26 @@ class RenderedChat:
     prompt: str
     tokens: list[int]
     starts_in_reasoning: bool
+    media: tuple[MediaSpan, ...] = ()  # the files' stand-ins in `tokens`
+
+    @property
+    def n_tokens(self) -> int:
+        """The prompt's tokens as usage counts them (an image's embeddings, not its positions)."""
+        return len(self.tokens) + media_extra(self.media)
 
 
-def template_message(message: Message, calls_in_text: str | None = None) -> dict[str, Any]:
-    """A message as chat templates read it: text parts joined, tool-call arguments as objects.
+def template_message(message: Message, calls_in_text: str | None = None, *,
+                     modalities: Modalities = Modalities(), marker: str = "") -> dict[str, Any]:  # noqa: B008  frozen
+    """A message as chat templates read it: text parts joined, each file as `marker`, tool-call arguments as
+    objects. A file the model cannot read (any, without a projector: `modalities`) is a 400.
 
     `calls_in_text` names the call format to write an assistant's calls in, after its text, for a
     template that does not render `tool_calls` (LFM's): otherwise the model would not see its call."""
-    media = [part.kind for part in message.parts or () if isinstance(part, MediaPart)]
-    if media:
-        raise InvalidRequestError(f"{media[0]} input is not supported: this model reads text only", param="messages")
+    check_readable(message.parts or (), modalities)
     data: dict[str, Any] = {**message.extra, "role": message.role}
     if message.parts is not None:
-        data["content"] = message.text
+        has_media = any(isinstance(part, MediaPart) for part in message.parts)
+        data["content"] = content_with_markers(message.parts, marker) if has_media else message.text
     elif message.tool_calls:
         # a call turn's text is "", not missing: QwQ's template reads it (llama-server's requires_non_null_content)
         data["content"] = ""
@@ -153,8 +161,8 @@ class ChatLayer:
                 prompt, starts_in_reasoning = close_reasoning(prompt), False
         else:
             prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
-        return RenderedChat(prompt=prompt, tokens=self.tokenize_prompt(prompt),
-                            starts_in_reasoning=starts_in_reasoning)
+        tokens, media = self.tokenize_chat(prompt, messages)
+        return RenderedChat(prompt=prompt, tokens=tokens, starts_in_reasoning=starts_in_reasoning, media=media)
 
     def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], *,
                            tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any] | None) -> int:
@@ -169,11 +177,11 @@ class ChatLayer:
                                            tools=tools, kwargs=self.template_variables(template_kwargs))
         except Exception:  # a template may refuse a conversation that does not end with a user turn
             return 0
-        return common_prefix(self.tokenize_prompt(earlier), tokens)
+        return common_prefix(self.tokenize_chat(earlier, messages[:-1])[0], tokens)
 
     def template_message(self, message: Message) -> dict[str, Any]:
         inline = None if self.template.renders_tool_calls else self.template.call_format
-        return template_message(message, inline)
+        return template_message(message, inline, modalities=self.engine.modalities, marker=self.engine.media_marker)
 
     def template_variables(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The server's --chat-template-kwargs under the request's, and `enable_thinking` always set, as
@@ -220,7 +228,7 @@ class ChatLayer:
         <think> tags gets the message's reasoning inside them, closed unless the reasoning is continued."""
         head = [self.template_message(m) for m in messages[:-1]]
         last = messages[-1]
-        template_message(last)  # refuses media as any message does
+        self.template_message(last)  # refuses what the model cannot read, as any message does
         prompt = self.template.render(head, add_generation_prompt=False, tools=tools, kwargs=kwargs)
         assistant_start = self.template.generation_prompt(head, tools=tools, kwargs=kwargs)
         in_reasoning = False
@@ -244,6 +252,24 @@ class ChatLayer:
         if info.add_bos and info.bos_id >= 0 and (not tokens or tokens[0] != info.bos_id):
             tokens.insert(0, info.bos_id)
         return tokens
+
+    def tokenize_chat(self, prompt: str, messages: tuple[Message, ...]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        """A rendered conversation's tokens, with its files' stand-ins when it has any."""
+        files = media_parts(messages)
+        if not files:
+            return self.tokenize_prompt(prompt), ()
+        return self.tokenize_with_media(prompt, files)
+
+    def tokenize_with_media(self, prompt: str, files: list[MediaPart]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        """tokenize_prompt for a text holding one media marker per file: the BOS rule, then the files' spans."""
+        check_readable(files, self.engine.modalities)
+        data, params = file_bytes(files)
+        tokens, media = self.engine.tokenize_media(prompt, data, params)
+        info = self.engine.require_ready()
+        if info.add_bos and info.bos_id >= 0 and (not tokens or tokens[0] != info.bos_id):
+            tokens.insert(0, info.bos_id)
+            media = shifted(media, 1)
+        return tokens, media
 
     def prompt_tokens(self, prompt: PromptInput, param: str = "prompt") -> list[int]:
         if isinstance(prompt, str):
@@ -277,7 +303,8 @@ class ChatLayer:
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,
                                constrained=constraints.grammar is not None)
-        engine_request = self.engine_request(rendered.tokens, req.options, constraints.grammar)
+        engine_request = self.with_media(self.engine_request(rendered.tokens, req.options, constraints.grammar),
+                                         rendered.tokens, rendered.media)
         shared = self.last_message_start(req.messages, rendered.tokens, tools=constraints.tools,
                                          template_kwargs=req.template_kwargs)
         if shared:
@@ -288,7 +315,7 @@ class ChatLayer:
                                   starts_inside=rendered.starts_in_reasoning,
                                   constrained=constraints.grammar is not None)
         engine_request = replace(engine_request, reasoning_budget=budget)
-        prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=len(rendered.tokens),
+        prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=rendered.n_tokens,
                                 starts_in_reasoning=rendered.starts_in_reasoning,
                                 reasoning_format="none" if self.defaults.skip_chat_parsing
                                 else req.reasoning_format or self.defaults.reasoning_format,
@@ -298,8 +325,31 @@ class ChatLayer:
         return engine_request, prepared
 
     def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+        if req.media:
+            return self.prepare_media_prompt(req)
         tokens = self.prompt_tokens(req.prompt, req.param)
         return self.engine_request(tokens, req.options, output_grammar(req.output))
+
+    def prepare_media_prompt(self, req: PromptRequest) -> GenerationRequest:
+        """A text prompt with files (/completion's multimodal_data, a raw Ollama generate with images): each file
+        where its marker stands, or all of them first when the prompt holds no marker (Ollama's clients send
+        none)."""
+        if not isinstance(req.prompt, str):
+            raise InvalidRequestError("a prompt with multimodal data must be text", param=req.param)
+        marker = self.engine.media_marker
+        if not marker:
+            raise InvalidRequestError("Multimodal data provided, but model does not support multimodal requests.",
+                                      param=req.media[0].param)
+        prompt = req.prompt if marker in req.prompt else marker * len(req.media) + req.prompt
+        tokens, media = self.tokenize_with_media(prompt, list(req.media))
+        return self.with_media(self.engine_request(tokens, req.options, output_grammar(req.output)), tokens, media)
+
+    @staticmethod
+    def with_media(request: GenerationRequest, tokens: list[int], media: tuple[MediaSpan, ...]) -> GenerationRequest:
+        """`request` made from `tokens`, given their media (moved past what engine_request put before them)."""
+        if not media:
+            return request
+        return replace(request, media=shifted(media, len(request.prompt_tokens) - len(tokens)))
 
     def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
         info = self.engine.require_ready()

@@ -15,6 +15,8 @@ from kinetic.engine.types import (
     Event,
     Finished,
     GenerationRequest,
+    MediaSpan,
+    Modalities,
     ModelInfo,
     RankScore,
     SlotFileResult,
@@ -112,6 +114,20 @@ class Engine(Tokenizer, Protocol):
         """Several requests of one client call (a list of prompts, n_cmpl), started together where the
         engine can (the llama engine: same decode step, so the same arithmetic for the same prompt).
         Either all are queued or none."""
+
+    # media (a multimodal projector)
+    @property
+    def modalities(self) -> Modalities:
+        """What the model reads besides text (nothing without a projector)."""
+
+    @property
+    def media_marker(self) -> str:
+        """The text that stands for one file in a prompt given to tokenize_media ("" without a projector)."""
+
+    def tokenize_media(self, text: str, files: list[bytes],
+                       params: list[str]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        """`text` with one media_marker per file, as tokens with each file's stand-ins, and the files' spans;
+        a file the projector cannot read is a 400 naming its field in `params`."""
 
     # embeddings
     @property

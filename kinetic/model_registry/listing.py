@@ -26,7 +26,17 @@ def model_entry(backend: ModelBackend) -> dict[str, Any]:
         body["meta"] = {"vocab_type": info.vocab_type, "n_vocab": info.n_vocab, "n_ctx": described.n_ctx,
                         "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
                         "size": info.size, "ftype": info.ftype}
+    # llama-server's: clients check it before they send media
+    multimodal = described.modalities.vision or described.modalities.audio
+    body["capabilities"] = ["completion", "multimodal"] if multimodal else ["completion"]
     return body
+
+
+def input_modalities(backend: ModelBackend | None) -> list[str]:
+    modalities = backend.describe().modalities if backend is not None and backend.ready else None
+    if modalities is None:
+        return ["text"]
+    return ["text"] + ["image"] * modalities.vision + ["audio"] * modalities.audio
 
 
 def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
@@ -48,7 +58,8 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     if entry.failure:
         status.update(failed=True, message=entry.failure)
     body["status"] = status
-    body["architecture"] = {"input_modalities": ["text"], "output_modalities": output_modalities(entry)}
+    body["architecture"] = {"input_modalities": input_modalities(backend),
+                            "output_modalities": output_modalities(entry)}
     body["source"] = spec.source
     body["can_remove"] = False
     if spec.remote:

@@ -17,7 +17,7 @@ from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
 from kinetic.engine.options import LongContext
 from kinetic.engine.text import common_prefix
-from kinetic.engine.types import Event, GenerationRequest
+from kinetic.engine.types import Event, GenerationRequest, MediaSpan
 from kinetic.errors import ServerError
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,14 @@ MIN_SHARED_PREFIX = 16
 # A checkpoint this many tokens before a prompt's end (llama-server's offset): a prompt sent again, or a
 # chat's next turn whose template renders the last answer otherwise, restores it.
 CHECKPOINT_END_OFFSET = 4
+
+
+def media_floor(media: tuple[MediaSpan, ...], n: int) -> int:
+    """`n` moved back to the start of an image it falls inside: cells hold a whole image or none of it."""
+    for span in media:
+        if span.start < n < span.end:
+            return span.start
+    return n
 
 
 class SlotAdmission:
@@ -97,21 +105,22 @@ class SlotAdmission:
         n = common_prefix(tokens, prompt)
         return n if not self.exact_states or n == len(tokens) else 0
 
-    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+    def _reuse_prefix(self, slot: Slot, prompt: list[int], media: tuple[MediaSpan, ...] = ()) -> int:
         """How many prompt tokens `slot` need not evaluate: its own cached prefix, a longer one copied
         from another slot's cells (also while that slot is still generating), or one restored from the
         host-memory cache. The slot's old cells are saved there first when a real prefix is dropped."""
         # The last prompt token is always evaluated again: its logits give the first sample.
         limit = len(prompt) - 1
-        n_own = min(common_prefix(slot.tokens, prompt), limit)
+        n_own = media_floor(media, min(common_prefix(slot.tokens, prompt), limit))
         memory = self.ctx.memory
         source, n_source = None, n_own
         if self.share_prefixes:
             for other in self.slots:
-                n = min(common_prefix(other.tokens, prompt), limit) if other is not slot else 0
+                n = media_floor(media, min(common_prefix(other.tokens, prompt), limit)) if other is not slot else 0
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
         saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        n_saved = media_floor(media, n_saved)
         if self.long_context.cache_idle_slots and len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # about to go
             self.host_cache.save(slot.id, slot.tokens)
         if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
@@ -164,8 +173,9 @@ class SlotAdmission:
             return []
         prompt = request.prompt_tokens
         seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
-        positions = {len(prompt) - CHECKPOINT_END_OFFSET, min(seen, len(prompt) - 1),
-                     min(request.checkpoint_at, len(prompt) - 1)}
+        positions = {media_floor(request.media, p) for p in (len(prompt) - CHECKPOINT_END_OFFSET,
+                                                              min(seen, len(prompt) - 1),
+                                                              min(request.checkpoint_at, len(prompt) - 1))}
         return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
 
     def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
@@ -216,7 +226,7 @@ class SlotAdmission:
         elif self.exact_states:
             n_common = self._reuse_state(slot, prompt)
         else:
-            n_common = self._reuse_prefix(slot, prompt)
+            n_common = self._reuse_prefix(slot, prompt, job.request.media)
         slot.begin(job, n_common, self._checkpoints(job.request, n_common), next(self._task_ids))
 
     def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
@@ -228,8 +238,10 @@ class SlotAdmission:
         self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
         reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
         # a slot's batch ends at its next checkpoint: the state is saved after the decode
-        room = {s.id: min(len(s.to_evaluate), s.checkpoints[0] - len(s.tokens)) if s.checkpoints
-                else len(s.to_evaluate) for s in reading}
+        # ... and before its next image: the media are evaluated apart (Scheduler._evaluate_media)
+        room = {s.id: min(len(s.to_evaluate), s.room_to_media(),
+                          s.checkpoints[0] - len(s.tokens) if s.checkpoints else len(s.to_evaluate))
+                for s in reading}
         shares = {s.id: 0 for s in reading}
         open_slots = list(reading)
         while budget > 0 and open_slots:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,14 +19,25 @@ from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
+from kinetic.engine.llama.media import MEDIA_MARKER, Projector
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
+from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, RankScore, SlotFileResult, SlotState
+from kinetic.engine.types import (
+    EngineStats,
+    Event,
+    GenerationRequest,
+    MediaSpan,
+    Modalities,
+    ModelInfo,
+    RankScore,
+    SlotFileResult,
+    SlotState,
+)
 from kinetic.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -43,6 +55,8 @@ AUTO_SLOTS = 16
 DEFAULT_BATCH = 2048  # llama-server's -b
 DEFAULT_UBATCH = 512  # llama-server's -ub
 SLOT_POLL_S = 0.05  # how often a slot action looks again at a busy slot
+
+log = logging.getLogger(__name__)
 
 
 def default_threads() -> int:
@@ -62,6 +76,19 @@ def is_embedding_only(model: LoadedModel) -> bool:
     info = model.info
     causal = info.metadata.get(f"{info.architecture}.attention.causal")
     return info.architecture in ENCODER_ARCHITECTURES or str(causal).lower() == "false"
+
+
+def text_tokens(request: GenerationRequest) -> list[int]:
+    """The prompt without its media stand-ins."""
+    if not request.media:
+        return request.prompt_tokens
+    tokens = request.prompt_tokens
+    kept: list[int] = []
+    start = 0
+    for span in request.media:
+        kept += tokens[start:span.start]
+        start = span.end
+    return kept + tokens[start:]
 
 
 class LlamaEngine:
@@ -88,6 +115,7 @@ class LlamaEngine:
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
         long_context: LongContext = LongContext(),  # noqa: B008  frozen dataclass: a shared default is safe
+        projector: ProjectorOptions = ProjectorOptions(),  # noqa: B008  frozen too
     ):
         self.model_path = model_path
         self.requested_ctx = n_ctx
@@ -106,10 +134,13 @@ class LlamaEngine:
         self.ctx_checkpoints = ctx_checkpoints
         self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
         self.pooling = pooling  # None: the model's own (mean when it declares none)
+        self.projector = projector  # -mm, or the mmproj -hf found: image and audio input (media.py)
+        self._projector: Projector | None = None
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded until woken, its description kept
         self.sleeping = False
         self._asleep: tuple[ModelInfo, EngineStats] | None = None
+        self._asleep_modalities = Modalities()
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
         self.verbose = verbose
@@ -134,6 +165,12 @@ class LlamaEngine:
         if is_embedding_only(model):
             self._load_embedding_only(model)
             return
+        projector = Projector(model, self.projector, self.n_threads) if self.projector.enabled else None
+        long_context = self.long_context
+        if projector is not None and (long_context.context_shift or long_context.cache_reuse):
+            # shifting or moving cells would split an image's embeddings: llama-server turns both off too
+            log.warning("--context-shift and --cache-reuse are not supported with a multimodal projector: both off")
+            long_context = replace(long_context, context_shift=False, cache_reuse=0)
         total_ctx = self.requested_ctx if self.requested_ctx > 0 else model.info.n_ctx_train
         if self.requested_ctx <= 0 and self.long_context.slot_limit > 0:  # --kv-unified-per-slot sizes the pool
             total_ctx = self.n_slots * self.long_context.slot_limit
@@ -143,7 +180,7 @@ class LlamaEngine:
                                   decode_lock=self._decode_lock, fair=self.fair_share,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
                                   ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight,
-                                  long_context=self.long_context, spec=self.spec)
+                                  long_context=long_context, spec=self.spec, projector=projector)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
@@ -156,6 +193,7 @@ class LlamaEngine:
                 raise
         _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
+        self._projector = projector
         self.slot_n_ctx = scheduler.slot_n_ctx
         self._scheduler = scheduler
 
@@ -180,11 +218,13 @@ class LlamaEngine:
         self._scheduler = None
         self._embeddings = None
         self._model = None
+        self._projector = None
 
     def sleep(self) -> None:
         """Blocking: frees the weights and contexts of an idle model; /props, /v1/models and /metrics still
         describe it (as llama-server's cached answers do) until wake() loads it again."""
         self._asleep = (self._require_model().info, self.stats())
+        self._asleep_modalities = self.modalities
         self.sleeping = True
         self.close()
         # some of the Python objects that own llama.cpp's contexts and weights sit in reference cycles: without a
@@ -219,6 +259,28 @@ class LlamaEngine:
 
     def valid_token(self, token: int) -> bool:
         return self._require_model().valid_token(token)
+
+    # ---------------------------------------------------------------- media
+
+    @property
+    def modalities(self) -> Modalities:
+        """What the loaded projector reads (while asleep: what it read)."""
+        if self._projector is not None:
+            return self._projector.modalities
+        return self._asleep_modalities if self.sleeping else Modalities()
+
+    @property
+    def media_marker(self) -> str:
+        return MEDIA_MARKER if self.projector.enabled else ""
+
+    def tokenize_media(self, text: str, files: list[bytes],
+                       params: list[str]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        """A prompt holding one media_marker per file: its tokens, each file's stand-ins among them."""
+        self._require_model()
+        if self._projector is None:
+            raise InvalidRequestError("Multimodal data provided, but model does not support multimodal requests.",
+                                      param=params[0] if params else "prompt")
+        return self._projector.tokenize(text, files, params)
 
     # ---------------------------------------------------------------- generation
 
@@ -264,14 +326,17 @@ class LlamaEngine:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if n_prompt >= self.slot_n_ctx:
             raise ContextOverflowError(n_prompt, self.slot_n_ctx)
-        if any(not model.valid_token(t) for t in request.prompt_tokens):
+        if any(not model.valid_token(t) for t in text_tokens(request)):
             raise InvalidRequestError("Prompt contains invalid tokens", param="prompt")
+        if request.media and request.media[-1].end >= n_prompt:
+            # its first sample would come from an embedding row; every projector closes media with a text token
+            raise InvalidRequestError("the prompt must not end with an image or audio clip", param="prompt")
         if request.id_slot >= 0:
             request = replace(request, id_slot=request.id_slot % self.n_slots)
         # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
         budget = request.reasoning_budget  # --reasoning-budget: a sampler that forces the end of thinking
         make = Sampler if budget is None else partial(BudgetedSampler, budget=budget)
-        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, request.prompt_tokens)
+        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens(request))
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue)
 

@@ -149,7 +149,8 @@ class LoadedModel:
         return buffer.raw[:n]
 
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
-        return b"".join(self.token_piece(t, special=special) for t in tokens).decode("utf-8", "replace")
+        # negative ids stand for media (media.py): they have no text
+        return b"".join(self.token_piece(t, special=special) for t in tokens if t >= 0).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog_set

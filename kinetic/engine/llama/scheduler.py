@@ -48,6 +48,7 @@ from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
+from kinetic.engine.llama.media import Projector
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import GrammarDeadEnd, token_logprob
@@ -91,8 +92,9 @@ class Scheduler(SlotAdmission):
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
                  ctx_checkpoints: int = 32, in_flight: InFlight | None = None,
                  long_context: LongContext = LongContext(),  # noqa: B008  frozen: a shared default is safe
-                 spec: SpecOptions | None = None):
+                 spec: SpecOptions | None = None, projector: Projector | None = None):
         self.model = model
+        self.projector = projector  # image and audio input: each span is evaluated on its own (_evaluate_media)
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
         self.ctx = model.new_context(params)
@@ -260,6 +262,8 @@ class Scheduler(SlotAdmission):
         for slot in self.slots:
             if slot.job is not None and slot.job.cancelled:
                 self._release(slot)
+            elif slot.job is not None and slot.to_evaluate and slot.media:
+                self._evaluate_media(slot)
         batch = self.batch.batch
         batch.n_tokens = 0
         sample_rows = self._add_generating()
@@ -301,6 +305,29 @@ class Scheduler(SlotAdmission):
             elif slot.job is not None:
                 self._sample(slot, row)
 
+    def _evaluate_media(self, slot: Slot) -> None:
+        """Every image or clip the slot's prompt has reached, before this step's batch: mtmd encodes it and decodes
+        its embeddings in batches of their own (non-causal where the model wants it), so it cannot share one."""
+        assert slot.job is not None and self.projector is not None
+        while slot.to_evaluate and (span := slot.media.get(len(slot.tokens))) is not None:
+            if not slot.t_prompt_start:
+                slot.t_prompt_start = time.perf_counter()
+                self._progress(slot, start=True)
+            try:
+                self.projector.evaluate(self.ctx, span, slot.id, self.n_batch)
+            except RuntimeError as exc:
+                log.exception("evaluating media on slot %d failed", slot.id)
+                self._emit(slot.job, ServerError(f"generation failed: {exc}"))
+                self._forget_cache(slot)
+                self._release(slot)
+                return
+            slot.tokens += slot.to_evaluate[:span.n_pos]
+            slot.to_evaluate = slot.to_evaluate[span.n_pos:]
+            if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
+                slot.checkpoints.pop(0)
+                self.host_cache.save(slot.id, slot.tokens)
+            self._progress(slot)
+
     def _trim(self, seq: int, n: int) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq, n, -1))
 
@@ -308,8 +335,10 @@ class Scheduler(SlotAdmission):
         """Puts each generating slot's last sampled token in the batch, and after it the slot's draft when it
         speculates (speculative.py); the rows to sample from."""
         generating = [s for s in self.slots if s.job is not None and s.next_token is not None]
-        drafts = self.speculator.drafts_for(generating, slot_n_ctx=self.slot_n_ctx, n_batch=self.n_batch) \
-            if self.speculator is not None else {}
+        # a prompt with media is not drafted from: its stand-ins are no tokens a draft could propose or a draft
+        # model read (llama-server runs no speculation with a projector at all)
+        drafts = self.speculator.drafts_for([s for s in generating if not s.media], slot_n_ctx=self.slot_n_ctx,
+                                            n_batch=self.n_batch) if self.speculator is not None else {}
         rows: list[tuple[Slot, int]] = []
         for slot in generating:
             assert slot.next_token is not None
@@ -406,7 +435,8 @@ class Scheduler(SlotAdmission):
         timings = slot.timings()
         n_predicted = len(slot.generated)
         n_prompt = len(slot.prompt)
-        usage = Usage(prompt_tokens=n_prompt, completion_tokens=n_predicted, cached_tokens=slot.n_cached)
+        usage = Usage(prompt_tokens=timings.cache_n + timings.prompt_n, completion_tokens=n_predicted,
+                      cached_tokens=timings.cache_n)
         metrics = self.metrics
         metrics["prompt_tokens_total"] += timings.prompt_n
         metrics["prompt_tokens_cached_total"] += timings.cache_n
@@ -438,6 +468,7 @@ class Scheduler(SlotAdmission):
         slot.next_token = None
         slot.to_evaluate = []
         slot.checkpoints = []
+        slot.media = {}  # what the cells hold stays keyed by the stand-ins; the encoded chunks can go
         slot.last_used = next(self._use_counter)
         # Tokens queued for this slot but never decoded are not in the cache: forget them.
         if not llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, len(slot.tokens), -1):

@@ -55,6 +55,10 @@ def unpack(packed: list[int]) -> list[int]:
 
 def save(scheduler: Scheduler, slot: Slot, path: Path) -> SlotFileResult:
     start = time.perf_counter()
+    if any(token < 0 for token in slot.tokens):
+        # llama-server writes the encoded media into the file too; kinetic's stand-ins are no such record
+        raise InvalidRequestError("this slot holds an image or audio clip, which a slot file cannot carry: erase "
+                                  "the slot, or save it after a text-only request", param="id_slot")
     path.parent.mkdir(parents=True, exist_ok=True)  # llama-server creates --slot-save-path too
     packed = pack(slot.tokens)
     tokens = (llama_cpp.llama_token * len(packed))(*packed)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.text import TextAssembler
-from kinetic.engine.types import Event, GenerationRequest, SlotState, Timings
+from kinetic.engine.types import Event, GenerationRequest, MediaSpan, SlotState, Timings
 
 
 class SlotBusyError(Exception):
@@ -59,6 +59,7 @@ class Slot:
     drafts: list[int] = field(default_factory=list)
     n_draft: int = 0
     n_draft_accepted: int = 0
+    media: dict[int, MediaSpan] = field(default_factory=dict)  # the job's images and clips by first position
 
     @property
     def is_processing(self) -> bool:
@@ -81,10 +82,23 @@ class Slot:
         self.shifted = False
         self.t_prompt_start = self.t_generation_start = self.prompt_ms = 0.0
         self.drafts, self.n_draft, self.n_draft_accepted = [], 0, 0
+        self.media = {span.start: span for span in request.media}
+
+    def room_to_media(self) -> int:
+        """Prompt tokens before the next image or clip still to evaluate (all of them when none is left)."""
+        here = len(self.tokens)
+        return min((start - here for start in self.media if start >= here), default=len(self.to_evaluate))
+
+    def media_extra(self, upto: int) -> int:
+        """Embeddings beyond positions in the media before `upto`: an image on an M-RoPE model takes fewer
+        positions (its stand-ins in the token list) than the embeddings it counts as in usage."""
+        return sum(span.n_tokens - span.n_pos for span in self.media.values() if span.end <= upto)
 
     def timings(self) -> Timings:
         """The job's llama-server `timings` so far: each streamed token's and, at the end, the answer's."""
-        return Timings(cache_n=self.n_cached, prompt_n=len(self.prompt) - self.n_cached, prompt_ms=self.prompt_ms,
+        cached = self.n_cached + self.media_extra(self.n_cached)
+        prompt = len(self.prompt) + self.media_extra(len(self.prompt))
+        return Timings(cache_n=cached, prompt_n=prompt - cached, prompt_ms=self.prompt_ms,
                        predicted_n=len(self.generated),
                        predicted_ms=max((time.perf_counter() - self.t_generation_start) * 1000.0, 0.001),
                        draft_n=self.n_draft, draft_n_accepted=self.n_draft_accepted)

@@ -65,7 +65,8 @@ def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
         template_source=template.source if template else "", template_origin=template.origin if template else "",
         build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
         endpoint_metrics=switches.metrics, ui_settings=switches.ui_settings, llama_params=switches.llama_params,
-        is_sleeping=backend.sleeping, speculative_types=described.speculative_types)
+        is_sleeping=backend.sleeping, speculative_types=described.speculative_types,
+        modalities=described.modalities, media_marker=described.media_marker)
 
 
 @router.post("/models/load")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetic.chat.types import GenerationOptions, OutputConstraint, PromptInput, PromptRequest
@@ -15,6 +15,7 @@ from kinetic.engine.types import (
     Event,
     Finished,
     GenerationRequest,
+    Modalities,
     ModelInfo,
     PromptProgress,
     SamplingParams,
@@ -293,6 +294,8 @@ class ServedState:
     llama_params: dict[str, Any]
     is_sleeping: bool = False  # --sleep-idle-seconds
     speculative_types: tuple[str, ...] = ()
+    modalities: Modalities = field(default_factory=Modalities)  # what the model's projector reads
+    media_marker: str = ""
 
 
 def props(state: ServedState) -> dict[str, Any]:
@@ -308,7 +311,8 @@ def props(state: ServedState) -> dict[str, Any]:
         "model_path": str(info.path),
         # kinetic's: which cache paths apply (docs/models.md); llama-server has no such field
         "memory_kind": info.memory_kind,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": state.modalities.vision, "video": False, "audio": state.modalities.audio},
+        **({"media_marker": state.media_marker} if state.media_marker else {}),
         "endpoint_slots": state.endpoint_slots,
         "endpoint_props": state.endpoint_props,
         "endpoint_metrics": state.endpoint_metrics,

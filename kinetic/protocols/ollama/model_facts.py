@@ -43,6 +43,7 @@ class ServedModel:
     n_ctx: int  # one slot's context, the most a request can use
     embeddings: bool = False
     generates: bool = True  # False: an embedding-only model (router mode)
+    vision: bool = False  # its projector reads images (Ollama's "vision" capability)
 
 
 class ModelFile(Protocol):
@@ -96,6 +97,8 @@ def capabilities(served: ServedModel) -> list[str]:
     found = ["completion", "tools"]
     if served.thinks:
         found.append("thinking")
+    if served.vision:
+        found.append("vision")
     if served.embeddings:
         found.append("embedding")
     return found

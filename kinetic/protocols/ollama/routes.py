@@ -33,7 +33,8 @@ def served_model(backend: ModelBackend) -> translate.ServedModel:
     template = described.template
     return translate.ServedModel(name=described.name, aliases=described.aliases,
                                  thinks=template is not None and template.thinks, n_ctx=described.n_ctx,
-                                 embeddings=capabilities.embeddings, generates=capabilities.generate)
+                                 embeddings=capabilities.embeddings, generates=capabilities.generate,
+                                 vision=described.modalities.vision)
 
 
 def loaded(entry: ModelEntry) -> ModelBackend | None:

@@ -5,7 +5,8 @@
 
 const $ = (id) => document.getElementById(id);
 const keyStore = kinetic.keyStore("kinetic.apiKey");
-const state = { model: "", messages: [], controller: null };
+// `images`: data: URLs attached to the next message (the model's projector reads them)
+const state = { model: "", messages: [], controller: null, images: [] };
 
 function setStatus(text) {
   $("status").textContent = text;
@@ -50,16 +51,26 @@ async function loadProps() {
     state.model = props.model_alias || "";
     $("model").textContent = state.model;
     $("ctx").textContent = `n_ctx ${props.default_generation_settings?.n_ctx ?? "?"}`;
+    $("attach").hidden = !props.modalities?.vision; // only a model with a projector reads images
   }
   setStatus("ready");
   $("send").disabled = false;
 }
 
-function addTurn(role, text) {
+function thumbnail(url) {
+  const img = document.createElement("img");
+  img.src = url;
+  img.className = "thumb";
+  img.alt = "attached image";
+  return img;
+}
+
+function addTurn(role, text, images = []) {
   const turn = document.createElement("article");
   turn.className = `turn ${role}`;
   if (role === "user") {
     turn.textContent = text;
+    if (images.length) turn.append(document.createElement("br"), ...images.map(thumbnail));
   } else {
     turn.innerHTML = '<details class="reasoning" hidden><summary>thinking</summary><pre></pre></details>' +
       '<div class="content"></div><div class="stats"></div>';
@@ -124,17 +135,45 @@ async function readEvents(res, onChunk) {
   }
 }
 
+// The message as OpenAI's content parts when images are attached, plain text otherwise.
+function userContent(text, images) {
+  if (!images.length) return text;
+  return [{ type: "text", text }, ...images.map((url) => ({ type: "image_url", image_url: { url } }))];
+}
+
+function showAttachments() {
+  const box = $("attachments");
+  box.replaceChildren(...state.images.map(thumbnail));
+  box.hidden = state.images.length === 0;
+}
+
+async function attach(files) {
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) continue;
+    state.images.push(await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    }));
+  }
+  showAttachments();
+}
+
 async function send(text) {
   let body;
+  const images = state.images;
   try {
-    state.messages.push({ role: "user", content: text });
+    state.messages.push({ role: "user", content: userContent(text, images) });
     body = requestBody();
   } catch (error) {
     state.messages.pop();
     setStatus(String(error.message ?? error));
     return;
   }
-  addTurn("user", text);
+  state.images = [];
+  showAttachments();
+  addTurn("user", text, images);
   const turn = addTurn("assistant");
   const content = turn.querySelector(".content");
   const reasoningBox = turn.querySelector(".reasoning");
@@ -211,7 +250,7 @@ async function send(text) {
 $("chat-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("message").value.trim();
-  if (!text || state.controller) return;
+  if ((!text && !state.images.length) || state.controller) return;
   $("message").value = "";
   send(text);
 });
@@ -223,12 +262,27 @@ $("message").addEventListener("keydown", (event) => {
   }
 });
 
+$("image-input").addEventListener("change", (event) => {
+  attach([...event.target.files]).catch((error) => setStatus(String(error.message ?? error)));
+  event.target.value = "";
+});
+
+// A screenshot pasted into the message box is attached, as chat apps do.
+$("message").addEventListener("paste", (event) => {
+  const files = [...(event.clipboardData?.files ?? [])].filter((f) => f.type.startsWith("image/"));
+  if (!files.length) return;
+  event.preventDefault();
+  attach(files).catch((error) => setStatus(String(error.message ?? error)));
+});
+
 // Aborting the fetch closes the connection; the server sees the disconnect and frees the slot.
 $("stop").addEventListener("click", () => state.controller?.abort());
 
 $("new-chat").addEventListener("click", () => {
   state.controller?.abort();
   state.messages = [];
+  state.images = [];
+  showAttachments();
   $("log").replaceChildren();
 });
 

@@ -23,7 +23,7 @@ from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.options import LlamaOptions, LongContext, SpecOptions
+from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import EngineStats, Event, GenerationRequest, ModelInfo, RankScore, SlotFileResult, SlotState
 from kinetic.errors import (
@@ -88,12 +88,14 @@ class LlamaEngine:
         decode_lock: DecodeLock | None = None,
         in_flight: InFlight | None = None,
         long_context: LongContext = LongContext(),  # noqa: B008  frozen dataclass: a shared default is safe
+        projector: ProjectorOptions = ProjectorOptions(),  # noqa: B008  frozen too
     ):
         self.model_path = model_path
         self.requested_ctx = n_ctx
         self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
         self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
         self.spec = spec  # speculative decoding (-md, --spec-type...): speculative.py
+        self.projector = projector  # the multimodal projector (-mm, -hf's mmproj); its path None: text only
         self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
         self.n_threads = default_threads() if n_threads <= 0 else n_threads
         self.n_batch = n_batch

@@ -19,6 +19,7 @@ from kinetic.model_registry.sources import ModelSpec, model_specs, read_preset
 from kinetic.models import best_mmproj, best_sibling, quant_bits, quant_tag, resolve_hf, resolve_model
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings
+from tests.fake_hub import FakeHub
 
 GGUF = b"GGUF" + b"\0" * 16
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -109,6 +110,27 @@ def test_hf_projector_reaches_projector_options(hub: Path, tmp_path: Path) -> No
     own = gguf(tmp_path, "own-mmproj.gguf")
     settings = parse_serve_args(["-hf", "test-org/vision-GGUF", "--offline", "-mm", str(own)], environ={})
     assert files_of(spec, settings)[1] == str(own)
+
+
+def test_hf_online_downloads_the_projector_with_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as hf
+
+    files = {name: gguf(tmp_path / "repo", name) for name in ("vision-Q8_0.gguf", "mmproj-vision-F16.gguf",
+                                                             "mmproj-vision-Q8_0.gguf")}
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with FakeHub({"test-org/vision-GGUF": files}) as hub:
+        monkeypatch.setattr(hf, "ENDPOINT", hub.url)
+        monkeypatch.setattr(hf, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        text_only = resolve_hf("test-org/vision-GGUF:Q8_0", None, offline=False, mmproj=False)
+        assert text_only.mmproj is None
+        assert not [r for r in hub.requests if r.startswith("GET") and "mmproj" in r]
+        resolved = resolve_hf("test-org/vision-GGUF:Q8_0", None, offline=False)
+    assert resolved.mmproj is not None and resolved.mmproj.name == "mmproj-vision-Q8_0.gguf"
+    assert resolved.mmproj.parent == resolved.path.parent  # in the same snapshot of the Hugging Face cache
+    assert [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r and "mmproj" in r] == [
+        "GET /test-org/vision-GGUF/resolve/main/mmproj-vision-Q8_0.gguf"]
 
 
 def test_a_projector_that_is_no_gguf_is_named(tmp_path: Path) -> None:

@@ -190,6 +190,7 @@ def serve(settings: ServerSettings) -> int:
 
 def single_model(settings: ServerSettings) -> tuple[Any, str]:
     """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
+    from kinetic.backends.config import finds_projector
     from kinetic.engine.turns import DecodeTurns
     from kinetic.model_registry.factory import backend_factory
     from kinetic.model_registry.registry import ModelRegistry
@@ -197,11 +198,12 @@ def single_model(settings: ServerSettings) -> tuple[Any, str]:
     from kinetic.models import resolve_model
 
     resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
-                             token=settings.hf_token)
+                             token=settings.hf_token, mmproj=finds_projector(settings))
     if resolved.note:
         print(f"warning: {resolved.note}", file=sys.stderr)
     aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
-    spec = ModelSpec(name=aliases[0] if aliases else resolved.name, aliases=aliases, path=resolved.path)
+    spec = ModelSpec(name=aliases[0] if aliases else resolved.name, aliases=aliases, path=resolved.path,
+                     mmproj=resolved.mmproj)
     backend = backend_factory(settings, router=False)(spec, DecodeTurns())
     return ModelRegistry.single(settings, backend), f"loading {resolved.path} (answers 503 until ready)"
 

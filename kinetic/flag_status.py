@@ -26,11 +26,12 @@ class Ignored:
 
 
 IGNORED: tuple[Ignored, ...] = (
-    Ignored("ignored flags: image, audio and video input",
-            "they need llama.cpp's multimodal library (mtmd), which kinetic's llama-cpp-python build leaves out "
-            "(LLAVA_BUILD=OFF: a 5-minute build instead of 14); a media part gets a 400 naming the message",
-            ("-mm", "-mmu", "--mmproj-auto", "--mmproj-offload", "-mmdev", "--image-min-tokens", "--image-max-tokens",
-             "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
+    Ignored("ignored flags: video input, local media files and the encoder's batch",
+            "kinetic's multimodal input is images and audio through the model's projector (-mm, or the one -hf "
+            "finds); video split into frames with ffmpeg (--video-*), file:// media read from a folder "
+            "(--media-path) and the limit on image tokens encoded in one batch (--mtmd-batch-max-tokens) are not "
+            "implemented",
+            ("--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
              "--media-path")),
     Ignored("ignored flags: speculative decoding kinds kinetic does not run",
             "kinetic runs the ngram-simple and draft-simple kinds of --spec-type; ngram-map-k, ngram-map-k4v, "

@@ -261,6 +261,21 @@ FLAGS: tuple[Flag, ...] = (
          "list, or repeat the flag); all the vectors given are summed", metavar="FNAME:SCALE"),
     Flag("control_vector_layer_range", ("--control-vector-layer-range",), "layers the control vectors apply to, "
          "START END, both inclusive (default: 1 to the last)", metavar="START END"),
+    # the multimodal projector: image and audio input (kinetic.backends.config.projector_options)
+    Flag("mmproj", ("-mm", "--mmproj"), "multimodal projector GGUF (image/audio input); with -mmu, where the "
+         "download is written; wins over the one -hf finds", metavar="FILE"),
+    Flag("mmproj_url", ("-mmu", "--mmproj-url"), "download the projector from this URL once (into -mm's path, else "
+         "kinetic's cache), then reuse the file", metavar="URL"),
+    Flag("mmproj_auto", ("--mmproj-auto",), "-hf fetches the repo's mmproj GGUF, and a --models-dir sub-folder's "
+         "mmproj file goes with its model", negations=("--no-mmproj", "--no-mmproj-auto")),
+    Flag("mmproj_offload", ("--mmproj-offload",), "run the projector on the GPU (a CPU build has none)",
+         negations=("--no-mmproj-offload",)),
+    Flag("mmproj_device", ("-mmdev", "--mmproj-device"), "the one device the projector runs on, or none (default: "
+         "the first of --device)", metavar="DEVICE"),
+    Flag("image_min_tokens", ("--image-min-tokens",), "fewest tokens an image may take, for projectors of dynamic "
+         "resolution (-1 = the projector's own)", metavar="N"),
+    Flag("image_max_tokens", ("--image-max-tokens",), "most tokens an image may take, for projectors of dynamic "
+         "resolution (-1 = the projector's own)", metavar="N"),
     Flag("path", ("--path",), "serve static files from this folder at / (its index.html replaces the chat page)",
          metavar="PATH"),
     Flag("api_prefix", ("--api-prefix",), "serve every route under this path prefix (e.g. /llama)", metavar="PREFIX"),

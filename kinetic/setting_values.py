@@ -192,6 +192,23 @@ def _device_list(value: str) -> str:
     return value
 
 
+def _projector_device(value: str) -> str:
+    """-mmdev: `none` (no offload) or one device this machine has, checked as -dev's are."""
+    if value.strip() == "none":
+        return "none"
+    from kinetic.engine.llama import devices  # llama.cpp's libraries load only when the flag is given
+
+    if len(devices.parse_device_list(value)) != 1:
+        raise ValueError("only one device may be specified for mmproj")
+    return value.strip()
+
+
+def _download_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
 def _tensor_overrides(value: tuple[str, ...]) -> tuple[str, ...]:
     from kinetic.engine.llama import devices
 
@@ -251,6 +268,8 @@ LoraFiles = Annotated[Repeated, AfterValidator(lambda value: _lora_files(value, 
 ScaledLoraFiles = Annotated[Repeated, AfterValidator(lambda value: _lora_files(value, scaled=True))]
 Upstreams = Annotated[tuple[str, ...], BeforeValidator(_upstream_list), AfterValidator(_upstream_specs)]
 DeviceList = Annotated[str, AfterValidator(_device_list)]
+ProjectorDevice = Annotated[str, AfterValidator(_projector_device)]
+DownloadUrl = Annotated[str, AfterValidator(_download_url)]
 TensorOverrides = Annotated[Repeated, AfterValidator(_tensor_overrides)]
 GpuLayers = Annotated[str, AfterValidator(_gpu_layers)]
 TensorSplit = Annotated[str, AfterValidator(_tensor_split)]

@@ -35,6 +35,7 @@ from kinetic.setting_values import (
     CpuMask,
     CpuRange,
     DeviceList,
+    DownloadUrl,
     DryBase,
     ExistingFile,
     ExistingFolder,
@@ -52,6 +53,7 @@ from kinetic.setting_values import (
     LoraFiles,
     OnOffAuto,
     Port,
+    ProjectorDevice,
     ReadableFile,
     Repeated,
     ScaledLoraFiles,
@@ -209,6 +211,14 @@ class ServerSettings(BaseSettings):
     control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
     control_vector_scaled: ScaledLoraFiles = ()
     control_vector_layer_range: LayerRange | None = None  # "START END", as the command line gives the two values
+    # the multimodal projector (kinetic.backends.config.projector_options): llama-server's defaults
+    mmproj_url: DownloadUrl | None = None  # before mmproj: _mmproj_file reads it
+    mmproj: str | None = None
+    mmproj_auto: bool = True
+    mmproj_offload: bool = True
+    mmproj_device: ProjectorDevice | None = None
+    image_min_tokens: Annotated[int, Field(ge=-1)] = -1  # -1: the projector's own
+    image_max_tokens: Annotated[int, Field(ge=-1)] = -1
     path: ExistingFolder | None = None
     api_prefix: str | None = None
     ssl_key_file: ExistingFile | None = None
@@ -333,6 +343,14 @@ class ServerSettings(BaseSettings):
         if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
             raise ValueError("--ssl-key-file and --ssl-cert-file go together: give both to serve HTTPS")
         return self
+
+    @field_validator("mmproj")
+    @classmethod
+    def _mmproj_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """-mm names a file, or with -mmu where the download goes."""
+        if value and not info.data.get("mmproj_url") and not Path(value).expanduser().is_file():
+            raise ValueError("no such file (with -mmu URL, -mm names where the download goes)")
+        return value
 
     @property
     def serves_rerank(self) -> bool:

@@ -5,10 +5,12 @@ slots, template choice, defaults and feature switches. Backends are built from t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kinetic.chat.prepare import ServerDefaults
 from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
+from kinetic.models import projector_cache_path
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
 
@@ -75,6 +77,28 @@ def tags(value: str | None) -> tuple[str, ...]:
     return tuple(sorted({t.strip() for t in (value or "").split(",") if t.strip()}))
 
 
+def projector_options(settings: ServerSettings, devices: tuple[str, ...] | None) -> ProjectorOptions:
+    """-mm (or -mmu's download target), --mmproj-offload, -mmdev, --image-min/max-tokens. The path is None
+    when only -hf or a --models-dir sub-folder can give one: the factory fills it in (finds_projector).
+    Without -mmdev the projector follows -dev's first device, and -dev none keeps it off the GPU (llama.cpp's
+    common_params_parse)."""
+    path = settings.mmproj and str(Path(settings.mmproj).expanduser())
+    if settings.mmproj_url and not path:
+        path = str(projector_cache_path(settings.mmproj_url))
+    use_gpu, device = settings.mmproj_offload, settings.mmproj_device
+    if device == "none":
+        use_gpu, device = False, None
+    elif device is None and use_gpu and devices is not None:
+        use_gpu, device = bool(devices), devices[0] if devices else None
+    return ProjectorOptions(path=path or None, use_gpu=use_gpu, device=device,
+                            image_min_tokens=settings.image_min_tokens, image_max_tokens=settings.image_max_tokens)
+
+
+def finds_projector(settings: ServerSettings) -> bool:
+    """Whether a projector found beside the model is used: --mmproj-auto, and neither -mm nor -mmu given."""
+    return settings.mmproj_auto and not settings.mmproj and not settings.mmproj_url
+
+
 def model_config(settings: ServerSettings) -> ModelConfig:
     """One model's config from the server's settings (a preset's section already applied to them).
     Blocking: a --json-schema is compiled to a grammar here."""
@@ -91,7 +115,7 @@ def model_config(settings: ServerSettings) -> ModelConfig:
         n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
         pooling=settings.pooling, options=options, fair_share=settings.fair_share, cache_ram_mib=settings.cache_ram,
         ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context(),
-        spec=settings.spec_options())
+        spec=settings.spec_options(), projector=projector_options(settings, options.devices))
     switches = Switches(
         slots=settings.slots, metrics=settings.metrics, props=settings.props,
         slot_save_path=settings.slot_save_path, slot_save_max=settings.slot_save_max, verbose=settings.verbose,

@@ -4,6 +4,8 @@ Every source yields `ModelSpec`s; `model_specs()` merges them and refuses two mo
 The preset file is llama-server's INI format: one `[name]` section a model, keys spelled as the
 long flags without their dashes (`model`, `hf`, `ctx-size`, `alias`...) or as LLAMA_ARG_* variables,
 a `[*]` section of defaults for every model, `load-on-startup = true`; kinetic adds `upstream`.
+Each model has its own projector: a section's `mmproj` (a path relative to the preset, as `model` is)
+and the other projector keys, or in --models-dir the `mmproj` GGUF in a model's own sub-folder.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kinetic.errors import ModelLoadError
-from kinetic.models import SHARD_PATTERN
+from kinetic.models import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj
 from kinetic.settings import FLAGS, FLAGS_BY_SPELLING, TRUE_WORDS, ServerSettings
 
 # Preset keys that say what the model is rather than how to run it.
@@ -28,7 +30,10 @@ STARTUP_KEYS = frozenset({"load-on-startup"})
 # Per-model settings a preset may change; the rest (host, port, keys, ledger...) belong to the server.
 PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
                        "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
-                       "embeddings", "hf_file", "fair_share", "max_in_flight"})
+                       "embeddings", "hf_file", "fair_share", "max_in_flight", "mmproj", "mmproj_url",
+                       "mmproj_auto", "mmproj_offload", "mmproj_device", "image_min_tokens", "image_max_tokens"})
+# Per-model settings that name a file: read relative to the preset's folder, as its `model` is.
+PRESET_PATHS = frozenset({"mmproj"})
 HF_PREFIX = "hf:"  # kinetic.cli's mark for a -hf entry of ServerSettings.model_args
 ENV_TO_FLAG = {env.lower(): flag for flag in FLAGS for env in flag.env_names}
 
@@ -65,6 +70,7 @@ class ModelSpec:
     hf_repo: str | None = None
     upstreams: tuple[UpstreamSpec, ...] = ()
     settings: ServerSettings | None = None  # the server's settings with this model's own values applied
+    mmproj: Path | None = None  # the projector found beside the model (-hf's, a --models-dir sub-folder's)
     load_on_startup: bool = False
     source: str = "cli"  # cli, models-dir, preset, upstream
 
@@ -110,13 +116,21 @@ def from_model_args(settings: ServerSettings) -> list[ModelSpec]:
 
 
 def from_models_dir(folder: Path) -> list[ModelSpec]:
-    """Every GGUF under `folder` (first shard of a split model; projector files skipped)."""
+    """Every GGUF under `folder` (first shard of a split model; projector files skipped). A model in a
+    sub-folder gets that folder's projector (llama-server's load_from_models_dir; of several, best_mmproj's
+    choice); one at the top of `folder` gets none, since the projector beside it may be another model's."""
+    folder = folder.expanduser()
     specs = []
-    for path in sorted(folder.expanduser().rglob("*.gguf")):
+    for path in sorted(folder.rglob("*.gguf")):
         match = SHARD_PATTERN.search(path.name)
-        if "mmproj" in path.name.lower() or (match and match.group(1) != "00001"):
+        if MMPROJ_KEYWORD in path.name.lower() or (match and match.group(1) != "00001"):
             continue
-        specs.append(ModelSpec(name=gguf_stem(path), path=path, source="models-dir"))
+        projector = None
+        if path.parent != folder:
+            beside = sorted(p.name for p in path.parent.glob("*.gguf") if MMPROJ_KEYWORD in p.name)
+            chosen = best_mmproj(beside, path.name)
+            projector = path.parent / chosen if chosen else None
+        specs.append(ModelSpec(name=gguf_stem(path), path=path, source="models-dir", mmproj=projector))
     return specs
 
 
@@ -180,6 +194,8 @@ def read_preset(path: Path, base: ServerSettings) -> tuple[list[ModelSpec], list
                 if flag is not None and flag.dest in PER_MODEL:
                     negated = "--" + key in flag.negations
                     options[flag.dest] = ("false" if value.lower() in TRUE_WORDS else "true") if negated else value
+                    if flag.dest in PRESET_PATHS:
+                        options[flag.dest] = str(path.expanduser().parent / Path(value).expanduser())
                 elif f"[{section}] {key}" not in ignored:
                     ignored.append(f"[{section}] {key}")
         if spec_path is None and hf_repo is None and not upstreams:

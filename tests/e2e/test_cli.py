@@ -162,14 +162,16 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
     # Switches that must not swallow the next argument, and value flags whose value must not become the
     # model path: a line that starts llama-server starts kinetic. The flags kinetic ignores warn, naming the
     # row of the differences table that says why; the ones that act do not.
-    args = ("-c", "1024", "-kvu", "-np", "1", "-ngl", "99", "--mlock", "-fa", "on", "-mm", "p.gguf", "-r", "User:",
-            "--video-fps", "4", "-ot", "exps=CPU", "--override-kv", "tokenizer.ggml.add_bos_token=bool:true",
-            "--dry-multiplier", "0.8", "--xtc-probability", "0.1", "--no-warmup")
+    args = ("-c", "1024", "-kvu", "-np", "1", "-ngl", "99", "--mlock", "-fa", "on", "--video-ffmpeg-dir", "p",
+            "-r", "User:", "--video-fps", "4", "-ot", "exps=CPU", "--override-kv",
+            "tokenizer.ggml.add_bos_token=bool:true", "--dry-multiplier", "0.8", "--xtc-probability", "0.1",
+            "--no-warmup")
     with KineticServer(*args, env={"LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_RPC": "host:1"}) as server:
         assert httpx.get(server.url + "/health").status_code == 200
         assert httpx.get(server.url + "/props").json()["total_slots"] == 1
         log = server.log()
-    for flag, row in (("-mm", "image, audio and video input"), ("--video-fps", "image, audio and video input"),
+    video = "video input, local media files and the encoder's batch"
+    for flag, row in (("--video-ffmpeg-dir", video), ("--video-fps", video),
                       ("--no-warmup", "llama-server internals")):
         assert log.count(f'warning: {flag} is ignored: see "ignored flags: {row}" under Differences from '
                          "llama-server (docs/reference/http-llamacpp.md)\n") == 1

@@ -82,7 +82,7 @@ def test_ignored_flags_warn_naming_their_row() -> None:
         assert f"| {reason.row} (" in differences
         for name in reason.flags:
             assert f'"{reason.row}"' in warning(name), name
-    assert "ignored flags: image, audio and video input" in warning("--mmproj")  # any spelling
+    assert "ignored flags: checkpoint spacing" in warning("--checkpoint-min-step")  # any spelling
     assert '"ignored flags: remote devices and fitting to memory"' in variable_warning("LLAMA_ARG_RPC")
     assert variable_warning("KINETIC_PROT") == "warning: KINETIC_PROT is not a kinetic setting; ignored"
     assert ignored_by_flag()["--rpc"].row == "ignored flags: remote devices and fitting to memory"

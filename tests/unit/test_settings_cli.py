@@ -115,9 +115,9 @@ def test_issue_examples_start() -> None:
 
 
 def test_unimplemented_variables_are_reported() -> None:
-    s = parse_serve_args([], environ={"LLAMA_ARG_MMPROJ": "x.gguf", "LLAMA_ARG_NO_MMPROJ_OFFLOAD": "1",
+    s = parse_serve_args([], environ={"LLAMA_ARG_VIDEO_FPS": "2", "LLAMA_ARG_NO_CONT_BATCHING": "1",
                                       "LLAMA_ARG_PORT": "9000", "LLAMA_ARG_THREADS_HTTP": ""})
-    assert s.ignored_env == ("LLAMA_ARG_MMPROJ", "LLAMA_ARG_NO_MMPROJ_OFFLOAD") and s.port == 9000
+    assert s.ignored_env == ("LLAMA_ARG_NO_CONT_BATCHING", "LLAMA_ARG_VIDEO_FPS") and s.port == 9000
     s = parse_serve_args([], environ={"LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_NO_KV_OFFLOAD": "1"})
     assert not s.ignored_env and s.gpu_layers == "99" and s.kv_offload is False
     s = parse_serve_args([], environ={"KINETIC_PROT": "9000", "KINETIC_CACHE_DIR": "/tmp/k", "KINETIC_PORT": "1"})

@@ -122,6 +122,7 @@ class LlamaEngine:
         self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
         self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
         self.spec = spec  # speculative decoding (-md, --spec-type...): speculative.py
+        self.projector = projector  # the multimodal projector (-mm, -hf's mmproj); its path None: text only
         self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
         self.n_threads = default_threads() if n_threads <= 0 else n_threads
         self.n_batch = n_batch

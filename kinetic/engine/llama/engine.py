@@ -135,7 +135,6 @@ class LlamaEngine:
         self.ctx_checkpoints = ctx_checkpoints
         self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
         self.pooling = pooling  # None: the model's own (mean when it declares none)
-        self.projector = projector  # -mm, or the mmproj -hf found: image and audio input (media.py)
         self._projector: Projector | None = None
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded until woken, its description kept

@@ -23,7 +23,7 @@ from kinetic.chat.infill import check_fim
 from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
-from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.identity import CLIENT, note_media
 from kinetic.engine.base import Engine, Generation, Tokenizer
 from kinetic.engine.types import (
     EngineStats,
@@ -155,6 +155,10 @@ class LocalBackend:
         """A prepared request, the client's name on it; with --log-prompts-dir its prompt is written out."""
         if self.config.switches.log_prompts_dir:
             write_prompt(self.config.switches.log_prompts_dir, self.prompt_text(generation))
+        if generation.media:
+            note_media(images=sum(span.modality == "image" for span in generation.media),
+                       audio=sum(span.modality == "audio" for span in generation.media),
+                       tokens=sum(span.n_tokens for span in generation.media))
         return replace(generation, client=CLIENT.get())
 
     async def start(self, request: GenerationRequest) -> Generation:

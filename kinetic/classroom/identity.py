@@ -9,10 +9,26 @@ which follows the request into its route and the worker threads it starts.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 CLIENT: ContextVar[str] = ContextVar("kinetic_client", default="")
+# the request's scope state, which the ledger reads once the answer is out: what the layers below the routes
+# learn about the request (its media) is noted there
+REQUEST_STATE: ContextVar[dict[str, Any] | None] = ContextVar("kinetic_request_state", default=None)
+
+
+def note_media(images: int, audio: int, tokens: int) -> None:
+    """The files a request's prompts read and the prompt tokens they took, for its ledger line (added up over
+    the prompts of one request)."""
+    state = REQUEST_STATE.get()
+    if state is None:
+        return
+    noted = state.setdefault("media", {"images": 0, "audio": 0, "tokens": 0})
+    noted["images"] += images
+    noted["audio"] += audio
+    noted["tokens"] += tokens
 
 
 def client_of(scope: Scope) -> str:
@@ -34,7 +50,9 @@ class ClientIdentity:
             await self.app(scope, receive, send)
             return
         token = CLIENT.set(client_of(scope))
+        state_token = REQUEST_STATE.set(scope.setdefault("state", {}))
         try:
             await self.app(scope, receive, send)
         finally:
+            REQUEST_STATE.reset(state_token)
             CLIENT.reset(token)

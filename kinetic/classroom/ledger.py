@@ -360,6 +360,8 @@ class LedgerMiddleware:
             "status": status,
             **record,
         }
+        if "media" in state:  # the images and audio its prompt read (kinetic.classroom.identity.note_media)
+            line["media"] = dict(state["media"])
         if self.content and request_body:
             try:
                 line["request"] = json.loads(bytes(request_body))

@@ -20,8 +20,8 @@ from kinetic.engine.base import Generation, Tokenizer
 from kinetic.engine.types import (
     EngineStats,
     GenerationRequest,
-    ModelInfo,
     Modalities,
+    ModelInfo,
     RankScore,
     SamplingParams,
     SlotFileResult,

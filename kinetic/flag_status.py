@@ -30,8 +30,7 @@ IGNORED: tuple[Ignored, ...] = (
             "they need llama.cpp's multimodal library (mtmd), which kinetic's llama-cpp-python build leaves out "
             "(LLAVA_BUILD=OFF: a 5-minute build instead of 14); a media part gets a 400 naming the message",
             ("-mm", "-mmu", "--mmproj-auto", "--mmproj-offload", "-mmdev", "--image-min-tokens", "--image-max-tokens",
-             "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
-             "--media-path")),
+             "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir")),
     Ignored("ignored flags: speculative decoding kinds kinetic does not run",
             "kinetic runs the ngram-simple and draft-simple kinds of --spec-type; ngram-map-k, ngram-map-k4v, "
             "ngram-mod (--spec-default), ngram-cache (its lookup cache files) and the draft heads (draft-eagle3, "

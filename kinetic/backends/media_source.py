@@ -104,16 +104,12 @@ async def resolve_chat(req: ChatRequest, policy: MediaPolicy) -> ChatRequest:
 
 
 async def resolve_prompt(req: PromptRequest, policy: MediaPolicy) -> PromptRequest:
+    """The prompt with its URL media loaded; the same request when it has none (/completion's files are inline)."""
     pending = _to_load(req.media)
     if not pending:
         return req
     loaded = await _load_all(pending, policy)
     return replace(req, media=tuple(loaded.get(part, part) for part in req.media))
-
-
-def needs_loading(req: ChatRequest | PromptRequest) -> bool:
-    """Whether the request names a file by URL (the one case resolve_* does any work)."""
-    return bool(_chat_media(req) if isinstance(req, ChatRequest) else _to_load(req.media))
 
 
 async def load_media(part: MediaPart, policy: MediaPolicy) -> MediaPart:

@@ -26,13 +26,11 @@ class Ignored:
 
 
 IGNORED: tuple[Ignored, ...] = (
-    Ignored("ignored flags: video input, local media files and the encoder's batch",
+    Ignored("ignored flags: video input and the encoder's batch",
             "kinetic's multimodal input is images and audio through the model's projector (-mm, or the one -hf "
-            "finds); video split into frames with ffmpeg (--video-*), file:// media read from a folder "
-            "(--media-path) and the limit on image tokens encoded in one batch (--mtmd-batch-max-tokens) are not "
-            "implemented",
-            ("--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
-             "--media-path")),
+            "finds); video split into frames with ffmpeg (--video-*) and the limit on image tokens encoded in one "
+            "batch (--mtmd-batch-max-tokens) are not implemented",
+            ("--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir")),
     Ignored("ignored flags: speculative decoding kinds kinetic does not run",
             "kinetic runs the ngram-simple and draft-simple kinds of --spec-type; ngram-map-k, ngram-map-k4v, "
             "ngram-mod (--spec-default), ngram-cache (its lookup cache files) and the draft heads (draft-eagle3, "

@@ -375,6 +375,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("props", ("--props",), "allow POST /props"),
     Flag("slot_save_path", ("--slot-save-path",), "where POST /slots saves KV caches", metavar="DIR"),
     Flag("slot_save_max", ("--slot-save-max",), "MiB the slot files may take (0 = no cap)", metavar="MIB"),
+    Flag("media_path", ("--media-path",), "folder media may be read from: file:// URLs in requests name files "
+         "inside it (default: file:// is refused)", metavar="DIR"),
+    Flag("media_allow_private", ("--media-allow-private",), "let image and audio URLs in requests be fetched from "
+         "private, loopback and link-local addresses (default: allowed without keys, refused with --api-key or "
+         "--api-key-file: the server's network is the students')", negations=("--no-media-allow-private",)),
     Flag("fair_share", ("--fair-share",), "serve waiting requests round-robin by API key (off: first come, "
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "

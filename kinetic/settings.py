@@ -287,6 +287,8 @@ class ServerSettings(BaseSettings):
     # A slot file is a KV cache (about 18 KiB a token on the bundled model, 128 KiB on an 8B one): 4 GiB
     # holds a few full contexts of a large model, and keeps a loop of saves from filling the disk.
     slot_save_max: Annotated[int, Field(ge=0)] = 4096
+    media_path: ExistingFolder | None = None
+    media_allow_private: bool | None = None  # None: allowed on an open server, refused on one with keys
     verbose: bool = False
     log_file: FileInExistingFolder | None = None
     log_timestamps: bool = False

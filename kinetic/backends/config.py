@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kinetic.backends.media_source import MediaPolicy
 from kinetic.chat.prepare import ServerDefaults
 from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
 from kinetic.models import projector_cache_path
@@ -70,6 +71,18 @@ class ModelConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     switches: Switches = field(default_factory=Switches)
     temperature: float = 0.8  # --temp as given (Ollama's /api/show prints it)
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where files named by URL may be loaded from
+
+
+def media_policy(settings: ServerSettings) -> MediaPolicy:
+    """--media-path, and whether URLs may reach private addresses: as llama-server on an open server, but
+    not on one with keys unless --media-allow-private says so, since a fetch from the server is a door into
+    the classroom's network for anyone holding a key."""
+    allow_private = settings.media_allow_private
+    if allow_private is None:
+        allow_private = not settings.api_keys()
+    return MediaPolicy(media_path=Path(settings.media_path).expanduser() if settings.media_path else None,
+                       allow_private=allow_private)
 
 
 def tags(value: str | None) -> tuple[str, ...]:
@@ -124,4 +137,4 @@ def model_config(settings: ServerSettings) -> ModelConfig:
     template = TemplateChoice(jinja=settings.jinja, override=settings.chat_template,
                               override_file=settings.chat_template_file)
     return ModelConfig(defaults=defaults, template=template, engine=engine, switches=switches,
-                       temperature=settings.temp)
+                       temperature=settings.temp, media=media_policy(settings))

@@ -18,6 +18,7 @@ import anyio
 from kinetic import __version__
 from kinetic.backends.base import Capabilities, Description, Embeddings, lacking, rerank_off
 from kinetic.backends.config import ModelConfig
+from kinetic.backends.media_source import resolve_chat, resolve_prompt
 from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.chat.infill import check_fim
 from kinetic.chat.prepare import ChatLayer, RenderedChat
@@ -140,11 +141,14 @@ class LocalBackend:
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         self._require_generation()
+        # files named by URL are loaded first (the chat layer reads bytes only); no URL, no work
+        req = await resolve_chat(req, self.config.media)
         generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
         return self._made(generation), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         self._require_generation()
+        req = await resolve_prompt(req, self.config.media)
         return self._made(await anyio.to_thread.run_sync(self._chat().prepare_prompt, req))
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:

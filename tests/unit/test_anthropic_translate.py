@@ -57,12 +57,43 @@ def test_tool_round_trip_becomes_calls_and_a_tool_turn() -> None:
     assert req.messages[4].text == "and tomorrow?"
 
 
-def test_consecutive_user_turns_merge_and_images_are_kept_for_refusal() -> None:
+def test_consecutive_user_turns_merge_and_their_images_are_kept() -> None:
     req = translate.to_chat_request(messages(messages=[
         {"role": "user", "content": "a"},
-        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]))
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "aGk="}}]}]))
     assert len(req.messages) == 1
-    assert req.messages[0].parts == (TextPart("a\n\n"), MediaPart("image"))
+    assert req.messages[0].parts == (TextPart("a\n\n"), MediaPart("image", "image", data=b"hi",
+                                                                    param="messages[1].content[0].source.data"))
+
+
+def test_an_image_url_source_is_kept_for_the_backend_to_load() -> None:
+    req = translate.to_chat_request(messages(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is it"},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}]))
+    assert req.messages[0].parts == (TextPart("what is it"), MediaPart(
+        "image", "image", url="https://example.com/cat.png", param="messages[0].content[1].source.url"))
+
+
+def test_a_plain_text_document_is_its_text_and_a_pdf_stays_a_document() -> None:
+    req = translate.to_chat_request(messages(messages=[{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "the notes"}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "aGk="}}]}]))
+    assert req.messages[0].parts == (TextPart("the notes"), MediaPart("document", "document",
+                                                                      param="messages[0].content[1].source"))
+
+
+@pytest.mark.parametrize("source, param", [
+    ({"type": "base64", "media_type": "image/png", "data": "not base64!"}, "messages[0].content[0].source.data"),
+    ({"type": "base64", "media_type": "image/png"}, "messages[0].content[0].source.data"),
+    ({"type": "url", "url": "ftp://example.com/cat.png"}, "messages[0].content[0].source.url"),
+    ({"type": "url"}, "messages[0].content[0].source.url"),
+    ({"type": "file", "file_id": "file_1"}, "messages[0].content[0].source.file_id"),
+])
+def test_a_bad_image_source_is_a_400_naming_it(source: dict, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_chat_request(messages(messages=[{"role": "user", "content": [{"type": "image",
+                                                                                    "source": source}]}]))
+    assert err.value.param == param
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -98,15 +129,16 @@ def test_empty_messages_are_allowed_on_the_anthropic_route_only() -> None:
     assert translate.to_chat_request(messages(messages=[])).allow_empty
 
 
-def test_an_image_in_a_tool_result_is_kept_for_refusal() -> None:
+def test_an_image_in_a_tool_result_is_kept() -> None:
     req = translate.to_chat_request(messages(messages=[
         {"role": "user", "content": "look"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
             {"type": "text", "text": "File: a.png"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]}]))
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]}]))
     tool = next(m for m in req.messages if m.role == "tool")
-    assert tool.parts == (TextPart("File: a.png"), MediaPart("image"))
+    assert tool.parts == (TextPart("File: a.png"), MediaPart("image", "image", data=b"hi",
+                                                             param="messages[2].content[0].content[1].source.data"))
 
 
 def test_thinking_switches_the_template() -> None:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from kinetic.chat.types import MediaPart
 from kinetic.engine.types import (
     EngineStats,
     Finished,
@@ -76,13 +77,43 @@ def test_prompt_shapes(prompt: object, expected: list) -> None:
     ({"x": 1}, translate.PROMPT_ELEMENTS),
     (["a", []], translate.PROMPT_ELEMENTS),
     (["a", [1.5]], translate.PROMPT_ELEMENTS),
-    ({"prompt_string": "x", "multimodal_data": ["aGk="]},
-     "Multimodal data provided, but model does not support multimodal requests."),
+    ({"prompt_string": "x", "multimodal_data": ["aGk="]},  # /embedding's prompts: text only
+     "multimodal_data is not supported here: embeddings are of text only"),
 ])
 def test_bad_prompt_shapes(prompt: object, message: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
         translate.prompt_inputs(prompt)
     assert err.value.message == message and err.value.param == "prompt"
+
+
+def test_a_multimodal_prompt_object_carries_its_files() -> None:
+    marker = "<__media__>"
+    [req] = translate.to_prompt_requests(CompletionRequest(prompt={
+        "prompt_string": f"{marker} and {marker}: which is bigger?", "multimodal_data": ["aGk=", "aG8="]}))
+    assert req.prompt == f"{marker} and {marker}: which is bigger?" and req.param == "prompt"
+    assert req.media == (MediaPart("multimodal_data", "image", data=b"hi", param="prompt.multimodal_data[0]"),
+                         MediaPart("multimodal_data", "image", data=b"ho", param="prompt.multimodal_data[1]"))
+
+
+def test_several_multimodal_prompts_are_several_requests_each_with_its_files() -> None:
+    reqs = translate.to_prompt_requests(CompletionRequest(prompt=[
+        "plain", {"prompt_string": "<m> one", "multimodal_data": ["aGk="]}, {"prompt_string": "none"}]))
+    assert [(r.prompt, r.param) for r in reqs] == [("plain", "prompt[0]"), ("<m> one", "prompt[1]"),
+                                                 ("none", "prompt[2]")]
+    assert [r.media for r in reqs] == [
+        (), (MediaPart("multimodal_data", "image", data=b"hi", param="prompt[1].multimodal_data[0]"),), ()]
+
+
+@pytest.mark.parametrize("prompt, param", [
+    ({"prompt_string": "x", "multimodal_data": ["aGk=", "not base64"]}, "prompt.multimodal_data[1]"),
+    ({"prompt_string": "x", "multimodal_data": "aGk="}, "prompt.multimodal_data"),
+    ({"prompt_string": "x", "multimodal_data": [1]}, "prompt.multimodal_data"),
+    (["a", {"prompt_string": "x", "multimodal_data": [""]}], "prompt[1].multimodal_data[0]"),
+])
+def test_bad_multimodal_data_is_a_400_naming_the_file(prompt: object, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_prompt_requests(CompletionRequest(prompt=prompt))
+    assert err.value.param == param
 
 
 def test_final_result_and_stream_events() -> None:

@@ -155,7 +155,7 @@ def test_messages_map_images_thinking_tool_calls_and_results() -> None:
         {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "c1"}]), SERVED)
     system, user, assistant, tool = req.messages
     assert system.parts == (TextPart("be brief"),)
-    assert user.parts == (TextPart(""), MediaPart("image"))
+    assert user.parts == (TextPart(""), MediaPart("images", "image", data=b"hi", param="messages[1].images[0]"))
     assert assistant.reasoning_content == "hmm"
     assert assistant.tool_calls == (ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)
     assert tool.role == "tool" and tool.name == "get_weather" and tool.tool_call_id == "c1" and tool.text == "sunny"
@@ -217,9 +217,34 @@ def test_generate_raw_is_a_prompt_and_refuses_what_raw_cannot_do() -> None:
     req = translate.to_prompt_request(GenerateRequest(model="tiny", prompt="Once", raw=True,
                                                       options={"num_predict": 3}), SERVED)
     assert req.prompt == "Once" and req.options.max_tokens == 3
-    for extra in ({"system": "s"}, {"context": [1, 2]}, {"images": ["aGk="]}):
+    for extra in ({"system": "s"}, {"context": [1, 2]}):
         with pytest.raises(InvalidRequestError):
             translate.to_prompt_request(GenerateRequest(model="tiny", prompt="x", raw=True, **extra), SERVED)
+
+
+def test_generate_images_go_with_the_prompt_templated_or_raw() -> None:
+    body = GenerateRequest(model="tiny", prompt="what is it", images=["aGk=", "", "data:image/png;base64,aGk="])
+    expected = (MediaPart("images", "image", data=b"hi", param="images[0]"),
+                MediaPart("images", "image", data=b"hi", param="images[2]"))  # empty strings are skipped
+    chat_req = translate.to_generate_chat(body, SERVED)
+    assert chat_req.messages[-1].parts == (TextPart("what is it"), *expected)
+    # raw: the prompt is left as sent; the chat layer puts the model's markers before it when it has none
+    raw = translate.to_prompt_request(body.model_copy(update={"raw": True}), SERVED)
+    assert raw.prompt == "what is it" and raw.media == expected
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": [{"role": "user", "content": "x", "images": ["not base64!"]}]}, "messages[0].images[0]"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y", "images": ["aGk=", "%%"]}]},
+     "messages[1].images[1]"),
+])
+def test_a_bad_image_is_a_400_naming_it(fields: dict, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_chat_request(chat(**fields), SERVED)
+    assert err.value.param == param and "Invalid base64 value" in err.value.message
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_generate_chat(GenerateRequest(model="tiny", prompt="x", images=["aGk=", "@"]), SERVED)
+    assert err.value.param == "images[1]"
 
 
 def test_generate_suffix_is_refused_without_fill_in_the_middle() -> None:

@@ -8,6 +8,7 @@ import json
 import struct
 
 import pytest
+from pydantic import ValidationError
 
 from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall, ToolChoice
 from kinetic.engine.types import Finished, TextDelta, Timings, TokenLogprob, Usage
@@ -38,14 +39,16 @@ def prepared(**fields: object) -> PreparedChat:
 def test_to_chat_request_maps_messages_with_parts_and_calls() -> None:
     req = translate.to_chat_request(ChatCompletionRequest.model_validate({"messages": [
         {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]},
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                               "function": {"name": "f", "arguments": '{"x": 1}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]}))
     system, user, assistant, tool = req.messages
     assert system.role == "system" and system.text == "be brief"
-    assert user.parts == (TextPart("a"), MediaPart("image_url"))
+    assert user.parts == (TextPart("a"), MediaPart("image_url", "image", data=b"hi",
+                                                    param="messages[1].content[1].image_url.url"))
     assert assistant.parts is None and assistant.tool_calls == (ToolCall(name="f", arguments={"x": 1}, id="c1"),)
     assert tool.role == "tool" and tool.tool_call_id == "c1" and tool.text == "42"
 
@@ -142,3 +145,67 @@ def test_stream_error_ends_with_done() -> None:
 def test_error_body_401_is_exact() -> None:
     assert translate.error_body(UnauthorizedError("Invalid API Key")) == {
         "error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}
+
+
+def user_parts(*parts: dict) -> tuple:
+    req = translate.to_chat_request(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": list(parts)}]}))
+    return req.messages[1].parts
+
+
+@pytest.mark.parametrize("part, expected", [
+    ({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,aGk=", "detail": "low"}},
+     MediaPart("image_url", "image", data=b"hi", param="messages[1].content[0].image_url.url")),
+    ({"type": "image_url", "image_url": "data:image/png;base64,aGk="},  # a bare string is the URL
+     MediaPart("image_url", "image", data=b"hi", param="messages[1].content[0].image_url")),
+    ({"type": "image_url", "image_url": {"url": "aGk="}},  # raw base64, which llama-server takes
+     MediaPart("image_url", "image", data=b"hi", param="messages[1].content[0].image_url.url")),
+    ({"type": "image_url", "image_url": {"url": "data:audio/wav;base64,aGk="}},  # the data URL's modality wins
+     MediaPart("image_url", "audio", data=b"hi", param="messages[1].content[0].image_url.url")),
+    ({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+     MediaPart("image_url", "image", url="https://example.com/a.png", param="messages[1].content[0].image_url.url")),
+    ({"type": "image_url", "image_url": {"url": "file://mtmd/test-1.jpeg"}},
+     MediaPart("image_url", "image", url="file://mtmd/test-1.jpeg", param="messages[1].content[0].image_url.url")),
+    ({"type": "input_audio", "input_audio": {"data": "aGk=", "format": "wav"}},
+     MediaPart("input_audio", "audio", data=b"hi", param="messages[1].content[0].input_audio.data")),
+    ({"type": "input_audio", "input_audio": {"url": "http://example.com/a.mp3"}},
+     MediaPart("input_audio", "audio", url="http://example.com/a.mp3", param="messages[1].content[0].input_audio.url")),
+    ({"type": "input_video", "input_video": {"url": "data:video/mp4;base64,aGk="}},
+     MediaPart("input_video", "video", data=b"hi", param="messages[1].content[0].input_video.url")),
+    ({"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
+     MediaPart("video_url", "video", url="https://example.com/v.mp4", param="messages[1].content[0].video_url.url")),
+    ({"type": "input_video", "input_video": {"data": "aGk="}},
+     MediaPart("input_video", "video", data=b"hi", param="messages[1].content[0].input_video.data")),
+])
+def test_every_media_part_shape(part: dict, expected: MediaPart) -> None:
+    assert user_parts(part) == (expected,)
+
+
+@pytest.mark.parametrize("part, param, message", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+     "messages[1].content[0].image_url.url", "Invalid base64 value"),
+    ({"type": "image_url", "image_url": {"url": "not base64 at all"}},
+     "messages[1].content[0].image_url.url", "Invalid base64 value"),
+    ({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}},
+     "messages[1].content[0].image_url.url", "Invalid uri format: data:text/plain;base64"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png,hi"}},
+     "messages[1].content[0].image_url.url", "uri must be base64 encoded"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64"}},
+     "messages[1].content[0].image_url.url", "Invalid uri-encoded base64 value"),
+    ({"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}},
+     "messages[1].content[0].image_url.url", "unsupported URL scheme 'ftp'"),
+    ({"type": "image_url", "image_url": {}}, "messages[1].content[0].image_url.url", "is required"),
+    ({"type": "image_url"}, "messages[1].content[0].image_url", "is required"),
+    ({"type": "input_audio", "input_audio": {"format": "wav"}}, "messages[1].content[0].input_audio.data",
+     "is required"),
+    ({"type": "video_url", "video_url": {"url": ""}}, "messages[1].content[0].video_url.url", "is required"),
+])
+def test_a_bad_media_part_is_a_400_naming_its_field(part: dict, param: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        user_parts(part)
+    assert err.value.param == param and message in err.value.message and param in err.value.message
+
+
+def test_an_unknown_content_part_type_fails_validation() -> None:
+    with pytest.raises(ValidationError, match="does not match any of the expected tags"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [{"type": "image"}]}]})

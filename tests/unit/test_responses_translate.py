@@ -75,13 +75,41 @@ def test_a_call_alone_is_an_assistant_turn_and_reasoning_joins_it() -> None:
     assert assistant.tool_calls == (ToolCall(name="get_weather", arguments="not json", id="c"),)
 
 
-def test_images_reach_the_chat_layer_and_files_are_refused() -> None:
+def test_images_and_audio_become_media_parts_and_files_are_refused() -> None:
     req = translate.to_chat_request(request(input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "what is it"}, {"type": "input_image", "image_url": "data:x"}]}]))
-    assert req.messages[0].parts == (TextPart("what is it"), MediaPart("input_image"))
+        {"type": "input_text", "text": "what is it"},
+        {"type": "input_image", "image_url": "data:image/png;base64,aGk=", "detail": "auto"},
+        {"type": "input_image", "image_url": "https://example.com/a.png"},
+        {"type": "input_audio", "input_audio": {"data": "aGk=", "format": "mp3"}}]}]))
+    assert req.messages[0].parts == (
+        TextPart("what is it"),
+        MediaPart("input_image", "image", data=b"hi", param="input[0].content[1].image_url"),
+        MediaPart("input_image", "image", url="https://example.com/a.png", param="input[0].content[2].image_url"),
+        MediaPart("input_audio", "audio", data=b"hi", param="input[0].content[3].input_audio.data"))
     with pytest.raises(InvalidRequestError) as err:
         translate.to_chat_request(request(input=[{"role": "user", "content": [{"type": "input_file"}]}]))
     assert err.value.param == "input[0].content[0].type"
+
+
+def test_an_image_a_tool_returned_is_a_media_part_of_the_tool_turn() -> None:
+    req = translate.to_chat_request(request(input=[
+        {"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_image", "image_url": "data:image/png;base64,aGk="}]}]))
+    image = MediaPart("input_image", "image", data=b"hi", param="input[0].output[0].image_url")
+    assert req.messages[0].parts == (image,)
+
+
+@pytest.mark.parametrize("part, param", [
+    ({"type": "input_image", "file_id": "file-abc"}, "input[0].content[0].file_id"),
+    ({"type": "input_image"}, "input[0].content[0].image_url"),
+    ({"type": "input_image", "image_url": "data:image/png;base64,!!"}, "input[0].content[0].image_url"),
+    ({"type": "input_image", "image_url": "gopher://example.com/a.png"}, "input[0].content[0].image_url"),
+    ({"type": "input_audio"}, "input[0].content[0].input_audio.data"),
+])
+def test_a_bad_image_is_a_400_naming_its_field(part: dict, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        translate.to_chat_request(request(input=[{"role": "user", "content": [part]}]))
+    assert err.value.param == param
 
 
 def test_an_unknown_item_type_fails_validation() -> None:

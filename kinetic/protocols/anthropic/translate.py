@@ -36,7 +36,18 @@ from kinetic.errors import (
     UnavailableError,
     field_error,
 )
-from kinetic.protocols.anthropic.types import CountTokensRequest, Message, MessagesRequest, TextBlock
+from kinetic.protocols.anthropic.types import (
+    Base64Source,
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    UrlSource,
+)
+from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.streaming import sse_event
 
@@ -79,32 +90,54 @@ def _system_text(system: str | list[TextBlock] | None) -> str:
     return system if isinstance(system, str) else "\n".join(block.text for block in system)
 
 
-def _turns(message: Message) -> list[ChatMessage]:
-    """One Anthropic message as neutral turns: tool results become `tool` turns before the rest."""
+def _media(block: ImageBlock | DocumentBlock, param: str) -> TextPart | MediaPart:
+    """An image block's file (base64 decoded here, a URL kept for the backend to load). A plain-text document
+    is its text; any other document stays a part no model reads, so the chat layer refuses it by name."""
+    if isinstance(block, DocumentBlock):
+        if block.source.get("type") == "text" and isinstance(block.source.get("data"), str):
+            return TextPart(block.source["data"])
+        return MediaPart(kind="document", modality="document", param=f"{param}.source")
+    source = block.source
+    if isinstance(source, Base64Source):
+        return media.inline_part(source.data, kind="image", modality="image", param=f"{param}.source.data")
+    if isinstance(source, UrlSource):
+        return media.media_part(source.url, kind="image", modality="image", param=f"{param}.source.url")
+    raise InvalidRequestError("an image source of type 'file' is not supported: kinetic keeps no file store; send "
+                              "the image as base64 or a URL", param=f"{param}.source.file_id")
+
+
+def _tool_turn(block: ToolResultBlock, param: str) -> ChatMessage:
+    """A tool result as a `tool` turn: its text parts joined, then its images, which are kept (never dropped,
+    as in llama-server) so that a model that cannot read them says so."""
+    if isinstance(block.content, str):
+        return ChatMessage(role="tool", parts=(TextPart(block.content),), tool_call_id=block.tool_use_id)
+    content = block.content or []
+    text = "\n".join(part.text for part in content if isinstance(part, TextBlock))
+    files = tuple(_media(part, f"{param}.content[{index}]") for index, part in enumerate(content)
+                  if not isinstance(part, TextBlock))
+    return ChatMessage(role="tool", parts=(TextPart(text), *files), tool_call_id=block.tool_use_id)
+
+
+def _turns(message: Message, param: str) -> list[ChatMessage]:
+    """One Anthropic message (`param`: its place) as neutral turns: tool results become `tool` turns before
+    the rest."""
     if isinstance(message.content, str):
         return [ChatMessage(role=message.role, parts=(TextPart(message.content),))]
     parts: list[TextPart | MediaPart] = []
     calls: list[ToolCall] = []
     reasoning: list[str] = []
     tool_turns: list[ChatMessage] = []
-    for block in message.content:
+    for index, block in enumerate(message.content):
         if block.type == "text":
             parts.append(TextPart(block.text))
         elif block.type == "tool_use":
             calls.append(ToolCall(name=block.name, arguments=block.input, id=block.id))
         elif block.type == "tool_result":
-            content = block.content if isinstance(block.content, str) else "\n".join(
-                part.text for part in block.content or [] if part.type == "text")
-            # An image a tool returned is kept as media (so a text-only model says it cannot read it),
-            # never dropped: llama-server does the same.
-            media = () if isinstance(block.content, str) else tuple(
-                MediaPart(part.type) for part in block.content or [] if part.type != "text")
-            tool_turns.append(ChatMessage(role="tool", parts=(TextPart(content), *media),
-                                          tool_call_id=block.tool_use_id))
+            tool_turns.append(_tool_turn(block, f"{param}.content[{index}]"))
         elif block.type == "thinking":
             reasoning.append(block.thinking)
-        elif block.type in ("image", "document"):
-            parts.append(MediaPart(block.type))
+        elif isinstance(block, (ImageBlock, DocumentBlock)):
+            parts.append(_media(block, f"{param}.content[{index}]"))
     turns = list(tool_turns)
     if parts or calls or (reasoning and message.role == "assistant"):
         turns.append(ChatMessage(role=message.role, parts=tuple(parts) or (TextPart(""),), tool_calls=tuple(calls),
@@ -117,8 +150,8 @@ def to_messages(system: str | list[TextBlock] | None, messages: list[Message]) -
     result: list[ChatMessage] = []
     if text := _system_text(system):
         result.append(ChatMessage(role="system", parts=(TextPart(text),)))
-    for message in messages:
-        for turn in _turns(message):
+    for position, message in enumerate(messages):
+        for turn in _turns(message, f"messages[{position}]"):
             previous = result[-1] if result else None
             if (previous and previous.role == turn.role and turn.role in ("user", "assistant")
                     and not previous.tool_calls and not turn.tool_calls):

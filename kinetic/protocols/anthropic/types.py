@@ -18,9 +18,28 @@ class TextBlock(WireModel):
     text: str
 
 
+class Base64Source(WireModel):
+    type: Literal["base64"]
+    media_type: str | None = None  # image/png, image/jpeg...: the decoder reads the file's own header
+    data: str | None = None
+
+
+class UrlSource(WireModel):
+    type: Literal["url"]
+    url: str | None = None
+
+
+class FileSource(WireModel):
+    type: Literal["file"]
+    file_id: str | None = None  # a file uploaded to Anthropic's Files API, which kinetic has not
+
+
+ImageSource = Annotated[Base64Source | UrlSource | FileSource, Field(discriminator="type")]
+
+
 class ImageBlock(WireModel):
     type: Literal["image"]
-    source: dict[str, Any]
+    source: ImageSource
 
 
 class DocumentBlock(WireModel):

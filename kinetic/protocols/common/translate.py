@@ -26,7 +26,18 @@ from kinetic.chat.types import (
 )
 from kinetic.engine.types import TokenLogprob
 from kinetic.errors import InvalidRequestError, field_error, range_error
-from kinetic.protocols.common.types import ChatMessage, SamplingFields, Tool
+from kinetic.protocols.common import media
+from kinetic.protocols.common.types import (
+    ChatMessage,
+    ContentPart,
+    ImageUrlPart,
+    InputAudio,
+    InputAudioPart,
+    MediaUrl,
+    SamplingFields,
+    Tool,
+)
+from kinetic.protocols.common.types import TextPart as WireText
 
 MAX_TOP_LOGPROBS = 20
 ALPHANUMERIC = string.ascii_letters + string.digits
@@ -221,8 +232,31 @@ def _arguments(arguments: str | dict[str, Any]) -> Any:
         return arguments
 
 
-def to_message(message: ChatMessage) -> Message:
-    """An OpenAI-style chat message as a neutral one (`developer` is a system turn)."""
+def _url_of(value: MediaUrl | str | None) -> tuple[str | None, str]:
+    """A media field's URL (or llama-server's `data`) and the key it sat under, for the 400's field path."""
+    if value is None or isinstance(value, str):
+        return value, ""
+    return (value.data, ".data") if value.url is None and value.data is not None else (value.url, ".url")
+
+
+def content_part(part: ContentPart, param: str) -> TextPart | MediaPart:
+    """One content part; `param` is its place (`messages[1].content[0]`)."""
+    if isinstance(part, WireText):
+        return TextPart(part.text)
+    if isinstance(part, ImageUrlPart):
+        url, key = _url_of(part.image_url)
+        return media.media_part(url, kind=part.type, modality="image", param=f"{param}.image_url{key}")
+    if isinstance(part, InputAudioPart):
+        audio = part.input_audio or InputAudio()
+        url, key = (audio.url, ".url") if audio.data is None and audio.url is not None else (audio.data, ".data")
+        return media.media_part(url, kind=part.type, modality="audio", param=f"{param}.input_audio{key}")
+    # the field named by the type, as llama-server reads it
+    url, key = _url_of(part.input_video if part.type == "input_video" else part.video_url)
+    return media.media_part(url, kind=part.type, modality="video", param=f"{param}.{part.type}{key}")
+
+
+def to_message(message: ChatMessage, param: str = "messages[0]") -> Message:
+    """An OpenAI-style chat message as a neutral one (`developer` is a system turn); `param` is its place."""
     known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
     extra = {k: v for k, v in message.model_dump(exclude_none=True).items() if k not in known}
     parts: tuple[TextPart | MediaPart, ...] | None
@@ -231,8 +265,7 @@ def to_message(message: ChatMessage) -> Message:
     elif isinstance(message.content, str):
         parts = (TextPart(message.content),)
     else:
-        parts = tuple(TextPart(p.text) if p.type == "text" else MediaPart(p.type)  # type: ignore[union-attr]  # text parts have .text
-                      for p in message.content)
+        parts = tuple(content_part(p, f"{param}.content[{i}]") for i, p in enumerate(message.content))
     calls = tuple(ToolCall(name=c.function.name, arguments=_arguments(c.function.arguments), id=c.id)
                   for c in message.tool_calls or ())
     return Message(role="system" if message.role == "developer" else message.role, parts=parts,
@@ -252,7 +285,7 @@ def to_messages(messages: list[ChatMessage]) -> tuple[Message, ...]:
         elif message.content is None:
             raise InvalidRequestError("All non-assistant messages must contain 'content'",
                                       param=f"messages[{index}].content")
-    return tuple(to_message(m) for m in messages)
+    return tuple(to_message(m, f"messages[{i}]") for i, m in enumerate(messages))
 
 
 def to_tools(tools: list[Tool] | None) -> tuple[ToolSpec, ...]:

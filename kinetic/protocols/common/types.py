@@ -8,9 +8,9 @@ those must never cause a 4xx.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class WireModel(BaseModel):
@@ -22,11 +22,38 @@ class TextPart(WireModel):
     text: str
 
 
-class ImagePart(WireModel):
-    type: Literal["image_url", "input_audio", "input_video", "video_url"]
+class MediaUrl(WireModel):
+    """`image_url`'s object (`detail` is accepted: the projector reads every image at its own size), or a
+    video's; llama-server also reads a video's file from `data`."""
+
+    url: str | None = None
+    data: str | None = None
+    detail: str | None = None
 
 
-ContentPart = TextPart | ImagePart
+class ImageUrlPart(WireModel):
+    type: Literal["image_url"]
+    image_url: MediaUrl | str | None = None  # a bare string is the URL (older clients send it so)
+
+
+class InputAudio(WireModel):
+    data: str | None = None  # base64 (OpenAI's); llama-server also takes a data: URL or a URL here
+    url: str | None = None
+    format: str | None = None  # "wav", "mp3": the decoder reads the file's own header, as llama-server does
+
+
+class InputAudioPart(WireModel):
+    type: Literal["input_audio"]
+    input_audio: InputAudio | None = None
+
+
+class VideoPart(WireModel):
+    type: Literal["input_video", "video_url"]  # video_url: the OpenAI-style spelling llama-server accepts too
+    input_video: MediaUrl | str | None = None
+    video_url: MediaUrl | str | None = None
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart | InputAudioPart | VideoPart, Field(discriminator="type")]
 
 
 class FunctionCall(WireModel):

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kinetic.chat.types import GenerationOptions, OutputConstraint, PromptInput, PromptRequest
+from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, PromptInput, PromptRequest
 from kinetic.chat.types import InfillRequest as NeutralInfill
 from kinetic.engine.base import Tokenizer
 from kinetic.engine.types import (
@@ -26,6 +26,7 @@ from kinetic.engine.types import (
     TokenLogprob,
 )
 from kinetic.errors import InvalidRequestError, KineticError
+from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
 from kinetic.protocols.common.translate import logprob_entry
@@ -61,32 +62,43 @@ class NativeContext:
     timings_per_token: bool = False
 
 
-def prompt_inputs(prompt: Any) -> list[PromptInput]:
-    """llama-server's prompt shapes: text, token ids, mixed ([12, "text", 34]) or {"prompt_string": text}
-    are one prompt; a list holding no number at its top level is several prompts, each of those shapes."""
+PromptItem = tuple[PromptInput, tuple[MediaPart, ...]]  # a prompt and the files its media markers stand for
+
+
+def prompt_items(prompt: Any) -> list[PromptItem]:
+    """llama-server's prompt shapes: text, token ids, mixed ([12, "text", 34]) or {"prompt_string": text,
+    "multimodal_data"?: [base64...]} are one prompt; a list holding no number at its top level is several
+    prompts, each of those shapes. Whether the model reads the files is the chat layer's to say."""
     def is_piece(item: Any) -> bool:
         return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
 
-    def one(item: Any) -> PromptInput:
+    def one(item: Any, param: str) -> PromptItem:
         if isinstance(item, str):
-            return item
+            return item, ()
         if isinstance(item, dict) and isinstance(item.get("prompt_string"), str):
-            # llama-server's multimodal prompt object; text alone is a plain prompt
-            if item.get("multimodal_data"):
-                raise InvalidRequestError("Multimodal data provided, but model does not support multimodal requests.",
-                                          param="prompt")
-            return item["prompt_string"]
+            files = item.get("multimodal_data")
+            return item["prompt_string"], () if files is None else media.multimodal_files(
+                files, f"{param}.multimodal_data")
         if isinstance(item, list) and item and all(is_piece(x) for x in item):
-            return list(item)
+            return list(item), ()
         raise InvalidRequestError(PROMPT_ELEMENTS, param="prompt")
 
     if isinstance(prompt, list):
         if not prompt:
             raise InvalidRequestError('"prompt" must not be empty', param="prompt")
         if any(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-            return [one(prompt)]
-        return [one(item) for item in prompt]
-    return [one(prompt)]
+            return [one(prompt, "prompt")]
+        return [one(item, "prompt" if len(prompt) == 1 else f"prompt[{i}]") for i, item in enumerate(prompt)]
+    return [one(prompt, "prompt")]
+
+
+def prompt_inputs(prompt: Any) -> list[PromptInput]:
+    """The prompts of a route that reads no media (/embedding): a prompt object's files are refused."""
+    items = prompt_items(prompt)
+    if any(files for _, files in items):
+        raise InvalidRequestError("multimodal_data is not supported here: embeddings are of text only",
+                                  param="prompt")
+    return [text for text, _ in items]
 
 
 def _output(req: SamplingFields) -> OutputConstraint:
@@ -118,15 +130,16 @@ def to_prompt_requests(req: CompletionRequest, *, n_slots: int = 1) -> list[Prom
         common.check_range(field, n_cmpl, 1, n_slots)
     options = _options(req, n_probs)
     output = _output(req)
-    prompts = prompt_inputs(req.prompt)
+    prompts = prompt_items(req.prompt)
     requests = []
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, files) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         for copy in range(n_cmpl or 1):
             seed = options.sampling.seed
             copy_options = options if not copy or seed is None or seed == -1 else replace(
                 options, sampling=replace(options.sampling, seed=(seed + copy) % 2**32))
-            requests.append(PromptRequest(prompt=prompt, options=copy_options, output=output, param=param))
+            requests.append(PromptRequest(prompt=prompt, options=copy_options, output=output, param=param,
+                                          media=files))
     return requests
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from kinetic.chat import types as neutral
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, field_error
+from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.ollama.model_facts import OLLAMA_VERSION as OLLAMA_VERSION
 from kinetic.protocols.ollama.model_facts import ServedModel, check_model, timestamp
@@ -104,15 +105,17 @@ def reasoning(think: Think, served: ServedModel) -> tuple[dict[str, Any], str | 
     return kwargs, "deepseek"
 
 
-def _images(images: list[str] | None) -> tuple[neutral.MediaPart, ...]:
-    # The chat layer refuses media for a text-only model, naming the field.
-    return tuple(neutral.MediaPart("image") for image in images or () if image)
+def _images(images: list[str] | None, param: str) -> tuple[neutral.MediaPart, ...]:
+    """`images`, bare base64 each (a data: URL is taken too); empty strings are skipped, as before."""
+    return tuple(media.inline_part(image, kind="images", modality="image", param=f"{param}[{index}]")
+                 for index, image in enumerate(images or ()) if image)
 
 
-def to_message(message: Message) -> neutral.Message:
+def to_message(message: Message, param: str = "messages[0]") -> neutral.Message:
     calls = tuple(neutral.ToolCall(name=call.function.name, arguments=call.function.arguments, id=call.id)
                   for call in message.tool_calls or ())
-    parts: tuple[neutral.ContentPart, ...] | None = (neutral.TextPart(message.content or ""),) + _images(message.images)
+    images = _images(message.images, f"{param}.images")
+    parts: tuple[neutral.ContentPart, ...] | None = (neutral.TextPart(message.content or ""),) + images
     if message.content is None and calls and not message.images:
         parts = None
     return neutral.Message(role=message.role, parts=parts, tool_calls=calls, tool_call_id=message.tool_call_id,
@@ -149,7 +152,7 @@ def to_chat_request(body: ChatRequest, served: ServedModel) -> neutral.ChatReque
                                    parameters=t.function.parameters) for t in body.tools or ())
     # Ollama has no tool_choice: with tools the model may call one, never must (an empty list is no tools).
     return neutral.ChatRequest(
-        messages=tuple(to_message(m) for m in body.messages or ()),
+        messages=tuple(to_message(m, f"messages[{i}]") for i, m in enumerate(body.messages or ())),
         options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
         tools=tools, template_kwargs=kwargs, reasoning_format=reasoning_format,
         output=output_constraint(body.format))
@@ -161,8 +164,6 @@ def check_generate(body: GenerateRequest, served: ServedModel) -> None:
         raise InvalidRequestError(f"{served.name} does not support insert", param="suffix")
     if body.raw and (body.system or body.template or body.context):
         raise InvalidRequestError("raw mode does not support template, system, or context", param="raw")
-    if body.raw and _images(body.images):
-        raise InvalidRequestError("image input is not supported: this model reads text only", param="images")
 
 
 def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.ChatRequest:
@@ -172,7 +173,8 @@ def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.Chat
     messages: list[neutral.Message] = []
     if body.system:
         messages.append(neutral.Message(role="system", parts=(neutral.TextPart(body.system),)))
-    messages.append(neutral.Message(role="user", parts=(neutral.TextPart(body.prompt or ""),) + _images(body.images)))
+    images = _images(body.images, "images")
+    messages.append(neutral.Message(role="user", parts=(neutral.TextPart(body.prompt or ""),) + images))
     return neutral.ChatRequest(
         messages=tuple(messages),
         options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
@@ -181,14 +183,16 @@ def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.Chat
 
 
 def to_prompt_request(body: GenerateRequest, served: ServedModel) -> neutral.PromptRequest:
-    """A raw /api/generate: the prompt goes to the model verbatim."""
+    """A raw /api/generate: the prompt goes to the model verbatim. Its `images` travel as the request's media
+    with the prompt untouched: a prompt that holds no media marker gets one per image before it, from the chat
+    layer, which knows the model's marker (a translator does not)."""
     check_generate(body, served)
     if body.think:
         raise InvalidRequestError("raw mode does not support think", param="think")
     return neutral.PromptRequest(
         prompt=body.prompt or "",
         options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
-        output=output_constraint(body.format))
+        output=output_constraint(body.format), media=_images(body.images, "images"))
 
 
 def raw_prepared(generation: GenerationRequest) -> neutral.PreparedChat:

@@ -33,12 +33,15 @@ from kinetic.chat.types import (
 )
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
+from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.responses.types import (
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputAudio,
     InputFile,
+    InputImage,
     InputText,
     MessageItem,
     OutputText,
@@ -62,7 +65,8 @@ def response_id() -> str:
 
 def _parts(content: str | list[ContentPart], param: str) -> tuple[TextPart | MediaPart, ...]:
     """Content as neutral parts. Text of every kind is text (a refusal the client sends back is
-    what the assistant said); images reach the chat layer, which refuses them for a text model."""
+    what the assistant said); images and audio become media parts, which the chat layer refuses for a
+    model whose projector cannot read them."""
     if isinstance(content, str):
         return (TextPart(content),)
     parts: list[TextPart | MediaPart] = []
@@ -72,11 +76,22 @@ def _parts(content: str | list[ContentPart], param: str) -> tuple[TextPart | Med
         elif isinstance(part, Refusal):
             parts.append(TextPart(part.refusal))
         elif isinstance(part, InputFile):
-            raise InvalidRequestError("'input_file' is not supported: kinetic reads text input only",
-                                      param=f"{param}[{index}].type")
+            raise InvalidRequestError("'input_file' is not supported: kinetic reads no documents (send the text, "
+                                      "or images as 'input_image')", param=f"{param}[{index}].type")
         else:
-            parts.append(MediaPart(part.type))
+            parts.append(_media(part, f"{param}[{index}]"))
     return tuple(parts)
+
+
+def _media(part: InputImage | InputAudio, param: str) -> MediaPart:
+    if isinstance(part, InputAudio):
+        audio = part.input_audio
+        return media.media_part(audio.data if audio else None, kind=part.type, modality="audio",
+                                param=f"{param}.input_audio.data")
+    if part.image_url is None and part.file_id is not None:
+        raise InvalidRequestError("'file_id' is not supported: kinetic keeps no file store; send the image as "
+                                  "'image_url' (a data: URL or an http(s):// URL)", param=f"{param}.file_id")
+    return media.media_part(part.image_url, kind=part.type, modality="image", param=f"{param}.image_url")
 
 
 def _arguments(text: str) -> Any:

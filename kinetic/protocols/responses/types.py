@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
+from kinetic.protocols.common.types import InputAudio as AudioData
 from kinetic.protocols.common.types import SamplingFields, WireModel
 
 
@@ -32,7 +33,9 @@ class Refusal(WireModel):
 
 class InputImage(WireModel):
     type: Literal["input_image"]
-    image_url: str | None = None
+    image_url: str | None = None  # a data: URL or an http(s):// one
+    file_id: str | None = None  # a file uploaded to OpenAI's file store, which kinetic has not
+    detail: str | None = None
 
 
 class InputFile(WireModel):
@@ -41,6 +44,7 @@ class InputFile(WireModel):
 
 class InputAudio(WireModel):
     type: Literal["input_audio"]
+    input_audio: AudioData | None = None
 
 
 ContentPart = Annotated[InputText | OutputText | Refusal | InputImage | InputFile | InputAudio,

@@ -79,7 +79,8 @@ def test_tool_calls_and_results_reach_the_prompt(layer: ChatLayer) -> None:
 
 @pytest.mark.parametrize("request_, param", [
     (ChatRequest(messages=(Message(role="user", parts=(TextPart("look"), MediaPart(
-        "image_url", "image", data=b"\x89PNG", param="messages[0].content[1].image_url.url"))),)), "messages"),
+        "image_url", "image", data=b"\x89PNG", param="messages[0].content[1].image_url.url"))),)),
+     "messages[0].content[1].image_url.url"),
     (ChatRequest(messages=(user("x"),), template_kwargs={"enable_thinking": "yes"}), "chat_template_kwargs"),
     (ChatRequest(messages=(user("x"),), tool_choice=ToolChoice("required")), "tool_choice"),
     (ChatRequest(messages=()), "messages"),

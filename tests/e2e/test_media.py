@@ -206,7 +206,7 @@ def test_a_broken_image_is_a_400_naming_its_part_and_frees_the_slot(gemma: Kinet
 
 
 def test_audio_is_refused_by_a_projector_that_only_sees(gemma: KineticServer) -> None:
-    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_tone(0.5)).decode(), "format": "wav"}}
+    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_tone(0.5, 440.0)).decode(), "format": "wav"}}
     refused = chat(gemma.url, [{"role": "user", "content": [audio, {"type": "text", "text": "hear"}]}])
     assert refused.status_code == 400 and "audio" in refused.json()["error"]["message"]
 

@@ -206,7 +206,8 @@ def test_a_broken_image_is_a_400_naming_its_part_and_frees_the_slot(gemma: Kinet
 
 
 def test_audio_is_refused_by_a_projector_that_only_sees(gemma: KineticServer) -> None:
-    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_tone(0.5, 440.0)).decode(), "format": "wav"}}
+    clip = base64.b64encode(wav_tone(0.5, 440.0)).decode()
+    audio = {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
     refused = chat(gemma.url, [{"role": "user", "content": [audio, {"type": "text", "text": "hear"}]}])
     assert refused.status_code == 400 and "audio" in refused.json()["error"]["message"]
 
@@ -265,3 +266,29 @@ def test_chat_page_attaches_an_image_and_the_model_reads_it(gemma: KineticServer
     assert content[0] == {"type": "text", "text": QUESTION}
     assert content[1]["type"] == "image_url" and content[1]["image_url"]["url"].startswith("data:image/png;base64,")
     assert shown >= GEMMA_IMAGE_TOKENS
+
+
+# ------------------------------------------------------------------ audio, through an audio projector
+
+
+def test_audio_reaches_a_model_with_an_audio_projector(model_lock: None) -> None:
+    with KineticServer("-mm", str(tiny_projector("audio")), "-c", "2048", "-np", "1", "-a", "listener") as server:
+        assert httpx.get(server.url + "/props").json()["modalities"] == {"vision": False, "video": False,
+                                                                          "audio": True}
+        clip = base64.b64encode(wav_tone(1.0, 440.0)).decode()
+        heard = chat(server.url, [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+            {"type": "text", "text": "What do you hear?"}]}])
+        assert heard.status_code == 200, heard.text
+        assert heard.json()["usage"]["prompt_tokens"] >= 15  # one 30 s window: 15 embeddings
+        other = chat(server.url, [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_tone(1.0, 880.0)).decode(),
+                                                    "format": "wav"}}, {"type": "text", "text": "What do you hear?"}]}],
+                     logprobs=True, top_logprobs=5, max_tokens=1)
+        same = chat(server.url, [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+            {"type": "text", "text": "What do you hear?"}]}], logprobs=True, top_logprobs=5, max_tokens=1,
+                    cache_prompt=False)
+        assert other.json()["choices"][0]["logprobs"] != same.json()["choices"][0]["logprobs"]
+        refused = chat(server.url, image_message(png_image(64, 64, 91)))
+        assert refused.status_code == 400 and "does not read image" in refused.json()["error"]["message"]

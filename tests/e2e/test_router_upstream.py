@@ -7,6 +7,7 @@ time: requests are sent one after the other.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from kinetic.classroom.ledger import read_ledger
 from kinetic.models import bundled_model_path
+from tests.projector_model import png_image, tiny_projector
 from tests.server import KineticServer, free_port, wait_until
 
 KEY = "sk-class"
@@ -31,7 +33,8 @@ def upstream_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def upstream(model_lock: None, upstream_ledger: Path) -> Iterator[KineticServer]:
-    with KineticServer("-c", "2048", "-np", "2", "-a", "gemma-up", "--embeddings",
+    # it reads images too (the tiny test projector): the router sends them on inline
+    with KineticServer("-c", "2048", "-np", "2", "-a", "gemma-up", "--embeddings", "-mm", str(tiny_projector("gemma3")),
                        "--ledger", str(upstream_ledger)) as server:
         yield server
 
@@ -289,3 +292,17 @@ def test_an_upstream_going_down_mid_run(model_lock: None, minilm_path: str) -> N
         local = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=60,
                            json={"model": "local", "messages": CHAT, "max_tokens": 2})
         assert local.status_code == 200
+
+
+def test_an_image_reaches_the_upstream_inline(router: KineticServer, upstream_ledger: Path) -> None:
+    """The router loads the file under its own rules and sends it on as a data: URL: the upstream's ledger line
+    shows the image its prompt read, and the answer's usage counts it."""
+    image = "data:image/png;base64," + base64.b64encode(png_image(64, 64, 81)).decode()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                             {"type": "image_url", "image_url": {"url": image}}]}]
+    response = httpx.post(router.url + "/v1/chat/completions", headers=AUTH, timeout=120,
+                          json={"model": "remote", "messages": messages, "max_tokens": 4})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] >= 16  # the tiny projector's 16 embeddings
+    seen = [line for line in read_ledger(upstream_ledger) if line.get("media")]
+    assert seen and seen[-1]["media"] == {"images": 1, "audio": 0, "tokens": 16}

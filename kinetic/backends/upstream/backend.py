@@ -13,6 +13,7 @@ import httpx
 from kinetic import __version__
 from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
 from kinetic.backends.config import ModelConfig
+from kinetic.backends.media_source import resolve_chat
 from kinetic.backends.upstream.body import chat_body, prompt_body
 from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
@@ -138,6 +139,7 @@ class UpstreamBackend:
     # ------------------------------------------------------------------ generation
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+        req = await resolve_chat(req, self.config.media)  # URLs loaded under kinetic's rules, sent inline
         body = chat_body(req, self.upstream_model, self.config.defaults.n_predict)
         # the upstream's calls come back as structure (stream.py): nothing is parsed from the text
         prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,

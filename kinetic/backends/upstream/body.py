@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 from kinetic.chat.constraints import template_tools, tool_plan
-from kinetic.chat.types import ChatRequest, Message, OutputConstraint, PromptInput, PromptRequest
+from kinetic.chat.types import ChatRequest, MediaPart, Message, OutputConstraint, PromptInput, PromptRequest, TextPart
+from kinetic.errors import InvalidRequestError
+
+# the first bytes of the files a projector reads, for the data: URL's type the upstream is sent
+SIGNATURES = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"),
+              (b"BM", "image/bmp"), (b"RIFF", "audio/wav"), (b"ID3", "audio/mpeg"), (b"\xff\xfb", "audio/mpeg"),
+              (b"fLaC", "audio/flac"))
+
+
+def file_type(part: MediaPart) -> str:
+    data = part.data or b""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((mime for magic, mime in SIGNATURES if data.startswith(magic)), f"{part.modality}/octet-stream")
+
+
+def media_content(part: MediaPart) -> dict[str, Any]:
+    """A file as an OpenAI content part, inline: the backend loaded every URL under kinetic's own rules first, so
+    an upstream never fetches what a student named."""
+    if part.data is None or part.modality not in ("image", "audio"):
+        raise InvalidRequestError(f"{part.kind} input cannot be sent to the upstream server", param=part.param)
+    encoded = base64.b64encode(part.data).decode("ascii")
+    mime = file_type(part)
+    if part.modality == "audio":
+        return {"type": "input_audio", "input_audio": {"data": encoded, "format": mime.split("/")[1].replace(
+            "mpeg", "mp3")}}
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{encoded}"}}
 
 
 def openai_message(message: Message) -> dict[str, Any]:
     data: dict[str, Any] = {"role": message.role}
-    if message.parts is not None:
+    if message.parts is not None and any(isinstance(part, MediaPart) for part in message.parts):
+        data["content"] = [{"type": "text", "text": part.text} if isinstance(part, TextPart) else media_content(part)
+                           for part in message.parts]
+    elif message.parts is not None:
         data["content"] = message.text
     if message.name is not None:
         data["name"] = message.name
@@ -79,6 +109,9 @@ def chat_body(req: ChatRequest, model: str, n_predict: int) -> dict[str, Any]:
 
 
 def prompt_body(req: PromptRequest, model: str, n_predict: int) -> dict[str, Any]:
+    if req.media:
+        raise InvalidRequestError("an upstream model takes images and audio in chat messages only (its "
+                                  "/v1/completions has no media field)", param=req.media[0].param)
     prompt: PromptInput = req.prompt
     return {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
             **option_fields(req, n_predict), **output_fields(req.output)}

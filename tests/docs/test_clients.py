@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import ARTIFACTS, chromium_context, serve_directory
+from tests.projector_model import GEMMA3_IMAGE_TOKENS, tiny_projector
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +44,13 @@ def run_client(command: list[str], server: KineticServer) -> str:
 @pytest.fixture(scope="module")
 def keyed_server(model_lock: None) -> Iterator[KineticServer]:
     with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def seeing_server(model_lock: None) -> Iterator[KineticServer]:
+    """The bundled model with the tests' tiny gemma3 projector: it reads images (16 embeddings each)."""
+    with KineticServer("-mm", str(tiny_projector("gemma3")), "-c", "1024", "-np", "1") as server:
         yield server
 
 
@@ -106,6 +114,29 @@ def test_openai_responses(live_server: KineticServer) -> None:
     assert full and int(full.group(1)) > 0 and 0 < int(full.group(2)) <= 40, out
     streamed = re.search(r"\[streamed: output=(\d+)\]", out)
     assert streamed and 0 < int(streamed.group(1)) <= 40, out
+
+
+def test_openai_image(seeing_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "openai_image.py")], seeing_server)
+    usage = re.search(r"\[finish_reason=(stop|length) prompt=(\d+) completion=(\d+)\]", out)
+    assert usage and int(usage.group(2)) > GEMMA3_IMAGE_TOKENS and 0 < int(usage.group(3)) <= 40, out
+    timings = re.search(r"\[timings: cache_n=(\d+) prompt_n=(\d+) \d+\.\d t/s\]", out)
+    assert timings and int(timings.group(1)) + int(timings.group(2)) == int(usage.group(2)), out
+
+
+def test_ollama_image(seeing_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "ollama_image.py")], seeing_server)
+    capabilities = re.search(r"\[capabilities: (.*)\]", out)
+    assert capabilities and "vision" in capabilities.group(1).split(", "), out
+    full = re.search(r"\[done_reason=(stop|length) prompt_eval_count=(\d+) eval_count=(\d+)\]", out)
+    assert full and int(full.group(2)) > GEMMA3_IMAGE_TOKENS and 0 < int(full.group(3)) <= 40, out
+
+
+def test_image_clients_are_refused_by_a_text_only_model(live_server: KineticServer) -> None:
+    """The bundled model alone reads no images: a 400 that says how to give it a projector."""
+    for name in ("openai_image.py", "ollama_image.py"):
+        proc = launch([sys.executable, str(CLIENTS / name)], live_server)
+        assert proc.returncode != 0 and "reads text only" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_langchain_chat(live_server: KineticServer) -> None:

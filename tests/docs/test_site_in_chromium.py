@@ -113,9 +113,10 @@ def test_every_page_draws_its_diagrams_offline(site: str) -> None:
 @pytest.mark.parametrize(("slug", "title", "diagram", "annotated"), [
     ("lab-04-03", "Lab 04-03: structured output and tool calls", "tools.py (openai SDK)", "response_format=Citta"),
     ("lab-04-04", "Lab 04-04: one server, many clients", "kinetic serve (-np 2)", "ThreadPoolExecutor"),
+    ("lab-04-05", "Lab 04-05: images and the projector", "see.py (openai SDK)", "data_url(image)"),
 ])
 def test_module_04_lab_pages_render_offline(site: str, slug: str, title: str, diagram: str, annotated: str) -> None:
-    """Labs 04-03 and 04-04: one title, the annotated code of their scripts, the sequence diagram drawn."""
+    """Labs 04-03, 04-04 and 04-05: one title, the annotated code of their scripts, the sequence diagram drawn."""
     outside: list[str] = []
     errors: list[str] = []
     ARTIFACTS.mkdir(exist_ok=True)

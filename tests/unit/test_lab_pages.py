@@ -1,12 +1,15 @@
-"""The lab handout as the site shows it: annotated lines that are chat.py's own, no instructors' section."""
+"""The lab handouts as the site shows them: annotated lines that are the lab script's own, no instructors' section."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "labs" / "lab-04-02-client-openai"
+# each lab whose README walks through its script's lines, and that script
+ANNOTATED = {"lab-04-02-client-openai": "chat.py", "lab-04-05-images": "see.py"}
 ANNOTATION = re.compile(r"\s*# \((\d+)\)!\s*$")
 
 
@@ -22,22 +25,24 @@ def annotated_block(readme: str) -> list[str]:
     return with_markers[0].splitlines()
 
 
-def test_annotated_lines_are_chat_py_lines() -> None:
-    readme = (LAB / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("lab", sorted(ANNOTATED))
+def test_annotated_lines_are_the_scripts_lines(lab: str) -> None:
+    readme = (ROOT / "labs" / lab / "README.md").read_text(encoding="utf-8")
     lines = annotated_block(readme)
     markers = [int(m.group(1)) for line in lines if (m := ANNOTATION.search(line))]
     assert markers == [1, 2, 3]
-    chat = squeeze((LAB / "chat.py").read_text(encoding="utf-8"))
+    script = squeeze((ROOT / "labs" / lab / ANNOTATED[lab]).read_text(encoding="utf-8"))
     statement = ""
     for line in lines:
         statement += ANNOTATION.sub("", line) + "\n"
         if ANNOTATION.search(line):  # one annotated statement ends here (it may span lines)
-            assert squeeze(statement) in chat, f"not in chat.py: {statement.strip()!r}"
+            assert squeeze(statement) in script, f"not in {ANNOTATED[lab]}: {statement.strip()!r}"
             statement = ""
 
 
-def test_annotations_follow_the_block_as_a_three_item_list() -> None:
-    readme = (LAB / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("lab", sorted(ANNOTATED))
+def test_annotations_follow_the_block_as_a_three_item_list(lab: str) -> None:
+    readme = (ROOT / "labs" / lab / "README.md").read_text(encoding="utf-8")
     after = readme.split("# (3)!", 1)[1].split("```", 1)[1]
     items = re.findall(r"^\s+(\d)\. ", after.split("\n4. ", 1)[0], flags=re.M)
     assert items == ["1", "2", "3"]
@@ -51,7 +56,7 @@ def test_students_handouts_have_no_grading_section() -> None:
         text = readme.read_text(encoding="utf-8")
         assert "For instructors" not in text and "--ledger" not in text, f"{readme.parent.name}: grading notes"
     guide = (ROOT / "docs" / "grading.md").read_text(encoding="utf-8")
-    for lab in ("lab-04-01", "lab-04-02", "lab-04-03", "lab-04-04"):
+    for lab in ("lab-04-01", "lab-04-02", "lab-04-03", "lab-04-04", "lab-04-05"):
         assert f"## {lab.capitalize().replace('-', ' ', 1)}: what each check looks at" in guide
     assert "autograding-command-grader" in guide
 

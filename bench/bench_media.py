@@ -1,17 +1,19 @@
 """A chat with one image: kinetic beside llama-server, the same model, projector and flags, in one run.
 
 Both servers load the bundled Gemma 3 270M with the tiny gemma3 test projector (tests/projector_model.py:
-random weights, 16 embeddings an image), `-c 4096 -np 1 --no-repack`. Each round sends, streamed, greedy,
-8 tokens:
+random weights, 16 embeddings an image), `-c 4096 -np 1 --no-repack`, each with its default chat template.
+Each round sends greedy chats of one token (so the answer's time is the time to its first token; the vendored
+llama-server drops the connection of a second streamed chat with an image, so nothing is streamed):
 
-- text only: the question alone (the baseline of the prompt's cost);
-- cold image: the question with an image the server has never seen (a new 256x256 PNG each round), so its
-  file is decoded, encoded by the projector and its embeddings decoded into the slot;
-- cached image: the same request again, whose image the prompt cache holds.
+- text only: the question alone, nothing cached (`cache_prompt: false`);
+- image, nothing cached: the question with a 256x256 PNG, nothing cached;
+- new image: the question with an image the server has never seen (a new PNG each round), the text before
+  it cached: its file is decoded, encoded by the projector and its embeddings decoded into the slot;
+- same image again: that request once more, whose image the prompt cache holds.
 
-The table shows the medians over `--rounds` of the client's TTFT and of the server's own `prompt_ms`, the
-image's cost (cold `prompt_ms` minus text-only `prompt_ms`: decoding, encoding and evaluating the image),
-and kinetic / llama-server for each. Servers take turns.
+The table shows the medians over `--rounds` of the client's time to the token and of the server's own
+`prompt_ms`, the image's own cost (`prompt_ms` of the image with nothing cached minus the text's: decoding,
+encoding and evaluating it), and kinetic / llama-server for each. Servers take turns.
 
     flock /tmp/kinetic-tests-model.lock python bench/bench_media.py [--llama-server PATH] [--rounds 5]
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ from kinetic.models import bundled_model_path  # noqa: E402
 from tests.projector_model import png_image, tiny_projector  # noqa: E402
 
 QUESTION = "Describe the picture in one sentence."
-KINDS = ("text only", "cold image", "cached image")
+KINDS = ("text only", "image, nothing cached", "new image", "same image again")
 
 
 def body(image: bytes | None) -> dict[str, Any]:
@@ -48,27 +49,15 @@ def body(image: bytes | None) -> dict[str, Any]:
     if image is not None:
         url = "data:image/png;base64," + base64.b64encode(image).decode()
         content.insert(0, {"type": "image_url", "image_url": {"url": url}})
-    return {"model": "local", "max_tokens": 8, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": content}]}
+    return {"model": "local", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": content}]}
 
 
 def timed(client: httpx.Client, url: str, request: dict[str, Any]) -> tuple[float, float]:
-    """(TTFT seconds as the client saw it, the server's prompt_ms) of one streamed chat."""
+    """(seconds to the one token as the client saw it, the server's prompt_ms) of one chat."""
     started = time.perf_counter()
-    first = float("nan")
-    prompt_ms = float("nan")
-    with client.stream("POST", url + "/v1/chat/completions", json=request) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            data = json.loads(line[6:])
-            delta = (data.get("choices") or [{}])[0].get("delta") or {}
-            if first != first and (delta.get("content") or delta.get("reasoning_content")):
-                first = time.perf_counter() - started
-            if "timings" in data:
-                prompt_ms = float(data["timings"]["prompt_ms"])
-    return first, prompt_ms
+    response = client.post(url + "/v1/chat/completions", json=request)
+    response.raise_for_status()
+    return time.perf_counter() - started, float(response.json()["timings"]["prompt_ms"])
 
 
 def measure(server: Server, rounds: int) -> dict[str, dict[str, float]]:
@@ -77,9 +66,11 @@ def measure(server: Server, rounds: int) -> dict[str, dict[str, float]]:
         timed(client, server.url, body(png_image(256, 256, 999)))  # warm-up: the first encode allocates
         for index in range(rounds):
             image = png_image(256, 256, index)
+            uncached = {**body(png_image(256, 256, 1000 + index)), "cache_prompt": False}
             samples["text only"].append(timed(client, server.url, {**body(None), "cache_prompt": False}))
-            samples["cold image"].append(timed(client, server.url, body(image)))
-            samples["cached image"].append(timed(client, server.url, body(image)))
+            samples["image, nothing cached"].append(timed(client, server.url, uncached))
+            samples["new image"].append(timed(client, server.url, body(image)))
+            samples["same image again"].append(timed(client, server.url, body(image)))
     return {kind: {"ttft_ms": 1000 * median([s[0] for s in got]), "prompt_ms": median([s[1] for s in got])}
             for kind, got in samples.items()}
 
@@ -90,7 +81,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     model = str(bundled_model_path())
-    flags = ["-mm", str(tiny_projector("gemma3")), "-c", "4096", "-np", "1", "--no-repack", "--chat-template", "gemma"]
+    flags = ["-mm", str(tiny_projector("gemma3")), "-c", "4096", "-np", "1", "--no-repack"]
     measured: dict[str, dict[str, dict[str, float]]] = {}
     for server in (kinetic_server(model, flags), llama_server(args.llama_server, model, flags)):
         if server is None:
@@ -107,15 +98,16 @@ def main() -> None:
             cells += [got["ttft_ms"], got["prompt_ms"]] if got else ["-", "-"]
         cells.append(ours["ttft_ms"] / theirs["ttft_ms"] if ours and theirs else "-")
         rows.append(cells)
-    image_cost: list[Any] = ["image's own cost (cold - text, prompt_ms)"]
-    costs = {name: got["cold image"]["prompt_ms"] - got["text only"]["prompt_ms"] for name, got in measured.items()}
+    image_cost: list[Any] = ["the image's own cost (prompt_ms: image, nothing cached - text only)"]
+    costs = {name: got["image, nothing cached"]["prompt_ms"] - got["text only"]["prompt_ms"]
+             for name, got in measured.items()}
     image_cost += ["", costs.get("kinetic", "-"), "", costs.get("llama-server", "-")]
     image_cost.append(costs["kinetic"] / costs["llama-server"] if len(costs) == 2 and costs["llama-server"] > 0
                       else "-")
     rows.append(image_cost)
     print(f"{args.rounds} rounds, medians; the tiny gemma3 projector on the bundled Gemma 3 270M, -np 1")
-    print(table(["request", "kinetic TTFT ms", "kinetic prompt_ms", "llama-server TTFT ms", "llama-server prompt_ms",
-                 "kinetic / llama-server TTFT"], rows))
+    print(table(["request", "kinetic ms to the token", "kinetic prompt_ms", "llama-server ms to the token",
+                 "llama-server prompt_ms", "kinetic / llama-server"], rows))
 
 
 if __name__ == "__main__":

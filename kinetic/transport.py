@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +133,19 @@ def raw_response(response: Response) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY on a client's connection. asyncio sets it only on sockets made with proto IPPROTO_TCP, and
+    uvicorn's listening socket has proto 0: without it, the part of an answer written after its headers (a whole
+    JSON body, a stream's next chunk) waited for the client's delayed ACK, about 40 ms on Linux (measured: a
+    one-token chat took 68 ms end to end, 26 ms of it in the server). llama-server sets it on every connection."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # the client already went
+            pass
+
+
 class LimitedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the limits above (one instance per connection)."""
 
@@ -156,6 +170,7 @@ class LimitedH11Protocol(H11Protocol):
     # uvicorn types the argument as BaseTransport but is always handed a Transport, and the wrapper
     # stands in for one (it forwards what it does not change)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # see above
+        no_delay(transport)
         super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]  # see above
         self._arm_header_timer()
 

@@ -191,22 +191,33 @@ ARCHITECTURES: dict[str, Callable[[Any, np.random.Generator, int], None]] = {
 }
 
 
-def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path:
+def write_gguf(target: Path, architecture: str, name: str, fill: Callable[[Any], None]) -> Path:
+    """A GGUF of `architecture` whose keys and tensors `fill` adds to the writer, written whole or not at all."""
     import gguf
 
-    reader_vocab = len(gguf.GGUFReader(str(tokenizer_source)).fields["tokenizer.ggml.tokens"].data)
     partial = target.with_suffix(".partial")
     writer = gguf.GGUFWriter(str(partial), architecture)
-    writer.add_name(f"kinetic-test-{architecture}")
+    writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    _copy_tokenizer(writer, tokenizer_source)
-    ARCHITECTURES[architecture](writer, np.random.default_rng(SEED), reader_vocab)
+    fill(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     os.replace(partial, target)
     return target
+
+
+def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path:
+    import gguf
+
+    reader_vocab = len(gguf.GGUFReader(str(tokenizer_source)).fields["tokenizer.ggml.tokens"].data)
+
+    def fill(writer: Any) -> None:
+        _copy_tokenizer(writer, tokenizer_source)
+        ARCHITECTURES[architecture](writer, np.random.default_rng(SEED), reader_vocab)
+
+    return write_gguf(target, architecture, f"kinetic-test-{architecture}", fill)
 
 
 def tiny_model(architecture: str) -> Path:

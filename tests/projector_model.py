@@ -32,7 +32,6 @@ the prompt.
 from __future__ import annotations
 
 import io
-import os
 import random
 import struct
 import wave
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tests.hybrid_model import N_EMBD as QWEN35_N_EMBD
-from tests.hybrid_model import cache_dir
+from tests.hybrid_model import cache_dir, write_gguf
 
 GEMMA_N_EMBD = 640  # the bundled Gemma 3 270M's embedding width
 SEED = 31
@@ -202,19 +201,8 @@ KINDS: dict[str, Callable[[Any, np.random.Generator], None]] = {
 
 
 def write_projector(kind: str, target: Path) -> Path:
-    import gguf
-
-    partial = target.with_suffix(".partial")
-    writer = gguf.GGUFWriter(str(partial), "clip")
-    writer.add_name(f"kinetic-test-mmproj-{kind}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    KINDS[kind](writer, np.random.default_rng([SEED, list(KINDS).index(kind)]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(partial, target)
-    return target
+    return write_gguf(target, "clip", f"kinetic-test-mmproj-{kind}",
+                      lambda writer: KINDS[kind](writer, np.random.default_rng([SEED, list(KINDS).index(kind)])))
 
 
 def tiny_projector(kind: str) -> Path:

@@ -10,9 +10,12 @@ usage counts the image's tokens, and that a broken file is a 400 naming its part
 from __future__ import annotations
 
 import base64
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -55,10 +58,48 @@ def idle(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def gemma(model_lock: None) -> Iterator[KineticServer]:
+def media_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--media-path: the folder file:// URLs may read from, with one picture in it."""
+    folder = tmp_path_factory.mktemp("media")
+    (folder / "picture.png").write_bytes(png_image(64, 64, 101))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gemma(model_lock: None, media_folder: Path) -> Iterator[KineticServer]:
     with KineticServer("-mm", str(tiny_projector("gemma3")), "-c", "4096", "-np", "2", "-a", "seer",
-                       "--slot-save-path", "slots") as server:
+                       "--slot-save-path", "slots", "--media-path", str(media_folder)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def picture_site() -> Iterator[str]:
+    """A web server on 127.0.0.1 with /picture.png, and /elsewhere redirecting to it."""
+    image = png_image(64, 64, 101)
+
+    class Pictures(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  the standard library's name
+            if self.path == "/elsewhere":
+                self.send_response(302)
+                self.send_header("Location", "/picture.png")
+                self.end_headers()
+                return
+            found = self.path == "/picture.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(image) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(image)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pictures)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_address[1]}"
+    site.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +227,50 @@ def test_hybrid_model_reads_images_and_restores_a_checkpoint_after_one(qwen: Kin
     other = chat(qwen.url, image_message(png_image(64, 64, 33))).json()
     alone = chat(qwen.url, image_message(png_image(64, 64, 33)), cache_prompt=False).json()
     assert other["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+
+
+# ------------------------------------------------------------------ files named by URL
+
+
+def url_message(url: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": QUESTION}]}]
+
+
+def test_an_image_by_url_is_the_same_image_as_inline(gemma: KineticServer, picture_site: str) -> None:
+    inline = first_token_logprobs(gemma.url, png_image(64, 64, 101), cache_prompt=False)
+    for url in (picture_site + "/picture.png", picture_site + "/elsewhere", "file://picture.png"):
+        response = chat(gemma.url, url_message(url), logprobs=True, top_logprobs=5, max_tokens=1, cache_prompt=False)
+        assert response.status_code == 200, (url, response.text)
+        top = response.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        assert [(entry["token"], entry["logprob"]) for entry in top] == inline, url
+
+
+def test_a_url_that_cannot_be_had_is_a_400_saying_why(gemma: KineticServer, picture_site: str) -> None:
+    for url, why in ((picture_site + "/missing.png", "HTTP 404"), ("file://../etc/passwd", "not allowed"),
+                     ("file://nothing-here.png", "does not exist"), ("gopher://example.org/x", "scheme")):
+        refused = chat(gemma.url, url_message(url))
+        assert refused.status_code == 400, (url, refused.text)
+        error = refused.json()["error"]
+        assert why in error["message"] and error["param"] == "messages[0].content[0].image_url.url", (url, error)
+    assert idle(gemma.url)
+
+
+def test_a_keyed_server_does_not_fetch_from_the_classroom_network(picture_site: str, model_lock: None,
+                                                                  tmp_path: Path) -> None:
+    """With keys, a student's URL may not reach a private or loopback address unless the admin allows it."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-alice alice\n")
+    auth = {"Authorization": "Bearer sk-alice"}
+    body = {"messages": url_message(picture_site + "/picture.png"), "max_tokens": 2}
+    with KineticServer("-mm", str(tiny_projector("gemma3")), "-c", "2048", "-np", "1",
+                       "--api-key-file", str(keys)) as server:
+        refused = httpx.post(server.url + "/v1/chat/completions", json=body, headers=auth, timeout=60)
+        assert refused.status_code == 400 and "private, loopback" in refused.json()["error"]["message"]
+    with KineticServer("-mm", str(tiny_projector("gemma3")), "-c", "2048", "-np", "1",
+                       "--api-key-file", str(keys), "--media-allow-private") as server:
+        allowed = httpx.post(server.url + "/v1/chat/completions", json=body, headers=auth, timeout=60)
+        assert allowed.status_code == 200, allowed.text
 
 
 # ------------------------------------------------------------------ bad input, and nothing left behind

@@ -21,6 +21,7 @@ from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat, resolve_prompt
 from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.chat.infill import check_fim
+from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
@@ -141,7 +142,9 @@ class LocalBackend:
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
         self._require_generation()
-        # files named by URL are loaded first (the chat layer reads bytes only); no URL, no work
+        # files named by URL are loaded first (the chat layer reads bytes only); no URL, no work. A file the model
+        # cannot read is refused before anything is fetched for it.
+        check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
         generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
         return self._made(generation), prepared

@@ -170,7 +170,7 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
         assert httpx.get(server.url + "/health").status_code == 200
         assert httpx.get(server.url + "/props").json()["total_slots"] == 1
         log = server.log()
-    video = "video input, local media files and the encoder's batch"
+    video = "video input and the encoder's batch"
     for flag, row in (("--video-ffmpeg-dir", video), ("--video-fps", video),
                       ("--no-warmup", "llama-server internals")):
         assert log.count(f'warning: {flag} is ignored: see "ignored flags: {row}" under Differences from '

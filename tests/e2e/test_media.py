@@ -187,6 +187,21 @@ def test_completion_multimodal_data_at_the_marker(gemma: KineticServer) -> None:
     assert refused.status_code == 400 and "marker" in refused.json()["error"]["message"]
 
 
+def test_n_cmpl_copies_of_a_prompt_with_an_image_read_the_same_image(gemma: KineticServer) -> None:
+    """The copies start from the same cells and evaluate the image side by side (the gemma fixture has 2 slots)."""
+    marker = httpx.get(gemma.url + "/props").json()["media_marker"]
+    prompt = {"prompt_string": f"{marker} The picture shows", "multimodal_data": [
+        base64.b64encode(png_image(64, 64, 111)).decode()]}
+    copies = httpx.post(gemma.url + "/completion", json={"prompt": prompt, "n_cmpl": 2, "n_predict": 8,
+                                                          "temperature": 0, "cache_prompt": False}, timeout=120)
+    assert copies.status_code == 200, copies.text
+    first, second = copies.json()
+    # the same arithmetic on the same cells: the same text (a copy alone may part at a near tie: another batch shape)
+    assert first["content"] == second["content"]
+    assert first["tokens_evaluated"] == second["tokens_evaluated"] >= GEMMA_IMAGE_TOKENS
+    assert idle(gemma.url)
+
+
 # ------------------------------------------------------------------ the image is really read, the cache exact
 
 

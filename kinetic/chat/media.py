@@ -60,4 +60,4 @@ def shifted(media: tuple[MediaSpan, ...], by: int) -> tuple[MediaSpan, ...]:
 
 def media_extra(media: tuple[MediaSpan, ...]) -> int:
     """Embeddings beyond their positions (M-RoPE images): what usage counts besides the token list."""
-    return sum(span.n_tokens - span.n_pos for span in media)
+    return sum(span.extra_tokens for span in media)

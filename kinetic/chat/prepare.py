@@ -262,7 +262,6 @@ class ChatLayer:
 
     def tokenize_with_media(self, prompt: str, files: list[MediaPart]) -> tuple[list[int], tuple[MediaSpan, ...]]:
         """tokenize_prompt for a text holding one media marker per file: the BOS rule, then the files' spans."""
-        check_readable(files, self.engine.modalities)
         data, params = file_bytes(files)
         tokens, media = self.engine.tokenize_media(prompt, data, params)
         info = self.engine.require_ready()
@@ -340,6 +339,7 @@ class ChatLayer:
         if not marker:
             raise InvalidRequestError("Multimodal data provided, but model does not support multimodal requests.",
                                       param=req.media[0].param)
+        check_readable(req.media, self.engine.modalities)  # audio to a projector that only sees
         prompt = req.prompt if marker in req.prompt else marker * len(req.media) + req.prompt
         tokens, media = self.tokenize_with_media(prompt, list(req.media))
         return self.with_media(self.engine_request(tokens, req.options, output_grammar(req.output)), tokens, media)

@@ -103,6 +103,11 @@ class MediaSpan:
     def end(self) -> int:
         return self.start + self.n_pos
 
+    @property
+    def extra_tokens(self) -> int:
+        """Embeddings beyond its positions (M-RoPE): what usage counts besides its stand-ins."""
+        return self.n_tokens - self.n_pos
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -123,6 +128,18 @@ class GenerationRequest:
     checkpoint_at: int = 0
     reasoning_budget: ReasoningBudget | None = None  # None: thinking is not limited
     media: tuple[MediaSpan, ...] = ()  # images and audio in the prompt, in order (their stand-ins in prompt_tokens)
+
+    @property
+    def text_tokens(self) -> list[int]:
+        """The prompt without its media stand-ins: the tokens a sampler or a client may be given."""
+        if not self.media:
+            return self.prompt_tokens
+        kept: list[int] = []
+        start = 0
+        for span in self.media:
+            kept += self.prompt_tokens[start:span.start]
+            start = span.end
+        return kept + self.prompt_tokens[start:]
 
 
 @dataclass(frozen=True)

@@ -78,19 +78,6 @@ def is_embedding_only(model: LoadedModel) -> bool:
     return info.architecture in ENCODER_ARCHITECTURES or str(causal).lower() == "false"
 
 
-def text_tokens(request: GenerationRequest) -> list[int]:
-    """The prompt without its media stand-ins."""
-    if not request.media:
-        return request.prompt_tokens
-    tokens = request.prompt_tokens
-    kept: list[int] = []
-    start = 0
-    for span in request.media:
-        kept += tokens[start:span.start]
-        start = span.end
-    return kept + tokens[start:]
-
-
 class LlamaEngine:
     """One GGUF served from N slots of one llama.cpp context (see scheduler.py for the decode loop)."""
 
@@ -326,7 +313,8 @@ class LlamaEngine:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if n_prompt >= self.slot_n_ctx:
             raise ContextOverflowError(n_prompt, self.slot_n_ctx)
-        if any(not model.valid_token(t) for t in text_tokens(request)):
+        text_tokens = request.text_tokens
+        if any(not model.valid_token(t) for t in text_tokens):
             raise InvalidRequestError("Prompt contains invalid tokens", param="prompt")
         if request.media and request.media[-1].end >= n_prompt:
             # its first sample would come from an embedding row; every projector closes media with a text token
@@ -336,7 +324,7 @@ class LlamaEngine:
         # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
         budget = request.reasoning_budget  # --reasoning-budget: a sampler that forces the end of thinking
         make = Sampler if budget is None else partial(BudgetedSampler, budget=budget)
-        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens(request))
+        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue)
 

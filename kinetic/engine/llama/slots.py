@@ -92,7 +92,7 @@ class Slot:
     def media_extra(self, upto: int) -> int:
         """Embeddings beyond positions in the media before `upto`: an image on an M-RoPE model takes fewer
         positions (its stand-ins in the token list) than the embeddings it counts as in usage."""
-        return sum(span.n_tokens - span.n_pos for span in self.media.values() if span.end <= upto)
+        return sum(span.extra_tokens for span in self.media.values() if span.end <= upto)
 
     def timings(self) -> Timings:
         """The job's llama-server `timings` so far: each streamed token's and, at the end, the answer's."""

@@ -105,9 +105,8 @@ async def generate(body: GenerateRequest, request: Request, backend: OllamaBacke
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
     generation_request, prepared = await _prepare_generate(body, backend, model)
-    # an image's stand-ins (negative ids) are no tokens a client could send back as `context`: left out
-    text_tokens = [token for token in generation_request.prompt_tokens if token >= 0]
-    ctx = translate.reply_context(body, prepared, started_ns=started, prompt_tokens=text_tokens)
+    # an image's stand-ins are no tokens a client could send back as `context`: left out
+    ctx = translate.reply_context(body, prepared, started_ns=started, prompt_tokens=generation_request.text_tokens)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)

@@ -10,7 +10,7 @@ from typing import Any
 
 from kinetic.backends.media_source import MediaPolicy
 from kinetic.chat.prepare import ServerDefaults
-from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
+from kinetic.engine.options import EngineConfig, ProjectorOptions
 from kinetic.models import projector_cache_path
 from kinetic.sampling_defaults import default_sampling, default_stops
 from kinetic.settings import ServerSettings
@@ -23,27 +23,6 @@ class TemplateChoice:
     jinja: bool = True
     override: str | None = None
     override_file: str | None = None
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The llama engine's construction: context, slots, threads, batches, embeddings, llama.cpp options."""
-
-    n_ctx: int = 0
-    n_parallel: int = -1
-    n_threads: int = -1
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    embeddings: bool = False
-    pooling: str | None = None
-    options: LlamaOptions = field(default_factory=LlamaOptions)
-    fair_share: bool = True
-    cache_ram_mib: int = 0
-    ctx_checkpoints: int = 32
-    verbose: bool = False
-    long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
-    spec: SpecOptions = field(default_factory=SpecOptions)  # speculative decoding (-md, --spec-type...)
-    projector: ProjectorOptions = field(default_factory=ProjectorOptions)  # image/audio input (-mm, -hf's mmproj)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Pure data: kinetic.engine.llama.params turns it into llama_model_params and llam
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # llama.cpp's KV cache types (common/arg.cpp kv_cache_types) and their ggml_type values
@@ -222,3 +222,25 @@ class ProjectorOptions:
     @property
     def enabled(self) -> bool:
         return self.path is not None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The llama engine's construction, handed to it whole: context, slots, threads, batches, embeddings,
+    llama.cpp options (a model's config holds it, kinetic.backends.config)."""
+
+    n_ctx: int = 0
+    n_parallel: int = -1
+    n_threads: int = -1
+    n_batch: int = 2048  # llama-server's -b
+    n_ubatch: int = 512  # llama-server's -ub
+    embeddings: bool = False
+    pooling: str | None = None
+    options: LlamaOptions = field(default_factory=LlamaOptions)
+    fair_share: bool = True
+    cache_ram_mib: int = 0
+    ctx_checkpoints: int = 32
+    verbose: bool = False
+    long_context: LongContext = field(default_factory=LongContext)  # --context-shift, --cache-reuse...
+    spec: SpecOptions = field(default_factory=SpecOptions)  # speculative decoding (-md, --spec-type...)
+    projector: ProjectorOptions = field(default_factory=ProjectorOptions)  # image/audio input (-mm, -hf's mmproj)

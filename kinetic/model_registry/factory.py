@@ -9,11 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from kinetic.backends.base import ModelBackend
-from kinetic.backends.config import EngineConfig, finds_projector, model_config
+from kinetic.backends.config import finds_projector, model_config
 from kinetic.backends.local import LocalBackend
 from kinetic.engine.base import Engine
 from kinetic.engine.inflight import InFlight
-from kinetic.engine.options import ProjectorOptions
+from kinetic.engine.options import EngineConfig, ProjectorOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.model_registry.registry import BackendFactory
 from kinetic.model_registry.sources import ModelSpec
@@ -84,9 +84,5 @@ def local_engine(spec: ModelSpec, config: EngineConfig, settings: ServerSettings
     from kinetic.engine.llama import LlamaEngine
 
     path, projector = engine_files(spec, config, settings)
-    return LlamaEngine(path, n_ctx=config.n_ctx, n_parallel=config.n_parallel, n_threads=config.n_threads,
-                       n_batch=config.n_batch, n_ubatch=config.n_ubatch, embeddings=config.embeddings,
-                       pooling=config.pooling, options=config.options, fair_share=config.fair_share,
-                       max_in_flight_per_client=max_in_flight, cache_ram_mib=config.cache_ram_mib,
-                       ctx_checkpoints=config.ctx_checkpoints, verbose=config.verbose, decode_lock=decode_lock,
-                       in_flight=in_flight, long_context=config.long_context, spec=config.spec, projector=projector)
+    return LlamaEngine(path, replace(config, projector=projector), max_in_flight_per_client=max_in_flight,
+                       decode_lock=decode_lock, in_flight=in_flight)

@@ -11,7 +11,7 @@ import pytest
 
 from kinetic.engine.llama import devices, params
 from kinetic.engine.llama.params import context_params, model_params
-from kinetic.engine.options import CpuParams, LlamaOptions, parse_cpu_mask, parse_kv_override
+from kinetic.engine.options import CpuParams, EngineConfig, LlamaOptions, parse_cpu_mask, parse_kv_override
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 
@@ -133,9 +133,9 @@ def test_the_engine_takes_the_options() -> None:
     from kinetic.engine.llama import LlamaEngine
 
     chosen = ServerSettings(kv_unified=True, parallel=2).llama_options()
-    engine = LlamaEngine(Path("none.gguf"), n_parallel=2, options=chosen)
+    engine = LlamaEngine(Path("none.gguf"), EngineConfig(n_parallel=2, options=chosen))
     assert engine.kv_unified and engine.options is chosen
-    assert not LlamaEngine(Path("none.gguf"), n_parallel=2).kv_unified
+    assert not LlamaEngine(Path("none.gguf"), EngineConfig(n_parallel=2)).kv_unified
 
 
 def test_list_devices_prints_and_exits(capsys: pytest.CaptureFixture[str]) -> None:

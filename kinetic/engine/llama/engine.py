@@ -25,7 +25,7 @@ from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
-from kinetic.engine.options import LlamaOptions, LongContext, ProjectorOptions, SpecOptions
+from kinetic.engine.options import EngineConfig
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import (
     EngineStats,
@@ -52,8 +52,6 @@ from kinetic.errors import (
 # 4 (bench/bench_streams.py class-size: 40 students within a 2 s p95 TTFT on 2 cores, against 16
 # with 4 slots), and in one cell pool a slot costs no memory until it holds tokens.
 AUTO_SLOTS = 16
-DEFAULT_BATCH = 2048  # llama-server's -b
-DEFAULT_UBATCH = 512  # llama-server's -ub
 SLOT_POLL_S = 0.05  # how often a slot action looks again at a busy slot
 
 log = logging.getLogger(__name__)
@@ -81,47 +79,28 @@ def is_embedding_only(model: LoadedModel) -> bool:
 class LlamaEngine:
     """One GGUF served from N slots of one llama.cpp context (see scheduler.py for the decode loop)."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        n_ctx: int = 0,
-        n_parallel: int = -1,
-        n_threads: int = -1,
-        n_batch: int = DEFAULT_BATCH,
-        n_ubatch: int = DEFAULT_UBATCH,
-        embeddings: bool = False,
-        fair_share: bool = True,
-        max_in_flight_per_client: int = 0,
-        cache_ram_mib: int = 0,
-        ctx_checkpoints: int = 32,
-        pooling: str | None = None,
-        options: LlamaOptions = LlamaOptions(),  # noqa: B008  frozen dataclass: a shared default is safe
-        spec: SpecOptions = SpecOptions(),  # noqa: B008  frozen too
-        verbose: bool = False,
-        decode_lock: DecodeLock | None = None,
-        in_flight: InFlight | None = None,
-        long_context: LongContext = LongContext(),  # noqa: B008  frozen dataclass: a shared default is safe
-        projector: ProjectorOptions = ProjectorOptions(),  # noqa: B008  frozen too
-    ):
+    def __init__(self, model_path: Path, config: EngineConfig = EngineConfig(), *,  # noqa: B008  frozen dataclass
+                 max_in_flight_per_client: int = 0, decode_lock: DecodeLock | None = None,
+                 in_flight: InFlight | None = None):
         self.model_path = model_path
-        self.requested_ctx = n_ctx
-        self.n_slots = AUTO_SLOTS if n_parallel < 0 else max(1, n_parallel)
-        self.options = options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
-        self.spec = spec  # speculative decoding (-md, --spec-type...): speculative.py
-        self.projector = projector  # the multimodal projector (-mm, -hf's mmproj); its path None: text only
-        self.kv_unified = n_parallel < 0 if options.kv_unified is None else options.kv_unified
-        self.n_threads = default_threads() if n_threads <= 0 else n_threads
-        self.n_batch = n_batch
-        self.n_ubatch = n_ubatch
-        self.embeddings_enabled = embeddings
-        self.fair_share = fair_share
+        self.config = config
+        self.requested_ctx = config.n_ctx
+        self.n_slots = AUTO_SLOTS if config.n_parallel < 0 else max(1, config.n_parallel)
+        self.options = config.options  # -ngl, -fa, -ctk... (kinetic.engine.llama.params builds llama.cpp's params)
+        self.spec = config.spec  # speculative decoding (-md, --spec-type...): speculative.py
+        self.projector = config.projector  # the multimodal projector (-mm, -hf's mmproj); its path None: text only
+        self.kv_unified = config.n_parallel < 0 if self.options.kv_unified is None else self.options.kv_unified
+        self.n_threads = default_threads() if config.n_threads <= 0 else config.n_threads
+        self.n_batch = config.n_batch
+        self.n_ubatch = config.n_ubatch
+        self.embeddings_enabled = config.embeddings
+        self.fair_share = config.fair_share
         self.max_in_flight_per_client = max_in_flight_per_client
         self.in_flight = in_flight  # router mode: every model's requests counted per key together
-        self.cache_ram_mib = cache_ram_mib
-        self.ctx_checkpoints = ctx_checkpoints
-        self.long_context = long_context  # --context-shift, --cache-reuse (context_shift.py)
-        self.pooling = pooling  # None: the model's own (mean when it declares none)
+        self.cache_ram_mib = config.cache_ram_mib
+        self.ctx_checkpoints = config.ctx_checkpoints
+        self.long_context = config.long_context  # --context-shift, --cache-reuse (context_shift.py)
+        self.pooling = config.pooling  # None: the model's own (mean when it declares none)
         self._projector: Projector | None = None
         self._closed = False  # close() was called: requests get a 503, not "an embedding model"
         # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded until woken, its description kept
@@ -130,7 +109,7 @@ class LlamaEngine:
         self._asleep_modalities = Modalities()
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
-        self.verbose = verbose
+        self.verbose = config.verbose
         self.slot_n_ctx = 0
         self._model: LoadedModel | None = None
         self._scheduler: Scheduler | None = None

@@ -21,6 +21,7 @@ from kinetic.gate import RequestGate
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
+from kinetic.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)
+    app.include_router(web_router)  # the pages: no protocol of their own, errors in the default envelope
     add_gate(app, registry)
     add_ledger(app, registry)
     return app

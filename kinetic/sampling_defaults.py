@@ -6,6 +6,7 @@ request's own fields over these, whatever protocol it came in by, and /props sho
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
@@ -53,7 +54,7 @@ def parse_logit_bias(entries: tuple[str, ...]) -> dict[int, float]:
     return bias
 
 
-def dry_breakers(values: tuple[str, ...], escape: bool) -> tuple[str, ...]:
+def breakers_from_flags(values: tuple[str, ...], escape: bool) -> tuple[str, ...]:
     """Given breakers replace the defaults; `none` clears what came before it."""
     if not values:
         return DEFAULT_DRY_BREAKERS
@@ -85,23 +86,26 @@ def default_samplers(settings: ServerSettings) -> tuple[str, ...]:
     return DEFAULT_SAMPLERS
 
 
+# The setting (a flag's dest) of each sampler field that its flag names otherwise (llama-server's spellings);
+# every other field is set by the flag of its own name, but these, which the server's flags shape first
+FLAG_FOR_FIELD = {"temperature": "temp", "dynatemp_exponent": "dynatemp_exp", "mirostat_tau": "mirostat_ent",
+                  "mirostat_eta": "mirostat_lr"}
+SHAPED = frozenset(("temperature", "logit_bias", "grammar", "dry_sequence_breakers", "samplers"))
+NO_FLAG = frozenset(("min_keep",))  # llama-server has no flag for it either: a request's own or the default
+# each sampler field set straight from a setting, and that setting's name
+FROM_SETTING = {f.name: FLAG_FOR_FIELD.get(f.name, f.name) for f in fields(SamplingParams)
+                if f.name not in SHAPED | NO_FLAG}
+
+
 def default_sampling(settings: ServerSettings) -> SamplingParams:
     """What a request gets for every sampler field it leaves out."""
+    flags = settings.model_dump()
+    given = {name: flags[setting] for name, setting in FROM_SETTING.items()}
     return SamplingParams(
-        temperature=max(settings.temp, 0.0), top_k=settings.top_k, top_p=settings.top_p, min_p=settings.min_p,
-        typical_p=settings.typical_p, repeat_penalty=settings.repeat_penalty, repeat_last_n=settings.repeat_last_n,
-        presence_penalty=settings.presence_penalty, frequency_penalty=settings.frequency_penalty,
-        seed=settings.seed, logit_bias=parse_logit_bias(settings.logit_bias), grammar=default_grammar(settings),
-        ignore_eos=settings.ignore_eos, dynatemp_range=settings.dynatemp_range,
-        dynatemp_exponent=settings.dynatemp_exp, top_n_sigma=settings.top_n_sigma,
-        xtc_probability=settings.xtc_probability, xtc_threshold=settings.xtc_threshold,
-        dry_multiplier=settings.dry_multiplier, dry_base=settings.dry_base,
-        dry_allowed_length=settings.dry_allowed_length, dry_penalty_last_n=settings.dry_penalty_last_n,
-        dry_sequence_breakers=dry_breakers(settings.dry_sequence_breaker, settings.escape),
-        mirostat=settings.mirostat, mirostat_tau=settings.mirostat_ent, mirostat_eta=settings.mirostat_lr,
-        adaptive_target=settings.adaptive_target, adaptive_decay=settings.adaptive_decay,
-        samplers=default_samplers(settings), backend_sampling=settings.backend_sampling,
-    )
+        **given, temperature=max(settings.temp, 0.0), logit_bias=parse_logit_bias(settings.logit_bias),
+        grammar=default_grammar(settings),
+        dry_sequence_breakers=breakers_from_flags(settings.dry_sequence_breaker, settings.escape),
+        samplers=default_samplers(settings))
 
 
 def default_stops(settings: ServerSettings) -> tuple[str, ...]:

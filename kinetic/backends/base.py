@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kinetic.backends.config import ModelConfig
+from kinetic.backends.model_file import ModelFile
 from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
-from kinetic.engine.base import Generation, Tokenizer
+from kinetic.engine.base import Generation
 from kinetic.engine.types import (
     EngineStats,
     GenerationRequest,
     Modalities,
     ModelInfo,
     RankScore,
-    SamplingParams,
     SlotFileResult,
     SlotState,
 )
@@ -112,9 +112,8 @@ class ModelBackend(Protocol):
 
     def describe(self) -> Description: ...
 
-    def default_sampling(self) -> SamplingParams: ...
-
-    async def model_file(self) -> Any: ...
+    async def model_file(self) -> ModelFile:
+        """The GGUF's digest, size and time (Ollama's /api/tags and /api/show); a remote model has none."""
 
     # generation
     async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]: ...
@@ -134,8 +133,15 @@ class ModelBackend(Protocol):
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                      continue_final_message: str | None = None) -> RenderedChat: ...
 
-    @property
-    def tokenizer(self) -> Tokenizer: ...
+    async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text parts tokenized (only a first text part gets the special tokens `add_special` asks for),
+        token ids kept as they are, in order."""
+
+    async def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes, special tokens written out."""
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """The text of the valid tokens among `tokens`, special tokens written out."""
 
     def prompt_text(self, request: GenerationRequest) -> str: ...
 

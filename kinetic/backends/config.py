@@ -95,7 +95,7 @@ def model_config(settings: ServerSettings) -> ModelConfig:
     """One model's config from the server's settings (a preset's section already applied to them).
     Blocking: a --json-schema is compiled to a grammar here."""
     defaults = ServerDefaults(
-        sampler=default_sampling(settings), stop=default_stops(settings), n_predict=settings.n_predict,
+        sampling=default_sampling(settings), stop=default_stops(settings), n_predict=settings.n_predict,
         reasoning_format=settings.reasoning_format, template_kwargs=settings.template_kwargs(),
         reasoning=settings.reasoning, prefill_assistant=settings.prefill_assistant,
         cache_prompt=settings.cache_prompt, spm_infill=settings.spm_infill, n_keep=settings.keep,

@@ -26,13 +26,12 @@ from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT, note_media
-from kinetic.engine.base import Engine, Generation, Tokenizer
+from kinetic.engine.base import Engine, Generation
 from kinetic.engine.types import (
     EngineStats,
     GenerationRequest,
     ModelInfo,
     RankScore,
-    SamplingParams,
     SlotFileResult,
     SlotState,
 )
@@ -110,9 +109,6 @@ class LocalBackend:
                            speculative_types=self.engine.speculative_types, modalities=self.engine.modalities,
                            media_marker=self.engine.media_marker)
 
-    def default_sampling(self) -> SamplingParams:
-        return self.config.defaults.sampling()
-
     async def _read_model_file(self) -> ModelFile:
         return await anyio.to_thread.run_sync(read_model_file, self.info.path, self._decoding)
 
@@ -189,9 +185,21 @@ class LocalBackend:
                          add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
         return await anyio.to_thread.run_sync(render)
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine
+    async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
+        def run() -> list[int]:
+            tokens: list[int] = []
+            for index, part in enumerate(parts):
+                tokens += [part] if isinstance(part, int) else self.engine.tokenize(
+                    part, add_special=add_special and index == 0, parse_special=parse_special)
+            return tokens
+        return await anyio.to_thread.run_sync(run)
+
+    async def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        return await anyio.to_thread.run_sync(lambda: [self.engine.token_piece(t, special=True) for t in tokens])
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        valid = [token for token in tokens if self.engine.valid_token(token)]
+        return await anyio.to_thread.run_sync(partial(self.engine.detokenize, valid, special=True))
 
     def prompt_text(self, request: GenerationRequest) -> str:
         return self.engine.detokenize(request.prompt_tokens, special=True)

@@ -36,18 +36,13 @@ from kinetic.engine.text import common_prefix
 from kinetic.engine.types import GenerationRequest, MediaSpan, Modalities, SamplingParams
 from kinetic.errors import ContextOverflowError, InvalidRequestError, field_error
 
-# SamplingOptions fields that pass to SamplingParams under the same name when the client set them
-EXTRA_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                        "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-                        "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target",
-                        "adaptive_decay", "min_keep", "samplers")
-
 
 @dataclass(frozen=True)
 class ServerDefaults:
     """What a request gets for the fields it leaves out (the server's flags)."""
 
-    sampler: SamplingParams = field(default_factory=SamplingParams)  # --temp, --top-k... (kinetic.sampling_defaults)
+    # --temp, --top-k... (kinetic.sampling_defaults): a request that sets no sampler field gets these, /props shows them
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()  # -r: the stop strings of a request that sends none
     n_predict: int = -1
     reasoning_format: str = "auto"
@@ -60,10 +55,6 @@ class ServerDefaults:
     reasoning_budget: int = -1  # --reasoning-budget (kinetic.chat.reasoning_control)
     reasoning_budget_message: str = ""
     skip_chat_parsing: bool = False  # --skip-chat-parsing: every answer is content
-
-    def sampling(self) -> SamplingParams:
-        """The sampler a request gets when it sets no sampler field (shown by /props too)."""
-        return self.sampler
 
 
 @dataclass(frozen=True)
@@ -380,20 +371,13 @@ class ChatLayer:
                                  return_progress=options.return_progress)
 
     def sampling(self, options: SamplingOptions, grammar: str | None) -> SamplingParams:
-        base = self.defaults.sampling()
-        chosen = {name: value for name, value in (
-            ("temperature", options.temperature), ("top_k", options.top_k), ("top_p", options.top_p),
-            ("min_p", options.min_p), ("typical_p", options.typical_p), ("repeat_penalty", options.repeat_penalty),
-            ("repeat_last_n", options.repeat_last_n), ("presence_penalty", options.presence_penalty),
-            ("frequency_penalty", options.frequency_penalty), ("seed", options.seed),
-            *((name, getattr(options, name)) for name in EXTRA_SAMPLER_FIELDS)) if value is not None}
+        """The server's sampler with what the request set laid over it."""
+        chosen = dict(options.chosen)
         if grammar:  # an empty grammar asks for nothing: the server's stays (llama-server's rule)
             chosen["grammar"] = grammar
-        if options.ignore_eos is not None:
-            chosen["ignore_eos"] = options.ignore_eos
         if options.logit_bias is not None:
             chosen["logit_bias"] = self.logit_bias(options.logit_bias)
-        return replace(base, **chosen)
+        return replace(self.defaults.sampling, **chosen)
 
     def logit_bias(self, raw: dict[int | str, float]) -> dict[int, float]:
         """Token-id keys as they are; text keys give every token of the text the bias."""

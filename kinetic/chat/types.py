@@ -7,8 +7,11 @@ Fields left None take the server's defaults there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
+
+from kinetic.engine.types import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -97,41 +100,32 @@ class OutputConstraint:
         return self.grammar is not None or self.schema is not None or self.any_json
 
 
+# The sampler fields a request may set: SamplingParams' (the one declaration of each sampler, its type and
+# llama-server's default) but the grammar, which comes from the output constraint, the logit bias, whose
+# text keys need the tokenizer, and where sampling runs, which is the server's to say.
+SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {"grammar", "logit_bias", "backend_sampling"}
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Sampler fields as the client sent them (validated ranges); None means the server default.
-    `logit_bias` keys are token ids or text (every token of the text gets the bias)."""
+    """The sampler fields the client set (validated: kinetic.protocols.common.translate.sampling_options), by
+    their SamplingParams names; the chat layer lays them over the server's defaults, the upstream body builder
+    sends OpenAI's of them. `logit_bias` keys are token ids or text (every token of the text gets the bias);
+    None: the server's, and a request's own (even {}) replaces it."""
 
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    logit_bias: dict[int | str, float] | None = None  # None: the server's; a request's own (even {}) replaces it
-    # llama.cpp's further samplers (llama-server's field names and meanings)
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    top_n_sigma: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: tuple[str, ...] | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    adaptive_target: float | None = None
-    adaptive_decay: float | None = None
-    min_keep: int | None = None
-    samplers: tuple[str, ...] | None = None  # canonical names, in chain order
+    chosen: Mapping[str, Any] = field(default_factory=dict)
+    logit_bias: dict[int | str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.chosen) - SAMPLER_FIELDS:
+            raise ValueError(f"not sampler fields: {sorted(unknown)}")
+
+    def get(self, name: str) -> Any:
+        """The client's value of one field, None where it set none."""
+        return self.chosen.get(name)
+
+    def with_values(self, **values: Any) -> SamplingOptions:
+        return replace(self, chosen={**self.chosen, **values})
 
 
 @dataclass(frozen=True)

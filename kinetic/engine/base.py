@@ -180,16 +180,3 @@ class Engine(Tokenizer, Protocol):
     def stats(self, *, scrape: bool = False) -> EngineStats:
         """Counters and gauges; `scrape` (GET /metrics only) starts the next rate interval."""
 
-
-async def submit_each(engine: Engine, requests: list[GenerationRequest]) -> list[Generation]:
-    """submit_many for an engine that cannot start requests in one step: one by one, all or none
-    (the ones queued are cancelled when a later one is refused)."""
-    generations: list[Generation] = []
-    try:
-        for request in requests:
-            generations.append(await engine.submit(request))
-    except BaseException:
-        for generation in generations:
-            generation.cancel()
-        raise
-    return generations

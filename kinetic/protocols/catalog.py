@@ -24,7 +24,6 @@ from kinetic.protocols.ollama.routes import router as ollama_router
 from kinetic.protocols.openai import translate as openai_translate
 from kinetic.protocols.openai.routes import router as openai_router
 from kinetic.protocols.responses.routes import router as responses_router
-from kinetic.web.routes import router as web_router
 
 ErrorBody = Callable[[KineticError], Any]
 
@@ -44,7 +43,6 @@ PROTOCOLS: tuple[WireProtocol, ...] = (
     WireProtocol("anthropic", anthropic_router, anthropic_translate.error_body, ("/v1/messages",)),
     WireProtocol("responses", responses_router, openai_translate.error_body),
     WireProtocol("ollama", ollama_router, ollama_translate.error_body, ("/api/",)),
-    WireProtocol("web", web_router, openai_translate.error_body),
 )
 DEFAULT = PROTOCOLS[0]
 

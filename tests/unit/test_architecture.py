@@ -6,9 +6,18 @@ at module level."""
 from __future__ import annotations
 
 import ast
+import json
+import re
+import subprocess
+import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from kinetic.engine.base import Tokenizer
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kinetic"
 PROTOCOLS = sorted(p.name for p in (PACKAGE / "protocols").iterdir() if p.is_dir() and p.name != "__pycache__")
@@ -61,11 +70,74 @@ def engine_touches(path: Path) -> list[int]:
     return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "engine"]
 
 
+# What an engine is to the layers above it: a route that reaches one of these, by any name, touches it
+ENGINE_TYPES = ("kinetic.engine.base.Engine", "kinetic.engine.base.Tokenizer")
+
+
+def member_types(cls: type, scope: tuple[str, ...]) -> dict[str, Any]:
+    """The declared types of a class's public attributes, and what its public methods and properties return."""
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith(scope):
+            found.update({k: v for k, v in typing.get_type_hints(klass).items() if not k.startswith("_")})
+    for name, value in vars(cls).items():
+        function = value.fget if isinstance(value, property) else value
+        if not name.startswith("_") and callable(function):
+            found[name] = typing.get_type_hints(function).get("return")
+    return found
+
+
+def engine_paths(root: type, scope: tuple[str, ...] = ("kinetic.",)) -> list[str]:
+    """Each way from `root`'s members, through the kinetic types they hold or return, to an engine."""
+    paths: list[str] = []
+    seen: set[type] = set()
+
+    def visit(hint: Any, path: str) -> None:
+        for arg in typing.get_args(hint):
+            visit(arg, path)
+        origin = typing.get_origin(hint) or hint
+        if not isinstance(origin, type) or not origin.__module__.startswith(scope):
+            return
+        if f"{origin.__module__}.{origin.__qualname__}" in ENGINE_TYPES or origin.__module__.startswith(
+                "kinetic.engine.llama"):
+            paths.append(path)
+        elif origin not in seen:
+            seen.add(origin)
+            for name, member in member_types(origin, scope).items():
+                visit(member, f"{path}.{name}")
+
+    visit(root, root.__name__)
+    return paths
+
+
 def test_no_route_touches_an_engine() -> None:
-    """Routes ask the model's backend (kinetic/backends/base.py), never the engine under it."""
+    """Routes ask the model's backend (kinetic/backends/base.py), never the engine under it: no route reads
+    an `.engine` or imports the engine's interface, and nothing a route is handed (the backend, the
+    registry and its entries), nor anything they hold or return, is an engine by another name."""
+    from kinetic.backends.base import ModelBackend
+    from kinetic.model_registry.registry import ModelEntry, ModelRegistry
+
     assert len(route_modules()) >= 6
     for path in route_modules():
         assert engine_touches(path) == [], path
+        assert not any(n.startswith(("kinetic.engine.base", "kinetic.engine.llama")) for n in module_imports(path))
+    for handed in (ModelBackend, ModelRegistry, ModelEntry):
+        assert engine_paths(handed) == [], handed
+
+
+class ExampleBackend:
+    name: str
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+
+class ExampleHolder:
+    backends: dict[str, list[ExampleBackend]]
+
+
+def test_the_engine_check_finds_an_engine_by_another_name() -> None:
+    assert engine_paths(ExampleHolder, ("kinetic.", __name__)) == ["ExampleHolder.backends.tokenizer"]
 
 
 # The names a module holds an engine or a backend by: what it must not probe with getattr/hasattr.
@@ -100,22 +172,102 @@ def test_the_checks_catch_what_they_name(tmp_path: Path) -> None:
     assert sorted(filter(None, map(probed_holder, calls))) == ["backend", "engine"]
 
 
+# Run in a fresh interpreter where `import llama_cpp` fails: every module outside kinetic/engine/llama
+# imports, and none of them pulls the llama engine in (a module-level import of it, direct or through
+# another module, would load llama.cpp's libraries at startup or fail where llama_cpp is not installed).
+LLAMA_CPP_BLOCKED = """
+import importlib, json, sys
+sys.modules["llama_cpp"] = None
+failed = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except Exception as err:
+        failed[name] = repr(err)
+loaded = sorted(m for m in sys.modules if m.startswith("kinetic.engine.llama"))
+print(json.dumps({"failed": failed, "loaded": loaded}))
+"""
+
+
+def modules_outside_the_llama_engine() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[1:3] != ("engine", "llama") and parts[-1] != "__main__":
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def imports_without_llama_cpp(names: list[str]) -> dict[str, Any]:
+    found = subprocess.run([sys.executable, "-c", LLAMA_CPP_BLOCKED, json.dumps(names)], capture_output=True,
+                           text=True, check=True, cwd=PACKAGE.parent, timeout=120)
+    result: dict[str, Any] = json.loads(found.stdout.splitlines()[-1])
+    return result
+
+
 def test_only_the_llama_backend_imports_llama_cpp_at_module_level() -> None:
-    for path in PACKAGE.rglob("*.py"):
-        if "engine/llama" in path.as_posix():
-            continue
-        assert not any(n.split(".")[0] == "llama_cpp" for n in module_imports(path, top_level_only=True)), path
+    names = modules_outside_the_llama_engine()
+    assert "kinetic.app" in names and "kinetic.cli" in names and "kinetic.model_registry.factory" in names
+    assert imports_without_llama_cpp(names) == {"failed": {}, "loaded": []}
 
 
-def test_the_architecture_page_is_in_the_site_and_names_every_protocol() -> None:
+class MkdocsLoader(yaml.SafeLoader):
+    """mkdocs.yml's `!!python/name:` tags name functions of the site's plugins: read as None here."""
+
+
+MkdocsLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+
+
+def nav_pages(entries: Any) -> list[str]:
+    if isinstance(entries, str):
+        return [entries]
+    if isinstance(entries, list):
+        return [page for entry in entries for page in nav_pages(entry)]
+    if isinstance(entries, dict):
+        return [page for value in entries.values() for page in nav_pages(value)]
+    return []
+
+
+def layer_places(page: str) -> dict[str, list[str]]:
+    """The architecture page's layer table: each layer and the kinetic/ paths its row says it lives in."""
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "`kinetic/" in line]
+    places = {}
+    for row in rows:
+        layer, where = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        places[layer] = re.findall(r"`(kinetic/[\w/.]*)[^`]*`", where)  # `kinetic/protocols/<protocol>/`: the folder
+    return places
+
+
+def unplaced_modules(places: dict[str, list[str]]) -> list[str]:
+    """Modules of kinetic/ that no layer of the table holds (a folder holds what is under it)."""
+    held = [place for paths in places.values() for place in paths]
+    modules = [path.relative_to(PACKAGE.parent).as_posix() for path in PACKAGE.rglob("*.py")
+               if path.name not in ("__init__.py", "__main__.py")]
+    return sorted(m for m in modules if not any(m == p or (p.endswith("/") and m.startswith(p)) for p in held))
+
+
+def test_the_architecture_page_is_in_the_site_and_places_every_module() -> None:
+    """The page is in the site's navigation; its layer table holds every module of kinetic/ in a layer, each
+    place it names exists, and it names every protocol (a module that moves, or a new layer, fails here)."""
     root = PACKAGE.parent
     page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
-    assert "architecture.md" in (root / "mkdocs.yml").read_text(encoding="utf-8")
+    site = yaml.load((root / "mkdocs.yml").read_text(encoding="utf-8"), Loader=MkdocsLoader)  # noqa: S506
+    assert "architecture.md" in nav_pages(site["nav"])
+    places = layer_places(page)
+    assert len(places) >= 6, places
+    missing = [p for paths in places.values() for p in paths if not (root / p).exists()]
+    assert missing == [] and unplaced_modules(places) == []
     for protocol in PROTOCOLS:
         assert f"`{protocol}`" in page or f"protocols/{protocol}/" in page, protocol
-    for layer in ("kinetic/transport.py", "kinetic/classroom/", "kinetic/chat/", "kinetic/model_registry/",
-                  "kinetic/engine/"):
-        assert f"`{layer}`" in page, layer
+
+
+def test_the_page_check_catches_a_module_out_of_place() -> None:
+    table = "| Layer | Where | What |\n|---|---|---|\n| Engines | `kinetic/engine/`, `kinetic/app.py` | x |\n"
+    places = layer_places(table)
+    assert places == {"Engines": ["kinetic/engine/", "kinetic/app.py"]}
+    unplaced = unplaced_modules(places)
+    assert "kinetic/gate.py" in unplaced and "kinetic/backends/base.py" in unplaced
+    assert not any(m.startswith("kinetic/engine/") or m == "kinetic/app.py" for m in unplaced)
 
 
 MAX_MODULE_LINES = 500

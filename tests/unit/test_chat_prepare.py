@@ -34,7 +34,7 @@ def layer() -> ChatLayer:
     engine.loaded.set()
     engine.load()
     template = ChatTemplate(builtin_template("gemma"), "builtin:gemma")
-    return ChatLayer(engine, template, ServerDefaults(sampler=SamplingParams(temperature=0.3, seed=5), n_predict=77,
+    return ChatLayer(engine, template, ServerDefaults(sampling=SamplingParams(temperature=0.3, seed=5), n_predict=77,
                                                       template_kwargs={"enable_thinking": False}))
 
 
@@ -51,7 +51,7 @@ def test_defaults_fill_what_the_request_leaves_out(layer: ChatLayer) -> None:
 
 
 def test_request_values_win_and_text_bias_keys_are_tokenized(layer: ChatLayer) -> None:
-    options = GenerationOptions(sampling=SamplingOptions(temperature=0.0, logit_bias={"AB": -5.0, 7: 1.0}),
+    options = GenerationOptions(sampling=SamplingOptions({"temperature": 0.0}, logit_bias={"AB": -5.0, 7: 1.0}),
                                 max_tokens=3)
     generation, _ = layer.prepare_chat(ChatRequest(messages=(user("hi"),), options=options))
     assert generation.sampling.temperature == 0.0 and generation.max_tokens == 3

@@ -9,7 +9,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,28 @@ from kinetic.streaming import merge_frames
 from tests.scripted import ScriptedEngine, ScriptedServer, single_model_backend
 
 CHAT = [{"role": "user", "content": "hi"}]
-# Each protocol's streamed request, and the last lines its stream ends with when it fails.
-STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "openai": ("/v1/chat/completions", {"messages": CHAT, "stream": True}),
-    "anthropic": ("/v1/messages", {"model": "m", "messages": CHAT, "max_tokens": 8, "stream": True}),
-    "responses": ("/v1/responses", {"input": "hi", "stream": True}),
-    "ollama": ("/api/chat", {"model": "m", "messages": CHAT, "stream": True}),
+ERROR = "{error}"  # in an ending: the line that carries the error, as JSON after the text before it
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A protocol's streamed request, and the last lines its stream ends with when it fails: each line of
+    `ending` is the very text, or holds ERROR where the error's JSON is, its message at `message_at`."""
+
+    path: str
+    body: dict[str, Any]
+    ending: tuple[str, ...]
+    message_at: tuple[str, ...]
+
+
+STREAMS = {
+    "openai": Stream("/v1/chat/completions", {"messages": CHAT, "stream": True},
+                     (f"data: {ERROR}", "data: [DONE]"), ("error", "message")),
+    "anthropic": Stream("/v1/messages", {"model": "m", "messages": CHAT, "max_tokens": 8, "stream": True},
+                        ("event: error", f"data: {ERROR}"), ("error", "message")),
+    "responses": Stream("/v1/responses", {"input": "hi", "stream": True},
+                        ("event: error", f"data: {ERROR}"), ("message",)),
+    "ollama": Stream("/api/chat", {"model": "m", "messages": CHAT, "stream": True}, (ERROR,), ("error",)),
 }
 
 
@@ -44,21 +60,28 @@ def loaded_engine(script: list[Any], **kwargs: Any) -> ScriptedEngine:
 
 
 def error_of(protocol: str, lines: list[str]) -> str:
-    """The error a failed stream ended with, checked to be that protocol's own ending."""
-    if protocol == "openai":
-        assert lines[-1] == "data: [DONE]", lines
-        return json.loads(lines[-2].removeprefix("data: "))["error"]["message"]
-    if protocol in ("anthropic", "responses"):
-        assert lines[-2] == "event: error", lines
-        body = json.loads(lines[-1].removeprefix("data: "))
-        return body["error"]["message"] if protocol == "anthropic" else body["message"]
-    return json.loads(lines[-1])["error"]
+    """The error a failed stream ended with, its last lines checked to be that protocol's STREAMS ending."""
+    stream = STREAMS[protocol]
+    assert len(lines) >= len(stream.ending), lines
+    messages = []
+    for expected, line in zip(stream.ending, lines[-len(stream.ending):], strict=True):
+        before = expected.removesuffix(ERROR)
+        if before == expected:
+            assert line == expected, lines
+            continue
+        assert line.startswith(before), lines
+        found: Any = json.loads(line.removeprefix(before))
+        for key in stream.message_at:
+            found = found[key]
+        messages.append(found)
+    assert len(messages) == 1 and isinstance(messages[0], str), lines
+    return messages[0]
 
 
 def read_stream(url: str, protocol: str, opened: threading.Event | None = None) -> tuple[list[str], float]:
-    path, body = STREAMS[protocol]
+    stream = STREAMS[protocol]
     lines: list[str] = []
-    with httpx.stream("POST", url + path, json=body, timeout=30) as response:
+    with httpx.stream("POST", url + stream.path, json=stream.body, timeout=30) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.strip():

@@ -1,8 +1,9 @@
 """llama-server's native translator with no model: /completion inward, results, stream events,
-/slots, /metrics and /tokenize outward."""
+/slots, /metrics (server_state) and /tokenize (tokens, over a backend) outward."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -19,9 +20,10 @@ from kinetic.engine.types import (
     Usage,
 )
 from kinetic.errors import InvalidRequestError
-from kinetic.protocols.llamacpp import translate
-from kinetic.protocols.llamacpp.types import CompletionRequest, DetokenizeRequest, TokenizeRequest
-from tests.scripted import ScriptedEngine
+from kinetic.protocols.llamacpp import server_state, tokens, translate
+from kinetic.protocols.llamacpp.types import CompletionRequest, TokenizeRequest
+from kinetic.settings import ServerSettings
+from tests.scripted import ScriptedEngine, single_model_backend
 
 
 def finished() -> Finished:
@@ -35,7 +37,7 @@ def test_to_prompt_request_fields() -> None:
     [req] = translate.to_prompt_requests(CompletionRequest(prompt="hi", n_predict=-1, n_probs=2, top_k=1,
                                                            json_schema={"type": "object"}, id_slot=1))
     assert req.prompt == "hi" and req.options.max_tokens == -1 and req.options.n_probs == 2
-    assert req.options.sampling.top_k == 1 and req.options.id_slot == 1
+    assert req.options.sampling.get("top_k") == 1 and req.options.id_slot == 1
     assert req.output.schema == {"type": "object"} and req.output.param == "json_schema"
     with pytest.raises(InvalidRequestError) as err:
         translate.to_prompt_requests(CompletionRequest(prompt="hi", n_predict=-2))
@@ -137,29 +139,37 @@ def test_slots_and_metrics_from_engine_state() -> None:
                         n_prompt_tokens_cache=5, n_decoded=3),
               SlotState(id=1, is_processing=False, used=False, n_prompt_tokens=0, n_prompt_tokens_processed=0,
                         n_prompt_tokens_cache=0, n_decoded=0)]
-    busy, idle = translate.slots(states, 1024)
+    busy, idle = server_state.slots(states, 1024)
     assert busy["n_prompt_tokens_cache"] == 5 and busy["next_token"][0]["n_decoded"] == 3 and busy["n_ctx"] == 1024
     assert idle == {"id": 1, "n_ctx": 1024, "speculative": False, "is_processing": False}
-    text = translate.metrics_text(EngineStats(counters={"prompt_tokens_total": 12}, requests_processing=1,
+    text = server_state.metrics_text(EngineStats(counters={"prompt_tokens_total": 12}, requests_processing=1,
                                               requests_deferred=2))
     assert "llamacpp:prompt_tokens_total 12" in text and "llamacpp:requests_deferred 2" in text
     assert "# TYPE llamacpp:requests_processing gauge" in text
 
 
 def test_tokenize_mixes_text_and_ids_and_shows_pieces() -> None:
-    engine = ScriptedEngine([])
-    body = translate.tokenize(TokenizeRequest(content=["ab", 7], with_pieces=True), engine)
-    assert body == {"tokens": [{"id": 97, "piece": "a"}, {"id": 98, "piece": "b"}, {"id": 7, "piece": "\x07"}]}
-    assert translate.tokenize(TokenizeRequest(content=None), engine) == {"tokens": []}
-    assert translate.detokenize(DetokenizeRequest(tokens=[104, 105, 9999]), engine) == {"content": "hi"}
+    backend = single_model_backend(ServerSettings(), ScriptedEngine([]), "m")
+    body = TokenizeRequest(content=["ab", 7], with_pieces=True)
+
+    async def answers() -> tuple[list[int], list[bytes], str]:
+        ids = await backend.tokenize(tokens.tokenize_parts(body), add_special=False, parse_special=True)
+        return ids, await backend.token_pieces(ids), await backend.detokenize([104, 105, 9999])
+
+    ids, pieces, text = asyncio.run(answers())
+    assert tokens.tokenize_answer(ids, pieces) == {
+        "tokens": [{"id": 97, "piece": "a"}, {"id": 98, "piece": "b"}, {"id": 7, "piece": "\x07"}]}
+    assert tokens.tokenize_answer(ids, None) == {"tokens": [97, 98, 7]}
+    assert tokens.tokenize_parts(TokenizeRequest(content=None)) == [] and text == "hi"
+    assert tokens.piece_text(b"\xe2\x82") == [0xE2, 0x82]  # half a character: its bytes
 
 
 def test_n_cmpl_repeats_each_prompt_with_shifted_seeds() -> None:
     reqs = translate.to_prompt_requests(CompletionRequest(prompt=["a", "b"], n_cmpl=2, seed=7), n_slots=4)
-    assert [(r.prompt, r.options.sampling.seed, r.param) for r in reqs] == [
+    assert [(r.prompt, r.options.sampling.get("seed"), r.param) for r in reqs] == [
         ("a", 7, "prompt[0]"), ("a", 8, "prompt[0]"), ("b", 7, "prompt[1]"), ("b", 8, "prompt[1]")]
     unseeded = translate.to_prompt_requests(CompletionRequest(prompt="a", n=3), n_slots=3)
-    assert [r.options.sampling.seed for r in unseeded] == [None, None, None]  # `n` is n_cmpl's alias
+    assert [r.options.sampling.get("seed") for r in unseeded] == [None, None, None]  # `n` is n_cmpl's alias
 
 
 @pytest.mark.parametrize("fields, param", [({"n_cmpl": 0}, "n_cmpl"), ({"n_cmpl": 3}, "n_cmpl"), ({"n": 5}, "n")])

@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from kinetic.errors import InvalidRequestError
-from kinetic.protocols.llamacpp.translate import lora_scales
+from kinetic.protocols.llamacpp.server_state import lora_scales
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 from tests.lora_model import write_lora

@@ -13,7 +13,7 @@ from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.protocols.common.native import LONG_ONLY
 from kinetic.protocols.common.translate import sampler_order, sampling_options
 from kinetic.protocols.common.types import SamplingFields
-from kinetic.protocols.llamacpp import translate
+from kinetic.protocols.llamacpp import server_state, translate
 
 FIM = {"pre": 1001, "suf": 1002, "mid": 1003, "rep": -1, "sep": -1}
 
@@ -58,8 +58,8 @@ def test_sampler_names_any_spelling_and_codes() -> None:
 def test_sampling_options_clamp_and_refuse_as_llama_server() -> None:
     options = sampling_options(SamplingFields(mirostat=5, xtc_probability=-1.0, xtc_threshold=2.0, dry_base=0.3,
                                               dry_sequence_breakers=["\n"], adaptive_target=3.0))
-    assert (options.mirostat, options.xtc_probability, options.xtc_threshold) == (2, 0.0, 1.0)
-    assert options.dry_base is None and options.dry_sequence_breakers == ("\n",) and options.adaptive_target == 1.0
+    assert options.chosen == {"mirostat": 2, "xtc_probability": 0.0, "xtc_threshold": 1.0,  # dry_base < 1: default
+                              "dry_sequence_breakers": ("\n",), "adaptive_target": 1.0}
     for bad in ({"dry_sequence_breakers": "x"}, {"dry_allowed_length": -1}, {"min_keep": -3},
                 {"adaptive_decay": 1.0}):
         with pytest.raises(InvalidRequestError) as err:
@@ -89,12 +89,12 @@ def test_native_embeddings_keep_per_token_vectors_raw() -> None:
 @pytest.mark.parametrize("name", ["", "../x.bin", "a/b.bin", ".hidden", "x" * 300, "a\\b", "nul\x00"])
 def test_bad_slot_file_names(name: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
-        translate.slot_filename(name)
+        server_state.slot_filename(name)
     assert err.value.message == "Invalid filename"
 
 
 def test_good_slot_file_name() -> None:
-    assert translate.slot_filename("slot-1.bin") == "slot-1.bin"
+    assert server_state.slot_filename("slot-1.bin") == "slot-1.bin"
 
 
 def test_short_generation_settings_drop_the_long_only_keys() -> None:
@@ -105,7 +105,7 @@ def test_short_generation_settings_drop_the_long_only_keys() -> None:
 
 
 def test_metrics_counters_then_gauges() -> None:
-    text = translate.metrics_text(EngineStats(counters={"n_decode_total": 4}, requests_processing=1,
+    text = server_state.metrics_text(EngineStats(counters={"n_decode_total": 4}, requests_processing=1,
                                               requests_deferred=0, gauges={"n_busy_slots_per_decode": 1.5}))
     kinds = [line.split()[3] for line in text.splitlines() if line.startswith("# TYPE")]
     assert kinds[:15] == ["counter"] * 10 + ["gauge"] * 5

@@ -60,11 +60,10 @@ def test_to_chat_request_sampling_limits_and_tools() -> None:
         tools=[{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}],
         tool_choice={"type": "function", "function": {"name": "get_time"}}, chat_template_kwargs={"a": 1}))
     options = req.options
-    assert options.sampling.temperature == 0.5 and options.sampling.top_k == 0 and options.sampling.seed == 7
+    assert options.sampling.chosen == {"temperature": 0.5, "top_k": 0, "seed": 7}  # nothing else: the server's
     assert options.sampling.logit_bias == {15: -100.0, "hello": 2.0}  # text keys are tokenized below
     assert options.max_tokens == 20  # max_completion_tokens wins over the older max_tokens
     assert options.stop == ("x",) and options.n_probs == 3 and options.cache_prompt is False
-    assert options.sampling.top_p is None  # left to the server's default
     assert req.tool_choice == ToolChoice("required", "get_time") and req.tools[0].name == "get_time"
     assert req.template_kwargs == {"a": 1}
 

@@ -17,7 +17,7 @@ from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.roles import ADMIN_ROUTES, Role, needs_admin, role_of
 from kinetic.engine.types import EngineStats, GenerationRequest, SlotState
 from kinetic.errors import InsufficientStorageError, InvalidRequestError
-from kinetic.protocols.llamacpp import translate
+from kinetic.protocols.llamacpp import server_state
 from kinetic.settings import ServerSettings
 from kinetic.slot_folder import check_room, slot_path
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
@@ -157,17 +157,17 @@ def test_a_student_sees_only_their_own_slot_and_metrics_line() -> None:
               SlotState(id=1, is_processing=True, used=True, n_prompt_tokens=3, n_prompt_tokens_processed=3,
                         n_prompt_tokens_cache=0, n_decoded=1, client="alice",
                         request=GenerationRequest(prompt_tokens=[1], client="alice"))]
-    bobs, alices = translate.slots(states, 1024, viewer="alice")
+    bobs, alices = server_state.slots(states, 1024, viewer="alice")
     assert "key" not in bobs and "params" not in bobs and "bob" not in str(bobs)
     assert bobs["is_processing"] and bobs["n_prompt_tokens"] == 3  # busy, and the counts
     assert alices["key"] == "alice" and "params" in alices
-    everything = translate.slots(states, 1024)  # the admin
+    everything = server_state.slots(states, 1024)  # the admin
     assert everything[0]["key"] == "bob" and "params" in everything[0]
     stats = EngineStats(counters={}, requests_processing=2, requests_deferred=3,
                         deferred_by_client={"alice": 1, "bob": 2})
-    seen_by_alice = translate.metrics_text(stats, viewer="alice")
+    seen_by_alice = server_state.metrics_text(stats, viewer="alice")
     assert 'key="alice"} 1' in seen_by_alice and "bob" not in seen_by_alice
-    assert 'key="bob"} 2' in translate.metrics_text(stats)
+    assert 'key="bob"} 2' in server_state.metrics_text(stats)
 
 
 def test_slot_files_stay_in_their_folder_under_a_size_cap(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_slot_files_stay_in_their_folder_under_a_size_cap(tmp_path: Path) -> Non
         slot_path(folder / "escape", "..")
     for bad in ("../x", "/etc/passwd", "..", "a/b", "C:x"):
         with pytest.raises(InvalidRequestError):
-            translate.slot_filename(bad)
+            server_state.slot_filename(bad)
     (folder / "old.bin").write_bytes(b"x" * (1024 * 1024))
     check_room(folder, 2)  # 1 MiB of 2: room
     new = folder / "new.bin"

@@ -254,8 +254,8 @@ def test_no_autoload_and_load_failures() -> None:
 
 def test_chat_request_becomes_an_openai_body() -> None:
     req = ChatRequest(messages=(Message(role="user", parts=(TextPart("hi"),)),),
-                      options=GenerationOptions(sampling=SamplingOptions(temperature=0.2, top_k=5), max_tokens=7,
-                                                stop=("\n",)))
+                      options=GenerationOptions(sampling=SamplingOptions({"temperature": 0.2, "top_k": 5}),
+                                                max_tokens=7, stop=("\n",)))
     body = chat_body(req, "Qwen/Qwen3-32B", -1)
     assert body == {"model": "Qwen/Qwen3-32B", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                     "stream_options": {"include_usage": True}, "max_tokens": 7, "stop": ["\n"],

@@ -4,17 +4,27 @@ layer lays a request's own fields over them, as llama-server's params_from_json 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, builtin_template
-from kinetic.chat.types import GenerationOptions, OutputConstraint, PromptRequest, SamplingOptions
+from kinetic.chat.types import SAMPLER_FIELDS, GenerationOptions, OutputConstraint, PromptRequest, SamplingOptions
 from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
 from kinetic.protocols.common.translate import sampling_options
-from kinetic.sampling_defaults import default_sampling, default_stops, parse_logit_bias, process_escapes
+from kinetic.protocols.common.types import SamplingFields
+from kinetic.protocols.ollama import types as ollama
+from kinetic.sampling_defaults import (
+    FROM_SETTING,
+    NO_FLAG,
+    SHAPED,
+    default_sampling,
+    default_stops,
+    parse_logit_bias,
+    process_escapes,
+)
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
@@ -120,7 +130,7 @@ def layer() -> ChatLayer:
     engine.load()
     server = settings("--temp", "0", "--top-k", "1", "-s", "3", "-r", "X", "--ignore-eos", "-l", "15+2",
                       "--grammar", 'root ::= "a"+')
-    defaults = ServerDefaults(sampler=default_sampling(server), stop=default_stops(server))
+    defaults = ServerDefaults(sampling=default_sampling(server), stop=default_stops(server))
     return ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"), defaults)
 
 
@@ -139,7 +149,8 @@ def test_a_request_without_fields_gets_the_servers(layer: ChatLayer) -> None:
 
 
 def test_a_requests_own_fields_win(layer: ChatLayer) -> None:
-    request = prompt(layer, SamplingOptions(temperature=0.5, top_k=9, seed=1, ignore_eos=False, logit_bias={}),
+    own = {"temperature": 0.5, "top_k": 9, "seed": 1, "ignore_eos": False}
+    request = prompt(layer, SamplingOptions(own, logit_bias={}),
                      stop=("Y",), output=OutputConstraint(grammar='root ::= "b"'))
     s = request.sampling
     assert (s.temperature, s.top_k, s.seed, s.ignore_eos, s.logit_bias) == (0.5, 9, 1, False, {})
@@ -151,19 +162,33 @@ def test_a_requests_own_fields_win(layer: ChatLayer) -> None:
 def test_translators_leave_unset_fields_to_the_server() -> None:
     """None is 'not sent' all the way down, so the server's default can apply on every protocol."""
 
-    class Body:
-        pass
-
-    options = sampling_options(Body())
+    options = sampling_options(SamplingFields())
     assert options == SamplingOptions()
-    assert options.ignore_eos is None and options.logit_bias is None
+    assert options.get("ignore_eos") is None and options.logit_bias is None
+    sent = sampling_options(SamplingFields(ignore_eos=False, logit_bias={}))
+    assert sent.chosen == {"ignore_eos": False} and sent.logit_bias == {}
+    # a sampler a protocol's model does not declare is read where the client sent it (models allow extras)
+    assert sampling_options(ollama.Options.model_validate({"min_keep": 3, "temperature": 0.1})).chosen == {
+        "min_keep": 3, "temperature": 0.1}
 
-    class Sent:
-        ignore_eos = False
-        logit_bias: dict = {}
 
-    sent = sampling_options(Sent())
-    assert sent.ignore_eos is False and sent.logit_bias == {}
+def test_every_sampler_is_one_declaration() -> None:
+    """A SamplingParams field is a request field on llama-server's wire (the same name), its server default
+    comes from the flag of its name or FLAG_FOR_FIELD's, and the chat layer lays it over the defaults: adding
+    a sampler is its SamplingParams line and, for a protocol that spells it otherwise, that alias."""
+    wire = set(SamplingFields.model_fields)
+    assert SAMPLER_FIELDS <= wire, SAMPLER_FIELDS - wire
+    assert set(FROM_SETTING.values()) <= set(ServerSettings.model_fields)
+    assert set(FROM_SETTING) | SHAPED | NO_FLAG == {f.name for f in fields(SamplingParams)}
+    one_each = {f.name: f.default for f in fields(SamplingParams) if f.name in SAMPLER_FIELDS and f.name != "samplers"
+                and isinstance(f.default, (int, float))}
+    changed = {name: (not value) if isinstance(value, bool) else value + 1 for name, value in one_each.items()}
+    engine = ScriptedEngine([])
+    engine.loaded.set()
+    engine.load()
+    layer = ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"), ServerDefaults())
+    laid = prompt(layer, SamplingOptions(changed)).sampling
+    assert {name: vars(laid)[name] for name in changed} == changed
 
 
 def test_props_shows_the_servers_defaults() -> None:

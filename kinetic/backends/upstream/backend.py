@@ -14,6 +14,7 @@ from kinetic import __version__
 from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat
+from kinetic.backends.model_file import ModelFile
 from kinetic.backends.upstream.body import chat_body, prompt_body
 from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
@@ -21,14 +22,13 @@ from kinetic.backends.upstream.stream import read_events
 from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
 from kinetic.classroom.identity import CLIENT
-from kinetic.engine.base import Generation, Tokenizer
+from kinetic.engine.base import Generation
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (
     EngineStats,
     Event,
     GenerationRequest,
     RankScore,
-    SamplingParams,
     SlotFileResult,
     SlotState,
 )
@@ -130,10 +130,7 @@ class UpstreamBackend:
                            template=None, pooling="", fingerprint=f"b{__version__}-kinetic",
                            members=[member.status() for member in self.pool.members])
 
-    def default_sampling(self) -> SamplingParams:
-        return self.config.defaults.sampling()
-
-    async def model_file(self) -> Any:
+    async def model_file(self) -> ModelFile:
         raise lacking(self.name, "its model file", "it is the upstream server's")
 
     # ------------------------------------------------------------------ generation
@@ -239,9 +236,14 @@ class UpstreamBackend:
                      continue_final_message: str | None = None) -> RenderedChat:
         raise lacking(self.name, "template rendering", NO_TOKENIZER)
 
-    @property
-    def tokenizer(self) -> Tokenizer:
+    async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
         raise lacking(self.name, "tokenizing", NO_TOKENIZER)
+
+    async def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        raise lacking(self.name, "tokenizing", NO_TOKENIZER)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        raise lacking(self.name, "detokenizing", NO_TOKENIZER)
 
     def prompt_text(self, request: GenerationRequest) -> str:
         return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text

@@ -16,6 +16,10 @@ SIGNATURES = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF
               (b"fLaC", "audio/flac"))
 
 
+# The sampler fields an OpenAI-compatible server takes, which kinetic's SamplingParams names the same way
+OPENAI_SAMPLERS = frozenset(("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed"))
+
+
 def file_type(part: MediaPart) -> str:
     data = part.data or b""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
@@ -73,10 +77,7 @@ def option_fields(req: ChatRequest | PromptRequest, n_predict: int) -> dict[str,
         body["max_tokens"] = max_tokens
     if options.stop:
         body["stop"] = list(options.stop)
-    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed"):
-        value = getattr(sampling, name)
-        if value is not None:
-            body[name] = value
+    body.update({name: value for name, value in sampling.chosen.items() if name in OPENAI_SAMPLERS})
     return body
 
 

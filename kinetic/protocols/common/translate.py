@@ -11,10 +11,13 @@ import json
 import math
 import secrets
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import BaseModel
+
 from kinetic.chat.types import (
+    SAMPLER_FIELDS,
     GenerationOptions,
     MediaPart,
     Message,
@@ -125,74 +128,68 @@ def sampler_order(raw: list[str] | str | None) -> tuple[str, ...] | None:
     return tuple(SAMPLER_ALIASES[n.lower()] for n in raw if isinstance(n, str) and n.lower() in SAMPLER_ALIASES)
 
 
-def clamp(value: float | int | None, low: float, high: float) -> Any:
-    return None if value is None else min(max(value, low), high)
+def clamp(value: float | int, low: float, high: float) -> Any:
+    return min(max(value, low), high)
 
 
-def dry_breakers(raw: Any) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
+def wire_breakers(name: str, raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not raw or not all(isinstance(b, str) for b in raw):
-        raise field_error("dry_sequence_breakers", "Error: dry_sequence_breakers must be a non-empty array of strings")
+        raise field_error(name, "Error: dry_sequence_breakers must be a non-empty array of strings")
     return tuple(raw)
 
 
-def sampling_options(body: Any, *, temperature_max: float = 2.0) -> SamplingOptions:
-    """SamplingOptions out of a request model with llama.cpp/OpenAI sampler field names (any of
-    them may be missing on a given protocol's model)."""
-    def get(name: str) -> Any:
-        return getattr(body, name, None)
+def within(low: float, high: float) -> Callable[[str, Any], Any]:
+    """A range a value must be in: outside it, a 400 naming the field."""
+    def check(name: str, value: Any) -> Any:
+        check_range(name, value, low, high)
+        return value
+    return check
 
-    check_range("temperature", get("temperature"), 0.0, temperature_max)
-    check_range("top_p", get("top_p"), 0.0, 1.0)
-    check_range("min_p", get("min_p"), 0.0, 1.0)
-    check_range("presence_penalty", get("presence_penalty"), -2.0, 2.0)
-    check_range("frequency_penalty", get("frequency_penalty"), -2.0, 2.0)
-    repeat_penalty = get("repeat_penalty")
-    if repeat_penalty is None:
-        repeat_penalty = get("repetition_penalty")
-    if repeat_penalty is not None and not (math.isfinite(repeat_penalty) and repeat_penalty > 0):
+
+def clamped(low: float, high: float) -> Callable[[str, Any], Any]:
+    """A range a value is moved into, as llama-server does for these fields."""
+    return lambda name, value: clamp(value, low, high)
+
+
+def penalty(name: str, value: Any) -> Any:
+    if not (math.isfinite(value) and value > 0):
         raise InvalidRequestError("Failed to initialize samplers: penalty_repeat must be finite and greater than 0",
-                                  param="repeat_penalty")
-    repeat_last_n = get("repeat_last_n")
-    if repeat_last_n is not None and repeat_last_n < 0:
-        raise range_error("repeat_last_n", 0, 2147483647, repeat_last_n)
-    for name in ("dry_allowed_length", "dry_penalty_last_n", "min_keep"):
-        check_range(name, get(name), 0, INT_MAX)
-    check_range("adaptive_decay", get("adaptive_decay"), 0.0, 0.99)
-    dry_base = get("dry_base")
-    top_k = get("top_k")
-    return SamplingOptions(
-        temperature=get("temperature"),
-        top_k=max(0, top_k) if top_k is not None else None,
-        top_p=get("top_p"),
-        min_p=get("min_p"),
-        typical_p=get("typical_p"),
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        presence_penalty=get("presence_penalty"),
-        frequency_penalty=get("frequency_penalty"),
-        seed=get("seed"),
-        ignore_eos=get("ignore_eos"),
-        logit_bias=logit_bias_from(get("logit_bias")),
-        dynatemp_range=get("dynatemp_range"),
-        dynatemp_exponent=get("dynatemp_exponent"),
-        top_n_sigma=get("top_n_sigma"),
-        xtc_probability=clamp(get("xtc_probability"), 0.0, 1.0),
-        xtc_threshold=clamp(get("xtc_threshold"), 0.0, 1.0),
-        dry_multiplier=get("dry_multiplier"),
-        dry_base=dry_base if dry_base is not None and dry_base >= 1.0 else None,  # below 1: the default
-        dry_allowed_length=get("dry_allowed_length"),
-        dry_penalty_last_n=get("dry_penalty_last_n"),
-        dry_sequence_breakers=dry_breakers(get("dry_sequence_breakers")),
-        mirostat=clamp(get("mirostat"), 0, 2),
-        mirostat_tau=get("mirostat_tau"),
-        mirostat_eta=get("mirostat_eta"),
-        adaptive_target=clamp(get("adaptive_target"), float("-inf"), 1.0),
-        adaptive_decay=get("adaptive_decay"),
-        min_keep=get("min_keep"),
-        samplers=sampler_order(get("samplers")),
-    )
+                                  param=name)
+    return value
+
+
+# What a sent sampler value must satisfy, or becomes, by field (llama-server's params_from_json_cmpl);
+# a field not named here passes as sent. None out of a rule: the server's default stays.
+SAMPLER_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "top_p": within(0.0, 1.0), "min_p": within(0.0, 1.0),
+    "presence_penalty": within(-2.0, 2.0), "frequency_penalty": within(-2.0, 2.0),
+    "repeat_penalty": penalty, "repeat_last_n": within(0, INT_MAX),
+    "dry_allowed_length": within(0, INT_MAX), "dry_penalty_last_n": within(0, INT_MAX), "min_keep": within(0, INT_MAX),
+    "adaptive_decay": within(0.0, 0.99), "top_k": lambda name, value: max(0, value),
+    "xtc_probability": clamped(0.0, 1.0), "xtc_threshold": clamped(0.0, 1.0), "mirostat": clamped(0, 2),
+    "adaptive_target": clamped(float("-inf"), 1.0),
+    "dry_base": lambda name, value: value if value >= 1.0 else None,  # below 1: the default
+    "dry_sequence_breakers": wire_breakers, "samplers": lambda name, value: sampler_order(value),
+}
+# Other spellings of a sampler field on the wire, and the field they set when its own name is not sent
+SAMPLER_SPELLINGS = {"repetition_penalty": "repeat_penalty"}  # SillyTavern's
+
+
+def sampling_options(body: BaseModel, *, temperature_max: float = 2.0) -> SamplingOptions:
+    """The sampler fields a request model sent (chat.types.SAMPLER_FIELDS, by their own names, or a
+    SAMPLER_SPELLINGS alias), validated and normalised by SAMPLER_RULES; a protocol's model holds those of
+    them it accepts."""
+    wanted = {*SAMPLER_FIELDS, *SAMPLER_SPELLINGS, "logit_bias"}
+    sent = {name: value for name, value in body.model_dump(include=wanted).items() if value is not None}
+    for spelling, name in SAMPLER_SPELLINGS.items():
+        if spelling in sent:
+            sent.setdefault(name, sent.pop(spelling))
+    rules = {**SAMPLER_RULES, "temperature": within(0.0, temperature_max)}
+    chosen = {}
+    for name, value in sent.items():
+        if name in SAMPLER_FIELDS and (kept := rules.get(name, lambda _, v: v)(name, value)) is not None:
+            chosen[name] = kept
+    return SamplingOptions(chosen=chosen, logit_bias=logit_bias_from(sent.get("logit_bias")))
 
 
 def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs: int = 0) -> GenerationOptions:
@@ -203,9 +200,9 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         n_probs=n_probs,
         cache_prompt=body.cache_prompt,
         id_slot=body.id_slot if body.id_slot is not None else -1,
-        n_keep=n_keep(getattr(body, "n_keep", None)),
-        n_discard=n_discard(getattr(body, "n_discard", None)),
-        post_sampling_probs=bool(getattr(body, "post_sampling_probs", False)),
+        n_keep=n_keep(body.n_keep),
+        n_discard=n_discard(body.n_discard),
+        post_sampling_probs=bool(body.post_sampling_probs),
     )
 
 

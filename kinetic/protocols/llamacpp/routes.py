@@ -20,7 +20,7 @@ from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.registry import ModelState
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import cors_proxy, rerank, translate
+from kinetic.protocols.llamacpp import cors_proxy, rerank, server_state, tokens, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -47,20 +47,20 @@ async def health() -> dict[str, str]:
 @router.get("/props")
 async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
     if registry.router and not request.query_params.get("model"):
-        return translate.router_props(max_instances=registry.settings.models_max,
+        return server_state.router_props(max_instances=registry.settings.models_max,
                                       autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
     async with model_backend(request, wake=False) as backend:  # answered asleep (--sleep-idle-seconds)
-        return translate.props(served_state(backend, request.url.path))
+        return server_state.props(served_state(backend, request.url.path))
 
 
-def served_state(backend: ModelBackend, route: str) -> translate.ServedState:
+def served_state(backend: ModelBackend, route: str) -> server_state.ServedState:
     described, switches = backend.describe(), backend.config.switches
     if described.info is None:
         raise lacking(backend.name, route, "it is served by another server, whose properties are its own")
     template = described.template
-    return translate.ServedState(
+    return server_state.ServedState(
         alias=backend.name, info=described.info, n_ctx=described.n_ctx, n_slots=described.n_slots,
-        sampling=backend.default_sampling(), n_predict=backend.config.defaults.n_predict,
+        sampling=backend.config.defaults.sampling, n_predict=backend.config.defaults.n_predict,
         n_keep=backend.config.defaults.n_keep,
         template_source=template.source if template else "", template_origin=template.origin if template else "",
         build_info=described.fingerprint, endpoint_slots=switches.slots, endpoint_props=switches.props,
@@ -125,7 +125,7 @@ async def get_slots(request: Request, backend: BackendDep, fail_on_no_slot: str 
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
     described = backend.describe()
-    return translate.slots(states, described.n_ctx, viewer=_viewer(request),
+    return server_state.slots(states, described.n_ctx, viewer=_viewer(request),
                            speculative=bool(described.speculative_types))
 
 
@@ -140,22 +140,22 @@ async def slot_action(id_slot: str, request: Request, backend: BackendDep, actio
         raise InvalidRequestError("Invalid slot ID", param="id_slot") from None
     require(backend.capabilities.slots, backend, request.url.path, "its slots are the server's behind it")
     if action == "erase":
-        return translate.slot_file(action, await backend.slot_file(action, slot, None), None)
+        return server_state.slot_file(action, await backend.slot_file(action, slot, None), None)
     if action not in ("save", "restore"):
         raise InvalidRequestError("Invalid action", param="action")
     try:
         body = SlotActionRequest.model_validate_json(await request.body() or b"{}")
     except ValueError:  # not JSON, or a filename that is not a string
         raise InvalidRequestError("Invalid filename", param="filename") from None
-    filename = translate.slot_filename(body.filename)
+    filename = server_state.slot_filename(body.filename)
     path = slot_folder.slot_path(folder, filename)
     if action == "restore":
-        return translate.slot_file(action, await backend.slot_file(action, slot, path), filename)
+        return server_state.slot_file(action, await backend.slot_file(action, slot, path), filename)
     cap = backend.config.switches.slot_save_max
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap)  # already full: nothing is written
     result = await backend.slot_file(action, slot, path)
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap, path)
-    return translate.slot_file(action, result, filename)
+    return server_state.slot_file(action, result, filename)
 
 
 @router.get("/metrics")
@@ -167,7 +167,7 @@ async def get_metrics(request: Request) -> Response:
 def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    response = PlainTextResponse(translate.metrics_text(backend.stats(scrape=True), viewer=_viewer(request)),
+    response = PlainTextResponse(server_state.metrics_text(backend.stats(scrape=True), viewer=_viewer(request)),
                                  media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))
@@ -248,7 +248,7 @@ async def set_lora_adapters(request: Request, backend: BackendDep) -> dict[str, 
         body = await request.json()
     except ValueError:
         raise InvalidRequestError("Invalid JSON body: expected an array of {id, scale}", param="body") from None
-    scales = translate.lora_scales(body)
+    scales = server_state.lora_scales(body)
     if backend.capabilities.lora:
         await backend.set_lora_scales(scales)
     return {"success": True}
@@ -258,14 +258,16 @@ async def set_lora_adapters(request: Request, backend: BackendDep) -> dict[str, 
 async def tokenize(body: TokenizeRequest, backend: BackendDep) -> dict[str, Any]:
     if backend.capabilities.forwards_token_routes:
         return await backend.forward_token_route("/tokenize", body.model_dump(exclude_unset=True))
-    return await anyio.to_thread.run_sync(translate.tokenize, body, backend.tokenizer)
+    ids = await backend.tokenize(tokens.tokenize_parts(body), add_special=body.add_special,
+                                 parse_special=body.parse_special)
+    return tokens.tokenize_answer(ids, await backend.token_pieces(ids) if body.with_pieces else None)
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, backend: BackendDep) -> dict[str, Any]:
     if backend.capabilities.forwards_token_routes:
         return await backend.forward_token_route("/detokenize", body.model_dump(exclude_unset=True))
-    return await anyio.to_thread.run_sync(translate.detokenize, body, backend.tokenizer)
+    return {"content": await backend.detokenize(body.tokens)}
 
 
 @router.post("/apply-template")

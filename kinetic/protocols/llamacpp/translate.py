@@ -1,26 +1,20 @@
-"""llama-server native JSON: /completion requests inward, results and stream events, /props,
-/slots and /metrics outward. Pure: the routes read the engine's state and hand it in."""
+"""llama-server native JSON: /completion, /infill and /embedding requests inward, their results and
+stream events outward. Pure: nothing here touches a backend. The server's state (/props, /slots,
+/metrics) is shaped in `server_state`, /tokenize's answers in `tokens`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, PromptInput, PromptRequest
 from kinetic.chat.types import InfillRequest as NeutralInfill
-from kinetic.engine.base import Tokenizer
 from kinetic.engine.types import (
-    EngineStats,
     Event,
     Finished,
     GenerationRequest,
-    Modalities,
-    ModelInfo,
     PromptProgress,
-    SamplingParams,
-    SlotFileResult,
-    SlotState,
     TextDelta,
     Timings,
     TokenLogprob,
@@ -33,10 +27,8 @@ from kinetic.protocols.common.translate import logprob_entry
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp.types import (
     CompletionRequest,
-    DetokenizeRequest,
     EmbeddingRequest,
     InfillRequest,
-    TokenizeRequest,
 )
 from kinetic.streaming import sse_data
 
@@ -135,9 +127,9 @@ def to_prompt_requests(req: CompletionRequest, *, n_slots: int = 1) -> list[Prom
     for i, (prompt, files) in enumerate(prompts):
         param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         for copy in range(n_cmpl or 1):
-            seed = options.sampling.seed
+            seed = options.sampling.get("seed")
             copy_options = options if not copy or seed is None or seed == -1 else replace(
-                options, sampling=replace(options.sampling, seed=(seed + copy) % 2**32))
+                options, sampling=options.sampling.with_values(seed=(seed + copy) % 2**32))
             requests.append(PromptRequest(prompt=prompt, options=copy_options, output=output, param=param,
                                           media=files))
     return requests
@@ -233,14 +225,6 @@ class NativeEncoder:
         return [sse_data(error_body(err))]
 
 
-def router_props(*, max_instances: int, autoload: bool, build_info: str) -> dict[str, Any]:
-    """GET /props of a router asked for no model in particular (llama-server's router answer)."""
-    return {"role": "router", "max_instances": max_instances, "models_autoload": autoload,
-            "model_alias": "kinetic", "model_path": "none",
-            "default_generation_settings": {"params": {}, "n_ctx": 0}, "build_info": build_info,
-            "cors_proxy_enabled": False}
-
-
 # ------------------------------------------------------------------------------- embeddings
 
 
@@ -281,192 +265,3 @@ def to_native_embeddings(vectors: list[list[list[float]]], *, pooling: str,
     pooling none one raw vector per token."""
     return [{"index": index, "embedding": rows if pooling == "none" else [normalize(rows[0], embd_normalize)]}
             for index, rows in enumerate(vectors)]
-
-
-# ------------------------------------------------------------------------------- server state
-
-
-@dataclass(frozen=True)
-class ServedState:
-    """What GET /props shows of a model, handed in by the route (its backend's description and switches)."""
-
-    alias: str
-    info: ModelInfo
-    n_ctx: int
-    n_slots: int
-    sampling: SamplingParams
-    n_predict: int
-    n_keep: int
-    template_source: str
-    template_origin: str
-    build_info: str
-    endpoint_slots: bool
-    endpoint_props: bool
-    endpoint_metrics: bool
-    ui_settings: dict[str, Any]
-    llama_params: dict[str, Any]
-    is_sleeping: bool = False  # --sleep-idle-seconds
-    speculative_types: tuple[str, ...] = ()
-    modalities: Modalities = field(default_factory=Modalities)  # what the model's projector reads
-    media_marker: str = ""
-
-
-def props(state: ServedState) -> dict[str, Any]:
-    info = state.info
-    defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=state.sampling,
-                                                     max_tokens=state.n_predict, n_keep=state.n_keep), short=True)
-    defaults["speculative.types"] = ",".join(state.speculative_types) or "none"
-    return {
-        "default_generation_settings": {"n_ctx": state.n_ctx, "params": defaults},
-        "total_slots": state.n_slots,
-        "model_alias": state.alias,
-        "model_ftype": info.ftype,
-        "model_path": str(info.path),
-        # kinetic's: which cache paths apply (docs/models.md); llama-server has no such field
-        "memory_kind": info.memory_kind,
-        "modalities": {"vision": state.modalities.vision, "video": False, "audio": state.modalities.audio},
-        **({"media_marker": state.media_marker} if state.media_marker else {}),
-        "endpoint_slots": state.endpoint_slots,
-        "endpoint_props": state.endpoint_props,
-        "endpoint_metrics": state.endpoint_metrics,
-        "chat_template": state.template_source,
-        "chat_template_origin": state.template_origin,
-        "chat_template_caps": {"supports_tools": True, "supports_parallel_tool_calls": False},
-        "bos_token": info.bos_token,
-        "eos_token": info.eos_token,
-        "build_info": state.build_info,
-        "is_sleeping": state.is_sleeping,
-        "ui_settings": state.ui_settings,
-        # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
-        "llama_params": state.llama_params,
-    }
-
-
-def lora_scales(body: Any) -> dict[int, float]:
-    """POST /lora-adapters: `[{"id": 0, "scale": 0.5}, ...]` (llama-server's parse_lora_request)."""
-    if not isinstance(body, list):
-        raise InvalidRequestError("Request body must be an array", param="body")
-    scales: dict[int, float] = {}
-    for entry in body:
-        if not isinstance(entry, dict):
-            raise InvalidRequestError("each entry must be an object with `id` and `scale`", param="body")
-        index, scale = entry.get("id", -1), entry.get("scale", 0.0)
-        if isinstance(index, bool) or not isinstance(index, int) or isinstance(scale, bool) \
-                or not isinstance(scale, (int, float)):
-            raise InvalidRequestError("`id` must be an integer and `scale` a number", param="id")
-        scales[index] = float(scale)
-    return scales
-
-
-def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None,
-          speculative: bool = False) -> list[dict[str, Any]]:
-    """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts).
-    A student (`viewer`, their name) sees whose request and its settings only on their own slots:
-    of the others' only that they are busy and the counts (the admin, `viewer` None, sees all)."""
-    result = []
-    for slot in states:
-        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": speculative,
-                                 "is_processing": slot.is_processing}
-        own = viewer is None or (slot.is_processing and slot.client == viewer)
-        if slot.is_processing and own:
-            entry["key"] = slot.client  # whose request it is: a key's name, never the key
-        if slot.used:
-            entry.update(id_task=slot.id_task, n_prompt_tokens=slot.n_prompt_tokens,
-                         n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
-                         n_prompt_tokens_cache=slot.n_prompt_tokens_cache)
-            if slot.request is not None and own:
-                entry["params"] = generation_settings(slot.request, short=True)
-            entry["next_token"] = [{"has_next_token": slot.is_processing, "has_new_line": False, "n_remain": -1,
-                                    "n_decoded": slot.n_decoded}]
-        result.append(entry)
-    return result
-
-
-def slot_file(action: str, result: SlotFileResult, filename: str | None) -> dict[str, Any]:
-    """POST /slots/{id}?action=...: llama-server's answer for each action."""
-    if action == "save":
-        return {"id_slot": result.id_slot, "filename": filename, "n_saved": result.n_tokens,
-                "n_written": result.n_bytes, "timings": {"save_ms": result.ms}}
-    if action == "restore":
-        return {"id_slot": result.id_slot, "filename": filename, "n_restored": result.n_tokens,
-                "n_read": result.n_bytes, "timings": {"restore_ms": result.ms}}
-    return {"id_slot": result.id_slot, "n_erased": result.n_tokens}
-
-
-def slot_filename(raw: str | None) -> str:
-    """A bare file name inside --slot-save-path (llama.cpp's fs_validate_filename, in short)."""
-    if (not raw or len(raw.encode("utf-8")) > 255 or raw in (".", "..") or raw.startswith(".")
-            or any(c in raw for c in '/\\:*?"<>|') or any(ord(c) < 32 for c in raw)):
-        raise InvalidRequestError("Invalid filename", param="filename")
-    return raw
-
-
-# llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)
-COUNTERS = (
-    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
-    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
-    ("prompt_seconds_total", "Total time spent processing prompts"),
-    ("tokens_predicted_total", "Number of generation tokens processed"),
-    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
-    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
-    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
-    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
-    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
-    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
-)
-GAUGES = (
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
-    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
-    ("requests_processing", "Number of requests processing"),
-    ("requests_deferred", "Number of requests deferred"),
-    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
-)
-
-
-def metrics_text(stats: EngineStats, *, viewer: str | None = None) -> str:
-    """Prometheus text. The per-key lines show a student (`viewer`) their own line only."""
-    values: dict[str, float] = {**stats.counters, **stats.gauges, "requests_processing": stats.requests_processing,
-                                "requests_deferred": stats.requests_deferred}
-    lines = []
-    for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
-        for name, help_text in items:
-            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                      f"llamacpp:{name} {values.get(name, 0)}"]
-    # kinetic's own: who is waiting (by key name), for the instructor's dashboard
-    lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
-              "# TYPE llamacpp:requests_deferred_by_key gauge"]
-    for client, count in sorted(stats.deferred_by_client.items()):
-        if viewer is not None and client != viewer:
-            continue
-        label = client.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'llamacpp:requests_deferred_by_key{{key="{label}"}} {count}')
-    return "\n".join(lines) + "\n"
-
-
-def tokenize(body: TokenizeRequest, tokenizer: Tokenizer) -> dict[str, Any]:
-    """/tokenize: text and token ids mixed; pieces as text, or bytes when not valid UTF-8."""
-    if body.content is None:
-        return {"tokens": []}
-    parts = [body.content] if isinstance(body.content, str) else body.content
-    tokens: list[int] = []
-    for index, part in enumerate(parts):
-        if isinstance(part, int):
-            tokens.append(part)
-        else:
-            tokens += tokenizer.tokenize(part, add_special=body.add_special and index == 0,
-                                         parse_special=body.parse_special)
-    if not body.with_pieces:
-        return {"tokens": tokens}
-    pieces = []
-    for token in tokens:
-        raw = tokenizer.token_piece(token, special=True)
-        try:
-            piece: Any = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)
-        pieces.append({"id": token, "piece": piece})
-    return {"tokens": pieces}
-
-
-def detokenize(body: DetokenizeRequest, tokenizer: Tokenizer) -> dict[str, str]:
-    return {"content": tokenizer.detokenize([t for t in body.tokens if tokenizer.valid_token(t)], special=True)}

@@ -58,7 +58,7 @@ def _in_options(err: InvalidRequestError) -> InvalidRequestError:
     return InvalidRequestError(message, param=field)
 
 
-def generation_options(options: Options | None, *, logprobs: bool | None = None, top_logprobs: int | None = None,
+def runtime_options(options: Options | None, *, logprobs: bool | None = None, top_logprobs: int | None = None,
                        context: list[int] | None = None) -> neutral.GenerationOptions:
     opts = options or Options()
     try:
@@ -153,7 +153,7 @@ def to_chat_request(body: ChatRequest, served: ServedModel) -> neutral.ChatReque
     # Ollama has no tool_choice: with tools the model may call one, never must (an empty list is no tools).
     return neutral.ChatRequest(
         messages=tuple(to_message(m, f"messages[{i}]") for i, m in enumerate(body.messages or ())),
-        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
+        options=runtime_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
         tools=tools, template_kwargs=kwargs, reasoning_format=reasoning_format,
         output=output_constraint(body.format))
 
@@ -177,7 +177,7 @@ def to_generate_chat(body: GenerateRequest, served: ServedModel) -> neutral.Chat
     messages.append(neutral.Message(role="user", parts=(neutral.TextPart(body.prompt or ""),) + images))
     return neutral.ChatRequest(
         messages=tuple(messages),
-        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+        options=runtime_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
                                    context=body.context),
         template_kwargs=kwargs, reasoning_format=reasoning_format, output=output_constraint(body.format))
 
@@ -191,7 +191,7 @@ def to_prompt_request(body: GenerateRequest, served: ServedModel) -> neutral.Pro
         raise InvalidRequestError("raw mode does not support think", param="think")
     return neutral.PromptRequest(
         prompt=body.prompt or "",
-        options=generation_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
+        options=runtime_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
         output=output_constraint(body.format), media=_images(body.images, "images"))
 
 

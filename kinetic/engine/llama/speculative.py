@@ -286,6 +286,8 @@ def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None
     drafts, slot.drafts = slot.drafts, []
     base = len(slot.tokens) - len(drafts)  # what the KV holds up to the last sampled token
     accepted = 0
+    # counted before the rows are sampled: the row that finishes the request sends its timings
+    slot.n_draft += len(drafts)
     for i in range(len(drafts) + 1):
         del slot.tokens[base + i:]  # the cells row first_row + i was computed from
         sample(slot, first_row + i)
@@ -298,8 +300,7 @@ def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None
         slot.tokens.append(drafts[i])  # in the KV already
         slot.next_token = None
         accepted += 1
-    slot.n_draft += len(drafts)
-    slot.n_draft_accepted += accepted
+        slot.n_draft_accepted += 1
     metrics["spec_decode_num_draft_tokens_total"] = metrics.get("spec_decode_num_draft_tokens_total", 0) + len(drafts)
     metrics["spec_decode_num_accepted_tokens_total"] = (metrics.get("spec_decode_num_accepted_tokens_total", 0)
                                                         + accepted)

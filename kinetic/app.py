@@ -21,6 +21,7 @@ from kinetic.gate import RequestGate
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
+from kinetic.protocols.openai.control import RunningCompletions
 from kinetic.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
+    app.state.running_completions = RunningCompletions()  # for /v1/chat/completions/control
     app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.streaming
     install_error_funnel(app)
     for protocol in PROTOCOLS:

@@ -31,9 +31,11 @@ IGNORED: tuple[Ignored, ...] = (
             "finds); video split into frames with ffmpeg (--video-*) and the limit on image tokens encoded in one "
             "batch (--mtmd-batch-max-tokens) are not implemented",
             ("--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir")),
-    Ignored("ignored flags: speculative decoding kinds kinetic does not run",
-            "kinetic runs the ngram-simple and draft-simple kinds of --spec-type; ngram-map-k, ngram-map-k4v, "
-            "ngram-mod (--spec-default), ngram-cache (its lookup cache files) and the draft heads (draft-eagle3, "
+    Ignored("ignored flags: n-gram drafting sizes and lookup cache files",
+            "kinetic runs every n-gram kind of --spec-type (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
+            "ngram-cache) and draft-simple; map-k, k4v and mod draft with llama-server's default sizes, whatever "
+            "these flags say, and ngram-cache counts the slot's own tokens only (no static or dynamic cache "
+            "files); --spec-default (ngram-mod with its sizes) is not read; the draft heads (draft-eagle3, "
             "draft-mtp, draft-dflash, draft-dspark) are accepted by --spec-type with a warning and not run; "
             "--spec-ngram-simple-min-hits does nothing in llama-server's ngram-simple either",
             ("-lcs", "-lcd", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-match",

@@ -240,7 +240,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("draft_model", ("--spec-draft-model", "-md", "--model-draft"), "draft model for speculative decoding "
          "(alone it means --spec-type draft-simple)", metavar="FNAME"),
     Flag("spec_type", ("--spec-type",), "speculative decoding kinds, comma list: draft-simple (needs -md), "
-         "ngram-simple (drafts from the slot's own earlier tokens), none", metavar="TYPES"),
+         "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache (drafts from the tokens already seen), "
+         "none", metavar="TYPES"),
     Flag("draft_max", ("--spec-draft-n-max",), "most tokens the draft model proposes a step", metavar="N"),
     Flag("draft_min", ("--spec-draft-n-min",), "fewest tokens a draft-model draft must have to be verified",
          metavar="N"),

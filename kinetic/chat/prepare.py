@@ -368,7 +368,7 @@ class ChatLayer:
                                  n_keep=self.defaults.n_keep if options.n_keep is None else options.n_keep,
                                  n_discard=options.n_discard,
                                  post_sampling_probs=options.post_sampling_probs,
-                                 return_progress=options.return_progress)
+                                 return_progress=options.return_progress, lora=options.lora)
 
     def sampling(self, options: SamplingOptions, grammar: str | None) -> SamplingParams:
         """The server's sampler with what the request set laid over it."""

@@ -146,6 +146,7 @@ class GenerationOptions:
     # earlier /api/generate returned) goes before this prompt
     context_limit: int | None = None
     prior_tokens: tuple[int, ...] = ()
+    lora: tuple[tuple[int, float], ...] | None = None  # adapter (id, scale) pairs; None: the server's scales
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class ChatRequest:
     reasoning_format: str | None = None  # None: the server's --reasoning-format
     reasoning_budget: int | None = None  # thinking tokens (-1, None: the server's --reasoning-budget)
     reasoning_budget_message: str | None = None  # None: the server's --reasoning-budget-message
+    reasoning_control: bool = False  # its thinking may be ended while it runs (/v1/chat/completions/control)
     output: OutputConstraint = field(default_factory=OutputConstraint)
     # Continue the last message instead of answering it: "auto" (its reasoning when it has only that,
     # else its content), "content" or "reasoning"; None: not asked (a last assistant message is still

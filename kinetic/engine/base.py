@@ -34,9 +34,11 @@ class Generation:
     slot (or drops it from the queue if it never got one).
     """
 
-    def __init__(self, queue: asyncio.Queue[Event | BaseException], cancel: Callable[[], object]):
+    def __init__(self, queue: asyncio.Queue[Event | BaseException], cancel: Callable[[], object],
+                 end_reasoning: Callable[[], object] | None = None):
         self._queue = queue
         self._cancel = cancel
+        self._end_reasoning = end_reasoning  # None: nothing to end (no thinking armed for control)
         self.done = False
 
     async def events(self) -> AsyncIterator[Event]:
@@ -53,6 +55,11 @@ class Generation:
         finally:
             if not self.done:
                 self.cancel()
+
+    def end_reasoning(self) -> None:
+        """Reasoning control: the thinking under way ends at the next token (a no-op when none is)."""
+        if not self.done and self._end_reasoning is not None:
+            self._end_reasoning()
 
     def cancel(self) -> None:
         if not self.done:

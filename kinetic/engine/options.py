@@ -169,7 +169,17 @@ class LongContext:
 # llama.cpp's speculative decoding kinds (common/speculative.cpp), and the ones kinetic runs
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_TYPES_RUN = ("draft-simple", "ngram-simple")
+# in llama.cpp's order of preference (common_speculative_init): a slot gets the first kind's draft that has one
+SPEC_TYPES_RUN = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
+
+
+@dataclass(frozen=True)
+class NgramMapOptions:
+    """ngram-map-k's or ngram-map-k4v's sizes (llama-server's common_params_speculative_ngram_map)."""
+
+    size_n: int = 12  # the n-gram looked up
+    size_m: int = 48  # the m-gram drafted after it
+    min_hits: int = 1  # k4v: times the key must have been seen
 
 
 def parse_spec_types(text: str) -> tuple[str, ...]:
@@ -193,6 +203,11 @@ class SpecOptions:
     p_min: float = 0.0  # draft-simple: drafting stops below this probability of the draft's top token
     ngram_size_n: int = 12  # ngram-simple: the n-gram looked up
     ngram_size_m: int = 48  # ngram-simple: most tokens drafted after a match
+    map_k: NgramMapOptions = NgramMapOptions()
+    map_k4v: NgramMapOptions = NgramMapOptions()
+    mod_n_match: int = 24  # ngram-mod: the n-gram hashed
+    mod_n_min: int = 48  # ngram-mod: a shorter draft is dropped
+    mod_n_max: int = 64  # ngram-mod: most tokens drafted
 
     @property
     def enabled(self) -> bool:
@@ -201,8 +216,7 @@ class SpecOptions:
     @property
     def runnable(self) -> tuple[str, ...]:
         """The asked kinds kinetic runs (draft-simple only with a draft model), in llama.cpp's order."""
-        return tuple(t for t in ("ngram-simple", "draft-simple") if t in self.types
-                     and (t != "draft-simple" or self.draft_model))
+        return tuple(t for t in SPEC_TYPES_RUN if t in self.types and (t != "draft-simple" or self.draft_model))
 
     @property
     def not_run(self) -> tuple[str, ...]:

@@ -70,6 +70,8 @@ class ReasoningBudget:
     end: str = "</think>"
     message: str = ""
     starts_inside: bool = False
+    # the request armed reasoning control: its thinking may be ended at once (Generation.end_reasoning)
+    controllable: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class GenerationRequest:
     checkpoint_at: int = 0
     reasoning_budget: ReasoningBudget | None = None  # None: thinking is not limited
     media: tuple[MediaSpan, ...] = ()  # images and audio in the prompt, in order (their stand-ins in prompt_tokens)
+    # this request's LoRA adapter scales by id (an adapter left out: 0); None: the server's (--lora, /lora-adapters)
+    lora: tuple[tuple[int, float], ...] | None = None
 
     @property
     def text_tokens(self) -> list[int]:

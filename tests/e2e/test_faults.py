@@ -144,6 +144,27 @@ def test_unloading_a_busy_model_ends_each_protocols_stream_and_fails_the_waiting
         assert again.status_code == 200, (name, again.text)
 
 
+def test_a_students_reasoning_control_reaches_only_their_own_completion(keyed_router: KineticServer) -> None:
+    """/v1/chat/completions/control names a completion by its id: another student's is "not found", as llama-server
+    answers for an id it does not have; the owner's answers success (this template does not think: nothing to end)."""
+    url = keyed_router.url
+    body = {"model": "chat-b", "messages": CHAT, "max_tokens": 96, "stream": True, "reasoning_control": True}
+    stream = OpenStream(url, "/v1/chat/completions", body, key="sk-alice")
+    stream.wait_for_content()
+    cmpl_id = json.loads(stream.lines[0][len("data: "):])["id"]
+
+    def control(key: str) -> dict[str, Any]:
+        answer = httpx.post(url + "/v1/chat/completions/control", json={"id": cmpl_id, "action": "reasoning_end"},
+                            headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    assert control("sk-bob") == {"success": False, "message": "no active completion for this id"}
+    assert control("sk-alice") == {"success": True}
+    stream.end()
+    assert stream.status == 200 and stream.lines[-1] == "data: [DONE]"
+
+
 # ------------------------------------------------------------------------------- shutdown
 
 def start(*args: str) -> KineticServer:

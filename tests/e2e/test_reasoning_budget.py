@@ -128,3 +128,37 @@ def test_skip_chat_parsing_makes_everything_content(plain: KineticServer, model_
         message = chat(server)["choices"][0]["message"]
     assert not message.get("reasoning_content")
     assert message["content"].strip() == thought.strip()
+
+
+def control(server: KineticServer, cmpl_id: str, action: str = "reasoning_end") -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions/control", json={"id": cmpl_id, "action": action}, timeout=30)
+
+
+def test_reasoning_end_ends_a_running_completions_thinking(plain: KineticServer) -> None:
+    """llama-server's POST /v1/chat/completions/control: sent while the stream is read, on its `id`; the rest
+    of the answer is content. A completion without `reasoning_control` is not touched, a finished one is gone."""
+    client = openai.OpenAI(base_url=plain.url + "/v1", api_key="none")
+    stream = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=96,  # type: ignore
+                                            temperature=0, stream=True, extra_body={"reasoning_control": True})
+    reasoning, content, cmpl_id, answer = "", "", "", None
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        reasoning += (getattr(delta, "reasoning_content", None) or "") if delta else ""
+        content += (delta.content or "") if delta else ""
+        if not cmpl_id and reasoning:
+            cmpl_id = chunk.id
+            answer = control(plain, cmpl_id)
+    assert answer is not None and answer.json() == {"success": True}
+    assert content and n_tokens(plain, reasoning) < 48  # without the control all 96 tokens are reasoning
+    assert control(plain, cmpl_id).json() == {"success": False, "message": "no active completion for this id"}
+
+    unarmed = client.chat.completions.create(model="m", messages=QUESTION, max_tokens=48,  # type: ignore
+                                             temperature=0, stream=True)
+    first = next(iter(unarmed))
+    assert control(plain, first.id).json() == {
+        "success": False, "message": "reasoning control not enabled for this completion"}
+    rest = "".join((getattr(c.choices[0].delta, "reasoning_content", None) or "") for c in unarmed if c.choices)
+    assert n_tokens(plain, rest) > 40  # thinks on to max_tokens
+    bad = control(plain, first.id, action="stop")
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "unknown control action"
+    assert control(plain, "").status_code == 400

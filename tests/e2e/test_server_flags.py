@@ -12,7 +12,9 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -242,7 +244,8 @@ def test_no_cache_prompt_is_the_default_a_request_can_override(https: str) -> No
 @pytest.fixture(scope="module")
 def lora(model_lock: None, https: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
     adapter = write_lora(tmp_path_factory.mktemp("lora") / "lora.gguf")
-    with KineticServer("-c", "512", "-np", "1", "--lora", str(adapter)) as server:
+    # two slots of 512 tokens (the https server's one slot): per-request scales run side by side
+    with KineticServer("-c", "1024", "-np", "2", "--lora", str(adapter)) as server:
         yield server
 
 
@@ -265,6 +268,41 @@ def test_a_lora_adapter_changes_greedy_output_and_scale_0_restores_it(lora: Kine
     httpx.post(lora.url + "/lora-adapters", json=[{"id": 0, "scale": 1}])
     assert greedy(lora.url) == adapted
     assert httpx.post(lora.url + "/lora-adapters", json={"id": 0}).status_code == 400
+
+
+def adapted_at(url: str, scale: float | None, path: str = "/completion") -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "cache_prompt": False}
+    if path == "/v1/chat/completions":
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
+    if scale is not None:
+        body["lora"] = [{"id": 0, "scale": scale}]
+    answer = httpx.post(url + path, json=body, timeout=120, verify=False)  # the https server's certificate is its own
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_requests_own_lora_applies_to_it_alone_while_another_runs(lora: KineticServer, https: str) -> None:
+    """llama-server's per-request `lora`: scale 0 gives the base model's text and scale 1 the adapter's, both in
+    flight at once on two slots (their steps take turns: one context holds one set of scales at a time), on
+    /completion, /v1/completions and /v1/chat/completions; /lora-adapters keeps the server's scale."""
+    base = adapted_at(https, None)
+    with ThreadPoolExecutor(2) as pool:
+        off, on = pool.map(lambda scale: adapted_at(lora.url, scale), [0.0, 1.0])
+    assert off["content"] == base["content"] and on["content"] == adapted_at(lora.url, None)["content"]
+    assert on["content"] != base["content"] and {off["id_slot"], on["id_slot"]} == {0, 1}
+    assert off["generation_settings"]["lora"] == [{"id": 0, "scale": 0.0}]
+    assert httpx.get(lora.url + "/lora-adapters").json()[0]["scale"] == 1.0
+    client = OpenAI(base_url=lora.url + "/v1", api_key="none")
+    legacy = client.completions.create(model="any", prompt=PROMPT, max_tokens=24, temperature=0,
+                                       extra_body={"lora": [{"id": 0, "scale": 0}], "cache_prompt": False})
+    assert legacy.choices[0].text == base["content"]
+    with ThreadPoolExecutor(2) as pool:
+        chat_off, chat_on = pool.map(lambda scale: adapted_at(lora.url, scale, "/v1/chat/completions"), [0.0, 1.0])
+    text = [answer["choices"][0]["message"]["content"] for answer in (chat_off, chat_on)]
+    assert text[0] != text[1]
+    assert text[1] == adapted_at(lora.url, None, "/v1/chat/completions")["choices"][0]["message"]["content"]
+    bad = httpx.post(lora.url + "/completion", json={"prompt": PROMPT, "lora": {"id": 0}})
+    assert bad.status_code == 400 and "lora" in bad.json()["error"]["message"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread affinity is read from Linux's /proc")

@@ -81,6 +81,7 @@ def test_greedy_output_is_the_same_and_drafts_are_accepted(speculating: tuple[st
     assert counting["draft_n"] >= counting["draft_n_accepted"] > 0
     props = httpx.get(server.url + "/props").json()
     assert props["default_generation_settings"]["params"]["speculative.types"] == kind
+    assert complete(server.url, COUNTING, n_predict=4)["generation_settings"]["speculative.types"] == kind
     assert all(slot["speculative"] for slot in httpx.get(server.url + "/slots").json())
     metrics = dict(line.split(" ") for line in httpx.get(server.url + "/metrics").text.splitlines()
                    if line.startswith("llamacpp:spec_decode"))
@@ -116,6 +117,18 @@ def test_streams_and_the_openai_routes_carry_the_draft_counts(speculating: tuple
     completion = client.completions.create(model="any", prompt=COUNTING, max_tokens=64, temperature=0)
     timings = (completion.model_extra or {})["timings"]
     assert timings["draft_n"] >= timings["draft_n_accepted"] > 0
+
+
+@pytest.mark.parametrize("kind", ["ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"])
+def test_the_other_ngram_kinds_draft_and_keep_greedy_output(kind: str, reference: dict[str, dict[str, Any]],
+                                                            model_lock: None) -> None:
+    """The vendored llama-server's other n-gram kinds, each on its own: greedy output token for token the
+    non-speculating server's, drafts accepted on the repetitive prompt, the kind in generation_settings."""
+    with KineticServer(*SERVER, "--spec-type", kind) as server:
+        got = complete(server.url, COUNTING)
+    same_answer(got, reference["counting"])
+    assert got["generation_settings"]["speculative.types"] == kind
+    assert got["timings"]["draft_n"] >= got["timings"]["draft_n_accepted"] > 0
 
 
 def test_a_hybrid_model_does_not_speculate_and_says_so(model_lock: None) -> None:

@@ -3,13 +3,26 @@ acting on the bundled model: tests/e2e/test_server_flags.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any, cast
 
 import gguf
 import pytest
 
+from kinetic.engine.llama.adapter_turns import AdapterTurns
+from kinetic.engine.llama.inbox import LoopInbox
+from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.sampler import Sampler
+from kinetic.engine.llama.slots import Job, Slot
+from kinetic.engine.types import Event, GenerationRequest
 from kinetic.errors import InvalidRequestError
+from kinetic.protocols.common.translate import lora_request
 from kinetic.protocols.llamacpp.server_state import lora_scales
+from kinetic.protocols.llamacpp.translate import to_prompt_requests
+from kinetic.protocols.llamacpp.types import CompletionRequest
+from kinetic.protocols.openai.translate import to_chat_request
+from kinetic.protocols.openai.types import ChatCompletionRequest
 from kinetic.serve_args import parse_serve_args
 from kinetic.settings import SettingsError
 from tests.lora_model import write_lora
@@ -52,12 +65,50 @@ def test_the_test_adapter_is_a_lora_gguf_for_gemma3(tmp_path: Path) -> None:
     assert tensors["blk.0.ffn_down.weight.lora_a"] == [2048, 4] and tensors["blk.0.ffn_down.weight.lora_b"] == [4, 640]
 
 
-def test_a_requests_own_lora_is_accepted_and_not_applied() -> None:
-    """llama.cpp applies adapters to a whole context; kinetic's slots share one, so a per-request `lora`
-    would change every other request's output mid-answer: it is taken, and the server's scales apply."""
-    from kinetic.protocols.llamacpp.translate import to_prompt_requests
-    from kinetic.protocols.llamacpp.types import CompletionRequest
-
-    body = CompletionRequest.model_validate({"prompt": "hi", "lora": [{"id": 0, "scale": 1.0}]})
+def test_a_requests_own_lora_reaches_the_engine_request() -> None:
+    """llama-server's per-request `lora` (parse_lora_request): its (id, scale) pairs; none, or an empty list, is
+    the server's scales; a bad shape is a 400 naming the field."""
+    body = CompletionRequest.model_validate({"prompt": "hi", "lora": [{"id": 0, "scale": 0.5}, {"id": 2}]})
     (request,) = to_prompt_requests(body)
-    assert request.prompt == "hi" and not hasattr(request.options, "lora")
+    assert request.options.lora == ((0, 0.5), (2, 0.0))
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                                 "lora": [{"id": 0, "scale": 1}]})
+    assert to_chat_request(chat).options.lora == ((0, 1.0),)
+    assert lora_request(None) is None and lora_request([]) is None
+    for bad in ({"id": 0}, [1], [{"id": 0, "scale": "1"}]):
+        with pytest.raises(InvalidRequestError) as caught:
+            lora_request(bad)
+        assert caught.value.param == "lora"
+
+
+class Adapters:
+    """LoadedModel's adapter part, as AdapterTurns uses it: records what it sets on the context."""
+
+    def __init__(self) -> None:
+        self.set: list[tuple[float, ...]] = []
+
+    def lora_scales(self) -> tuple[float, ...]:
+        return (1.0,)
+
+    def apply_lora(self, ctx: object, scales: tuple[float, ...]) -> None:
+        self.set.append(scales)
+
+
+def busy_slot(index: int, scales: tuple[float, ...]) -> Slot:
+    job = Job(request=GenerationRequest(prompt_tokens=[1]), sampler=cast(Sampler, None),
+              inbox=cast(LoopInbox, None), queue=cast("asyncio.Queue[Event | BaseException]", None), lora=scales)
+    return Slot(id=index, job=job, next_token=5)
+
+
+def test_slots_of_different_adapter_scales_take_turns_and_the_context_changes_only_between_them() -> None:
+    model = Adapters()
+    turns = AdapterTurns(cast(LoadedModel, model), cast(Any, None))
+    same = [busy_slot(0, (1.0,)), busy_slot(1, (1.0,))]
+    assert [turns.next_turn(same) for _ in range(3)] == [(1.0,)] * 3  # one set: every step batches both
+    mixed = [busy_slot(0, (1.0,)), busy_slot(1, (0.0,))]
+    picked = [turns.next_turn(mixed) for _ in range(4)]
+    assert picked == [(1.0,), (0.0,), (1.0,), (0.0,)]  # in turn: neither set waits for the other to finish
+    for scales in picked:
+        turns.use(scales)
+        turns.use(scales)  # already set: no second call
+    assert model.set == [(0.0,), (1.0,), (0.0,)]  # the server's (1.0,) was set when the context was made

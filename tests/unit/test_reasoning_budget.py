@@ -4,22 +4,25 @@ common/reasoning-budget.cpp), where a request's budget comes from, --reasoning-p
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import pytest
 
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
-from kinetic.chat.reasoning_control import preserve_variables, reasoning_budget
+from kinetic.chat.reasoning_control import UNLIMITED, preserve_variables, reasoning_budget
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import ChatRequest, Message, OutputConstraint, TextPart, ToolChoice, ToolSpec
 from kinetic.cli import parse_serve_args
+from kinetic.engine.base import Generation
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.reasoning_budget import BudgetState, BudgetTracker
 from kinetic.engine.types import ReasoningBudget
 from kinetic.protocols.anthropic.translate import to_chat_request as anthropic_chat
 from kinetic.protocols.anthropic.types import MessagesRequest
+from kinetic.protocols.openai.control import RunningCompletion, RunningCompletions, control
 from kinetic.protocols.openai.translate import to_chat_request as openai_chat
-from kinetic.protocols.openai.types import ChatCompletionRequest
+from kinetic.protocols.openai.types import ChatCompletionRequest, ControlRequest
 from tests.scripted import ScriptedEngine
 
 
@@ -169,3 +172,48 @@ def test_skip_chat_parsing_reads_nothing_out_of_the_answer() -> None:
     constrained, _ = layer(reasoning_budget=4, skip_chat_parsing=True).prepare_chat(
         ChatRequest(messages=(user("hi"),), output=schema))
     assert constrained.sampling.grammar  # the request's own constraint still holds
+
+
+# ---------------------------------------------------------------- reasoning control (/v1/chat/completions/control)
+
+
+def test_reasoning_control_arms_a_budget_without_a_limit() -> None:
+    armed = ChatRequest(messages=(user("hi"),), reasoning_control=True)
+    assert budget_of(armed, server_tokens=-1) == ReasoningBudget(tokens=UNLIMITED, starts_inside=True,
+                                                                 controllable=True)
+    assert budget_of(ChatRequest(messages=(user("hi"),)), server_tokens=-1) is None  # not armed, no limit: none
+    assert budget_of(armed, thinks=False) is None  # a template that does not think has nothing to end
+    assert openai_chat(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "reasoning_control": True})).reasoning_control
+
+
+def test_reasoning_end_forces_the_end_tag_at_the_next_token_while_thinking() -> None:
+    budget = BudgetTracker(ReasoningBudget(tokens=UNLIMITED, message=" ok.", starts_inside=True, controllable=True),
+                           cast(LoadedModel, ByteModel()))
+    out = generate(budget, "abc", upto=3)
+    budget.end_now()  # from the event loop: acted on at the decode thread's next token
+    assert out + generate(budget, "defghij") == "abc ok.</think>defghij"
+    assert budget.state is BudgetState.DONE
+    budget.end_now()  # the block is over: nothing left to end (llama.cpp's force only acts while counting)
+    assert generate(budget, "xyz") == "xyz"
+
+
+def test_the_control_route_acts_on_the_callers_running_completion_only() -> None:
+    async def scenario() -> None:
+        table = RunningCompletions()
+        ended: list[str] = []
+        mine = Generation(asyncio.Queue(), lambda: None, end_reasoning=lambda: ended.append("mine"))
+        plain = Generation(asyncio.Queue(), lambda: None)
+        table.add("chatcmpl-a", RunningCompletion(owner="alice", generation=mine, armed=True))
+        table.add("chatcmpl-b", RunningCompletion(owner="alice", generation=plain, armed=False))
+        body = ControlRequest(id="chatcmpl-a", action="reasoning_end")
+        assert control(table, body, "bob") == {"success": False, "message": "no active completion for this id"}
+        assert control(table, body, "alice") == {"success": True} and ended == ["mine"]
+        assert control(table, ControlRequest(id="chatcmpl-b", action="reasoning_end"), "alice") == {
+            "success": False, "message": "reasoning control not enabled for this completion"}
+        mine.cancel()  # finished: no longer found, and the next addition forgets it
+        assert control(table, body, "alice")["success"] is False
+        table.add("chatcmpl-c", RunningCompletion(owner=None, generation=plain, armed=False))
+        assert table.find("chatcmpl-a", "alice") is None and table.find("chatcmpl-c", "anyone") is not None
+
+    asyncio.run(scenario())

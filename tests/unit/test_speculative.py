@@ -120,9 +120,9 @@ def test_spec_types_read_as_llama_cpp_reads_them() -> None:
     assert parse_spec_types("ngram-simple,none") == ()
     with pytest.raises(ValueError, match="unknown speculative type 'ngram'"):
         parse_spec_types("ngram")
-    options = SpecOptions(types=("draft-simple", "ngram-simple", "ngram-mod"))
-    assert options.runnable == ("ngram-simple",)  # draft-simple needs a draft model
-    assert options.not_run == ("ngram-mod",)
+    options = SpecOptions(types=("draft-simple", "ngram-mod", "ngram-simple", "draft-mtp"))
+    assert options.runnable == ("ngram-simple", "ngram-mod")  # llama.cpp's order; draft-simple needs a draft model
+    assert options.not_run == ("draft-mtp",)
 
 
 def test_speculation_flags_fill_spec_options(tmp_path) -> None:

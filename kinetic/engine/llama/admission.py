@@ -77,7 +77,9 @@ class SlotAdmission:
                     idle = [s for s in idle if s.id == job.request.id_slot]
                 if idle:
                     prompt = job.request.prompt_tokens
-                    slot = max(idle, key=lambda s: (self._similar_prefix(s.tokens, prompt), -s.last_used))
+                    # cells computed under other adapter scales are no prefix of this job's
+                    slot = max(idle, key=lambda s: (self._similar_prefix(s.tokens, prompt) if s.lora == job.lora
+                                                    else 0, -s.last_used))
                     self._pending.served(client, job)
                     try:
                         self._start(slot, job)
@@ -116,13 +118,14 @@ class SlotAdmission:
         source, n_source = None, n_own
         if self.share_prefixes:
             for other in self.slots:
-                n = media_floor(media, min(common_prefix(other.tokens, prompt), limit)) if other is not slot else 0
+                n = media_floor(media, min(common_prefix(other.tokens, prompt), limit)) \
+                    if other is not slot and other.lora == slot.lora else 0
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
         n_saved = media_floor(media, n_saved)
         if self.long_context.cache_idle_slots and len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # about to go
-            self.host_cache.save(slot.id, slot.tokens)
+            self.host_cache.save(slot.id, slot.tokens, slot.lora)
         if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
             return self._restore(saved, n_saved, slot)
         if source is not None:
@@ -140,9 +143,9 @@ class SlotAdmission:
         the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
         limit = len(prompt) - 1
         n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit)
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
         if self.long_context.cache_idle_slots and not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # about to go
-            self.host_cache.save(slot.id, slot.tokens)
+            self.host_cache.save(slot.id, slot.tokens, slot.lora)
         if saved is not None and n_saved > n_own:
             return self._restore(saved, n_saved, slot)
         if not n_own:
@@ -164,7 +167,7 @@ class SlotAdmission:
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)
         slot.shared = 0
 
-    def _checkpoints(self, request: GenerationRequest, n_common: int) -> list[int]:
+    def _checkpoints(self, request: GenerationRequest, n_common: int, lora: tuple[float, ...]) -> list[int]:
         """The positions of the prompt at which its state is saved on the way (exact states only): a few
         tokens before its end, where its last chat message starts (`checkpoint_at`), and where it parts
         from the longest prompt seen before it. The next prompt that starts the same way, on any slot,
@@ -172,7 +175,8 @@ class SlotAdmission:
         if not self.ctx_checkpoints:
             return []
         prompt = request.prompt_tokens
-        seen = max([common_prefix(s.tokens, prompt) for s in self.slots] + [self.host_cache.longest_match(prompt)])
+        seen = max([common_prefix(s.tokens, prompt) for s in self.slots if s.lora == lora]
+                   + [self.host_cache.longest_match(prompt, lora)])
         positions = {media_floor(request.media, p) for p in (len(prompt) - CHECKPOINT_END_OFFSET,
                                                               min(seen, len(prompt) - 1),
                                                               min(request.checkpoint_at, len(prompt) - 1))}
@@ -210,6 +214,11 @@ class SlotAdmission:
 
     def _start(self, slot: Slot, job: Job) -> None:
         prompt = job.request.prompt_tokens
+        if slot.lora != job.lora:  # cells computed under other adapter scales are no prefix of this prompt's
+            if len(slot.tokens) >= MIN_SHARED_PREFIX:
+                self.host_cache.save(slot.id, slot.tokens, slot.lora)
+            self._forget_cache(slot)
+            slot.lora = job.lora
         twin = self._twin(job) if job.request.cache_prompt else None
         if twin is not None:
             # The copies of one prompt start from the very same cells, then evaluate the same tokens
@@ -217,22 +226,22 @@ class SlotAdmission:
             # evaluated its prompt in other batches could part ways at a near tie even when greedy.
             # (llama-server does this for n_cmpl: the children take the parent's state.)
             if len(slot.tokens) >= MIN_SHARED_PREFIX:
-                self.host_cache.save(slot.id, slot.tokens)
+                self.host_cache.save(slot.id, slot.tokens, slot.lora)
             n_common = self._copy_cells(twin, slot, twin.n_cached)
         elif not job.request.cache_prompt:
-            self.host_cache.save(slot.id, slot.tokens)
+            self.host_cache.save(slot.id, slot.tokens, slot.lora)
             self._drop_cells(slot)
             n_common = 0
         elif self.exact_states:
             n_common = self._reuse_state(slot, prompt)
         else:
             n_common = self._reuse_prefix(slot, prompt, job.request.media)
-        slot.begin(job, n_common, self._checkpoints(job.request, n_common), next(self._task_ids))
+        slot.begin(job, n_common, self._checkpoints(job.request, n_common, job.lora), next(self._task_ids))
 
-    def _prompt_shares(self, budget: int) -> list[tuple[Slot, int]]:
-        """The step's prompt budget split evenly across the slots still reading a prompt (what one
-        does not need goes to the others), starting from a different slot each step."""
-        reading = [s for s in self.slots if s.job is not None and s.to_evaluate]
+    def _prompt_shares(self, budget: int, lora: tuple[float, ...]) -> list[tuple[Slot, int]]:
+        """The step's prompt budget split evenly across the slots still reading a prompt with adapter scales
+        `lora` (what one does not need goes to the others), starting from a different slot each step."""
+        reading = [s for s in self.slots if s.job is not None and s.to_evaluate and s.job.lora == lora]
         if not reading or budget <= 0:
             return []
         self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)

@@ -76,6 +76,14 @@ def is_embedding_only(model: LoadedModel) -> bool:
     return info.architecture in ENCODER_ARCHITECTURES or str(causal).lower() == "false"
 
 
+def reasoning_control(job: Job) -> Callable[[], None] | None:
+    """How reasoning control ends the job's thinking, when its request armed it."""
+    sampler = job.sampler
+    if isinstance(sampler, BudgetedSampler) and sampler.tracker.budget.controllable:
+        return sampler.tracker.end_now
+    return None
+
+
 class LlamaEngine:
     """One GGUF served from N slots of one llama.cpp context (see scheduler.py for the decode loop)."""
 
@@ -274,7 +282,8 @@ class LlamaEngine:
             for job in jobs:
                 job.sampler.close()
             raise
-        return [Generation(job.queue, partial(scheduler.cancel, job)) for job in jobs]
+        return [Generation(job.queue, partial(scheduler.cancel, job), end_reasoning=reasoning_control(job))
+                for job in jobs]
 
     def _scheduler_or_fail(self) -> Scheduler:
         scheduler = self._scheduler
@@ -305,7 +314,8 @@ class LlamaEngine:
         make = Sampler if budget is None else partial(BudgetedSampler, budget=budget)
         sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue)
+        return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue,
+                   lora=model.lora_scales(request.lora))
 
     # ---------------------------------------------------------------- embeddings
 
@@ -362,17 +372,15 @@ class LlamaEngine:
         return [(adapter.path, adapter.scale) for adapter in self._require_model().lora]
 
     def set_lora_scales(self, scales: dict[int, float]) -> None:
-        """Blocking: the adapters' new scales by id, applied between two decode steps; as in llama-server an
-        adapter left out gets 0 and an unknown id is ignored. A prefix cached before the change is still
-        reused by a later prompt that starts the same way."""
+        """Blocking: the adapters' new scales by id, for the requests that start from now on without their own
+        `lora` (as in llama-server, one running keeps the scales it started with); an adapter left out gets 0
+        and an unknown id is ignored. The scheduler sets each step's scales on its context itself."""
         model = self._require_model()
         with self._decode_lock:
             for index, adapter in enumerate(model.lora):
                 adapter.scale = scales.get(index, 0.0)
-            for context in (self._scheduler.ctx if self._scheduler else None,
-                            self._embeddings.ctx if self._embeddings else None):
-                if context is not None:
-                    model.apply_lora(context)
+            if self._embeddings is not None:
+                model.apply_lora(self._embeddings.ctx)
 
     # ---------------------------------------------------------------- state
 

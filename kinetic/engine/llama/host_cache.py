@@ -11,6 +11,9 @@ with: its recurrent layers cannot be rolled back to a shorter prefix. Then only 
 all start the prompt is restored, a longer state never stands in for a shorter one, and the
 scheduler also saves states at chosen positions inside prompts (its checkpoints, as llama-server's
 context checkpoints), so that there is a state to restore where prompts part ways.
+
+A state is valid only under the LoRA adapter scales it was computed with (requests may bring their own): each
+entry carries them as its `tag`, and a prompt is only ever given a state of its own tag.
 """
 
 from __future__ import annotations
@@ -37,22 +40,26 @@ class HostPrefixCache:
         self.exact = exact
         self.max_entries = max_entries  # 0: as many as the budget holds
         self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self.tags: dict[tuple[int, ...], tuple[float, ...]] = {}  # each entry's adapter scales
         self.size = 0
 
     @property
     def enabled(self) -> bool:
         return self.budget > 0
 
-    def save(self, seq_id: int, tokens: list[int]) -> None:
-        """Keeps the state of sequence `seq_id`, which holds exactly `tokens`."""
+    def save(self, seq_id: int, tokens: list[int], tag: tuple[float, ...] = ()) -> None:
+        """Keeps the state of sequence `seq_id`, which holds exactly `tokens` computed under adapter scales `tag`."""
         key = tuple(tokens)
+        if key in self.entries and self.tags.get(key, ()) != tag:
+            self._drop(key)
         if self.budget <= 0 or len(key) < MIN_SAVED_TOKENS or key in self.entries:
             if key in self.entries:
                 self.entries.move_to_end(key)
             return
         if not self.exact:  # a saved prefix of this one is superseded: the longer state serves it too
-            for old in [k for k in self.entries if len(k) < len(key) and key[:len(k)] == k]:
-                self.size -= len(self.entries.pop(old))
+            for old in [k for k in self.entries
+                        if len(k) < len(key) and key[:len(k)] == k and self.tags.get(k, ()) == tag]:
+                self._drop(old)
         n_bytes = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         if n_bytes <= 0 or n_bytes > self.budget:
             return
@@ -61,17 +68,24 @@ class HostPrefixCache:
         if written <= 0:
             return
         self.entries[key] = bytes(buffer)[:written]
+        self.tags[key] = tag
         self.size += written
         while self.entries and (self.size > self.budget or 0 < self.max_entries < len(self.entries)):
-            _, state = self.entries.popitem(last=False)
-            self.size -= len(state)
+            self._drop(next(iter(self.entries)))
 
-    def longest_prefix(self, prompt: list[int], limit: int) -> tuple[tuple[int, ...] | None, int]:
-        """The saved state sharing the longest prefix with `prompt` (at most `limit` tokens); when exact,
-        only a state whose tokens all start the prompt counts."""
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self.size -= len(self.entries.pop(key))
+        self.tags.pop(key, None)
+
+    def longest_prefix(self, prompt: list[int], limit: int,
+                       tag: tuple[float, ...] = ()) -> tuple[tuple[int, ...] | None, int]:
+        """The saved state of tag `tag` sharing the longest prefix with `prompt` (at most `limit` tokens); when
+        exact, only a state whose tokens all start the prompt counts."""
         best: tuple[int, ...] | None = None
         n_best = 0
         for key in self.entries:
+            if self.tags.get(key, ()) != tag:
+                continue
             n = common_prefix(key, prompt)
             if self.exact and (n < len(key) or n > limit):
                 continue
@@ -80,9 +94,9 @@ class HostPrefixCache:
                 best, n_best = key, n
         return best, n_best
 
-    def longest_match(self, prompt: list[int]) -> int:
-        """How many first tokens of `prompt` the longest saved state shares with it, whole or not."""
-        return max((common_prefix(key, prompt) for key in self.entries), default=0)
+    def longest_match(self, prompt: list[int], tag: tuple[float, ...] = ()) -> int:
+        """How many first tokens of `prompt` the longest saved state of tag `tag` shares with it, whole or not."""
+        return max((common_prefix(key, prompt) for key in self.entries if self.tags.get(key, ()) == tag), default=0)
 
     def restore(self, key: tuple[int, ...], seq_id: int) -> bool:
         """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused."""

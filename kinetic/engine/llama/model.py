@@ -106,14 +106,23 @@ class LoadedModel:
                                  llama_cpp.llama_model_n_layer(self.model.model))
         return ctx
 
-    def apply_lora(self, ctx: _internals.LlamaContext) -> None:
-        """Sets the adapters' current scales on a context (a scale of 0 leaves the adapter out)."""
+    def lora_scales(self, request: tuple[tuple[int, float], ...] | None = None) -> tuple[float, ...]:
+        """Every adapter's scale, in id order: the server's, or a request's own (llama-server's
+        construct_lora_list: an adapter the request leaves out gets 0, an unknown id is ignored)."""
+        if request is None:
+            return tuple(adapter.scale for adapter in self.lora)
+        asked = dict(request)
+        return tuple(asked.get(index, 0.0) for index in range(len(self.lora)))
+
+    def apply_lora(self, ctx: _internals.LlamaContext, scales: tuple[float, ...] | None = None) -> None:
+        """Sets adapter scales on a context (default: the server's; a scale of 0 leaves the adapter out)."""
         if not self.lora:
             return
-        active = [adapter for adapter in self.lora if adapter.scale != 0.0]
-        handles = (llama_cpp.llama_adapter_lora_p_ctypes * len(active))(*[a.handle for a in active])
-        scales = (ctypes.c_float * len(active))(*[a.scale for a in active])
-        if llama_cpp.llama_set_adapters_lora(ctx.ctx, handles, len(active), scales) != 0:
+        chosen = self.lora_scales() if scales is None else scales
+        active = [(adapter, scale) for adapter, scale in zip(self.lora, chosen, strict=True) if scale != 0.0]
+        handles = (llama_cpp.llama_adapter_lora_p_ctypes * len(active))(*[a.handle for a, _ in active])
+        scales_c = (ctypes.c_float * len(active))(*[scale for _, scale in active])
+        if llama_cpp.llama_set_adapters_lora(ctx.ctx, handles, len(active), scales_c) != 0:
             raise RuntimeError("llama.cpp refused the LoRA adapters for a context")
 
     def pooling_type(self) -> int:

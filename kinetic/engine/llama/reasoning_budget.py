@@ -7,6 +7,9 @@ at a time; done after that, and counting again should the model open another blo
 count. The tags are matched in the generated text rather than as token sequences, so a tag the model spells
 with other tokens than the tokenizer's still counts.
 
+Reasoning control (`reasoning_control: true`, a budget with no limit) ends the thinking on request: end_now()
+moves a counting tracker to forcing, as a spent budget would.
+
 BudgetedSampler is the Sampler of a request with a budget: it hands out the forced tokens in place of a sample,
 and tells the state machine every token it accepts.
 """
@@ -47,6 +50,9 @@ class BudgetTracker:
         self.thinking_tokens = 0  # generated inside the block before the end was forced or written
         self._tail = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        # set from the event loop (reasoning control), acted on by the decode thread at its next token, so the
+        # state machine only ever moves on one thread
+        self._end_wanted = False
         if budget.starts_inside:
             self._start_counting()
 
@@ -58,8 +64,17 @@ class BudgetTracker:
     def _force(self) -> None:
         self.state, self.position = BudgetState.FORCING, 0
 
+    def end_now(self) -> None:
+        """Reasoning control's `reasoning_end`: the thinking under way ends at the next token (llama.cpp's
+        common_reasoning_budget_force: only while counting; before the block or after its end, nothing)."""
+        self._end_wanted = True
+
     def forced_token(self) -> int | None:
         """The token the next step must produce, or None to sample."""
+        if self._end_wanted:
+            self._end_wanted = False
+            if self.state is BudgetState.COUNTING:
+                self._force()
         if self.state is BudgetState.FORCING and self.position < len(self.forced):
             return self.forced[self.position]
         return None

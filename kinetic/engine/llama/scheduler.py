@@ -43,6 +43,7 @@ from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight, ModelInFlight
+from kinetic.engine.llama.adapter_turns import AdapterTurns
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
 from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
@@ -98,6 +99,7 @@ class Scheduler(SlotAdmission):
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
         self.ctx = model.new_context(params)
+        self.adapters = AdapterTurns(model, self.ctx)  # per-request LoRA scales, a set per step
         self.n_ctx = self.ctx.n_ctx()
         self.n_batch = params.n_batch
         self.kv_unified = kv_unified
@@ -266,9 +268,10 @@ class Scheduler(SlotAdmission):
                 self._evaluate_media(slot)
         batch = self.batch.batch
         batch.n_tokens = 0
-        sample_rows = self._add_generating()
+        lora = self.adapters.next_turn(self.slots)
+        sample_rows = self._add_generating(lora)
         evaluated: list[Slot] = []  # slots with prompt tokens in this batch
-        for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens):
+        for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens, lora):
             if not slot.t_prompt_start:
                 slot.t_prompt_start = time.perf_counter()
                 self._progress(slot, start=True)
@@ -282,6 +285,7 @@ class Scheduler(SlotAdmission):
                 slot.tokens.append(token)
         if batch.n_tokens == 0:
             return
+        self.adapters.use(lora)
         status = llama_cpp.llama_decode(self.ctx.ctx, batch)
         self.metrics["n_decode_total"] += 1
         self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)
@@ -297,11 +301,11 @@ class Scheduler(SlotAdmission):
         for slot in evaluated:
             if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
                 slot.checkpoints.pop(0)
-                self.host_cache.save(slot.id, slot.tokens)
+                self.host_cache.save(slot.id, slot.tokens, slot.lora)
             self._progress(slot)
         for slot, row in sample_rows:
-            if slot.job is not None and slot.drafts:
-                accept_drafts(slot, row, self._sample, self._trim, self.metrics)
+            if slot.job is not None and slot.drafts and self.speculator is not None:
+                self.speculator.accepted(slot.id, accept_drafts(slot, row, self._sample, self._trim, self.metrics))
             elif slot.job is not None:
                 self._sample(slot, row)
 
@@ -314,6 +318,7 @@ class Scheduler(SlotAdmission):
                 slot.t_prompt_start = time.perf_counter()
                 self._progress(slot, start=True)
             try:
+                self.adapters.use(slot.job.lora)
                 self.projector.evaluate(self.ctx, span, slot.id, self.n_batch)
             except RuntimeError as exc:
                 log.exception("evaluating media on slot %d failed", slot.id)
@@ -325,16 +330,16 @@ class Scheduler(SlotAdmission):
             slot.to_evaluate = slot.to_evaluate[span.n_pos:]
             if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
                 slot.checkpoints.pop(0)
-                self.host_cache.save(slot.id, slot.tokens)
+                self.host_cache.save(slot.id, slot.tokens, slot.lora)
             self._progress(slot)
 
     def _trim(self, seq: int, n: int) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq, n, -1))
 
-    def _add_generating(self) -> list[tuple[Slot, int]]:
-        """Puts each generating slot's last sampled token in the batch, and after it the slot's draft when it
-        speculates (speculative.py); the rows to sample from."""
-        generating = [s for s in self.slots if s.job is not None and s.next_token is not None]
+    def _add_generating(self, lora: tuple[float, ...]) -> list[tuple[Slot, int]]:
+        """Puts each generating slot of adapter scales `lora` in the batch with its last sampled token, and after
+        it the slot's draft when it speculates (speculative.py); the rows to sample from."""
+        generating = [s for s in self.slots if s.job is not None and s.next_token is not None and s.job.lora == lora]
         # a prompt with media is not drafted from: its stand-ins are no tokens a draft could propose or a draft
         # model read (llama-server runs no speculation with a projector at all)
         drafts = self.speculator.drafts_for([s for s in generating if not s.media], slot_n_ctx=self.slot_n_ctx,

@@ -29,6 +29,7 @@ class Job:
     done: bool = False
     counted: bool = True  # still counted against its client's requests in flight
     group: int | None = None  # the jobs of one submit_many (a list of prompts, n_cmpl) share one
+    lora: tuple[float, ...] = ()  # the adapter scales it decodes with, every adapter's (its request's or the server's)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Slot:
     n_draft: int = 0
     n_draft_accepted: int = 0
     media: dict[int, MediaSpan] = field(default_factory=dict)  # the job's images and clips by first position
+    lora: tuple[float, ...] = ()  # the adapter scales its cells were computed with
 
     @property
     def is_processing(self) -> bool:

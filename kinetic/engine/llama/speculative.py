@@ -32,6 +32,7 @@ from llama_cpp import _internals
 
 from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.ngram_drafts import Drafter, make_drafters
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import logits_row
 from kinetic.engine.options import SpecOptions
@@ -186,6 +187,22 @@ class Speculator:
         self.options = options
         self.draft_model = draft_model
         self.types = tuple(t for t in options.runnable if t != "draft-simple" or draft_model is not None)
+        self.drafters = make_drafters(options)  # the other n-gram kinds (ngram_drafts.py)
+        self._tasks: dict[int, int] = {}  # the job each sequence's drafter state belongs to
+        self._drafted_by: dict[int, Drafter] = {}  # which drafter made a sequence's draft in this step
+
+    def begin(self, slot: Slot) -> None:
+        """A drafter's state follows its slot's job: a new job starts it again from the job's prompt."""
+        if self._tasks.get(slot.id) != slot.id_task:
+            self._tasks[slot.id] = slot.id_task
+            for drafter in self.drafters.values():
+                drafter.begin(slot.id, slot.prompt)
+
+    def accepted(self, seq: int, n_accepted: int) -> None:
+        """How much of a sequence's draft held, told to the drafter that made it (map-k and mod learn from it)."""
+        drafter = self._drafted_by.pop(seq, None)
+        if drafter is not None:
+            drafter.accepted(seq, n_accepted)
 
     def drafts_for(self, generating: list[Slot], *, slot_n_ctx: int, n_batch: int) -> dict[int, list[int]]:
         """This step's drafts of the slots about to decode their last token, each within the room its context
@@ -195,6 +212,7 @@ class Speculator:
         for slot in generating:
             room = min(draft_room(slot, slot_n_ctx), budget)
             if room > 0 and slot.next_token is not None:
+                self.begin(slot)
                 wanted.append(DraftWanted(seq=slot.id, history=slot.tokens, last=slot.next_token, n_max=room))
                 budget -= room
         return self.propose(wanted) if wanted else {}
@@ -202,11 +220,17 @@ class Speculator:
     def propose(self, wanted: list[DraftWanted]) -> dict[int, list[int]]:
         """Drafts by slot (sequence id): ngram-simple's where it finds one, the draft model's for the rest."""
         drafts: dict[int, list[int]] = {}
+        self._drafted_by.clear()
         if "ngram-simple" in self.types:
             for w in wanted:
                 found = ngram_simple_draft(w.history, w.last, self.options.ngram_size_n, self.options.ngram_size_m)
                 if found:
                     drafts[w.seq] = found[:w.n_max]
+        for drafter in self.drafters.values():
+            for w in wanted:
+                if w.seq not in drafts and (found := drafter.draft(w.seq, w.history, w.last)[:w.n_max]):
+                    drafts[w.seq] = found
+                    self._drafted_by[w.seq] = drafter
         rest = [w for w in wanted if w.seq not in drafts]
         if self.draft_model is not None and rest:
             try:
@@ -221,7 +245,7 @@ def make_speculator(options: SpecOptions, target: LoadedModel, *, n_ctx: int, n_
     """The server's Speculator, or None when nothing asked for one or the model cannot take it back."""
     if not options.types:
         return None
-    for kind in options.not_run:
+    for kind in options.not_run:  # eagle3, mtp, dflash, dspark: a draft model's heads kinetic cannot load
         log.warning("speculative type %s is not implemented in kinetic; ignored", kind)
     if "draft-simple" in options.types and not options.draft_model:
         log.warning("speculative type draft-simple needs a draft model (-md); ignored")
@@ -254,14 +278,16 @@ def draft_room(slot: Slot, slot_n_ctx: int) -> int:
 
 
 def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None], trim: Callable[[int, int], bool],
-                  metrics: dict[str, float]) -> None:
+                  metrics: dict[str, float]) -> int:
     """Samples the slot's rows one after the other (row `first_row` follows its last token, each next one
     a draft token) while the pick equals the draft; keeps the cells of the drafts accepted and removes the
     rest. `sample` is the scheduler's per-token step: it emits the token, or finishes the request; `trim`
-    removes a sequence's cells from a position on (llama_memory_seq_rm)."""
+    removes a sequence's cells from a position on (llama_memory_seq_rm). Returns how many of the drafts held."""
     drafts, slot.drafts = slot.drafts, []
     base = len(slot.tokens) - len(drafts)  # what the KV holds up to the last sampled token
     accepted = 0
+    # counted before the rows are sampled: the row that finishes the request sends its timings
+    slot.n_draft += len(drafts)
     for i in range(len(drafts) + 1):
         del slot.tokens[base + i:]  # the cells row first_row + i was computed from
         sample(slot, first_row + i)
@@ -274,9 +300,9 @@ def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None
         slot.tokens.append(drafts[i])  # in the KV already
         slot.next_token = None
         accepted += 1
-    slot.n_draft += len(drafts)
-    slot.n_draft_accepted += accepted
+        slot.n_draft_accepted += 1
     metrics["spec_decode_num_draft_tokens_total"] = metrics.get("spec_decode_num_draft_tokens_total", 0) + len(drafts)
     metrics["spec_decode_num_accepted_tokens_total"] = (metrics.get("spec_decode_num_accepted_tokens_total", 0)
                                                         + accepted)
     metrics["spec_decode_num_drafts_total"] = metrics.get("spec_decode_num_drafts_total", 0) + 1
+    return accepted

@@ -15,9 +15,9 @@ LONG_ONLY = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_
 
 
 def generation_settings(request: GenerationRequest, *, stream: bool = False, timings_per_token: bool = False,
-                        short: bool = False) -> dict[str, Any]:
+                        short: bool = False, speculative: tuple[str, ...] = ()) -> dict[str, Any]:
     """llama-server's task_params::to_json: the long form in /completion results, the short one
-    (`short`) in /props and /slots."""
+    (`short`) in /props and /slots; `speculative` is the kinds the server's slots draft with."""
     s = request.sampling
     settings: dict[str, Any] = {
         "seed": s.seed if s.seed >= 0 else 4294967295, "temperature": s.temperature,
@@ -38,8 +38,9 @@ def generation_settings(request: GenerationRequest, *, stream: bool = False, tim
         "n_probs": request.n_probs, "min_keep": s.min_keep, "grammar": s.grammar or "", "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
         "reasoning_in_content": False, "generation_prompt": "", "samplers": list(s.samplers),
-        "speculative.types": "none", "timings_per_token": timings_per_token,
-        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": s.backend_sampling, "lora": [],
+        "speculative.types": ",".join(speculative) or "none", "timings_per_token": timings_per_token,
+        "post_sampling_probs": request.post_sampling_probs, "backend_sampling": s.backend_sampling,
+        "lora": [{"id": index, "scale": scale} for index, scale in request.lora or ()],
     }
     if short:
         for key in LONG_ONLY:

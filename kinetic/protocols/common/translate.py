@@ -203,7 +203,32 @@ def generation_options(body: SamplingFields, *, max_tokens: int | None, n_probs:
         n_keep=n_keep(body.n_keep),
         n_discard=n_discard(body.n_discard),
         post_sampling_probs=bool(body.post_sampling_probs),
+        lora=lora_request(body.lora),
     )
+
+
+def lora_entries(value: Any, *, param: str) -> dict[int, float]:
+    """`[{"id": 0, "scale": 0.5}, ...]` as llama-server's parse_lora_request reads it: a missing `id` is -1 (no
+    adapter), a missing `scale` 0."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise InvalidRequestError(f"'{param}' must be an array of objects with 'id' and 'scale' fields", param=param)
+    scales: dict[int, float] = {}
+    for entry in value:
+        index, scale = entry.get("id", -1), entry.get("scale", 0.0)
+        if isinstance(index, bool) or not isinstance(index, int) or isinstance(scale, bool) \
+                or not isinstance(scale, (int, float)):
+            raise InvalidRequestError("`id` must be an integer and `scale` a number", param=param)
+        scales[index] = float(scale)
+    return scales
+
+
+def lora_request(value: Any) -> tuple[tuple[int, float], ...] | None:
+    """A request's own `lora`: its (id, scale) pairs, or None for the server's scales (none given, or an empty
+    list, as llama-server takes it)."""
+    if value is None:
+        return None
+    scales = lora_entries(value, param="lora")
+    return tuple(sorted(scales.items())) or None
 
 
 def n_keep(value: int | None) -> int | None:

@@ -138,6 +138,7 @@ class SamplingFields(WireModel):
     adaptive_decay: float | None = None
     min_keep: int | None = None
     samplers: list[str] | str | None = None
+    lora: Any = None  # llama-server's per-request adapter scales, [{"id": 0, "scale": 0.5}]: checked by lora_request
     n_keep: int | None = None
     n_discard: int | None = None
     post_sampling_probs: bool | None = None

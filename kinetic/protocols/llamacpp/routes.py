@@ -126,7 +126,7 @@ async def get_slots(request: Request, backend: BackendDep, fail_on_no_slot: str 
         raise UnavailableError("no slot available")
     described = backend.describe()
     return server_state.slots(states, described.n_ctx, viewer=_viewer(request),
-                           speculative=bool(described.speculative_types))
+                              speculative=described.speculative_types)
 
 
 @router.post("/slots/{id_slot}")
@@ -193,8 +193,9 @@ async def infill(body: InfillRequest, request: Request, backend: BackendDep) -> 
 
 async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[GenerationRequest],
                     request: Request, backend: ModelBackend, *, several: bool) -> Response:
-    contexts = [translate.native_context(body, g, model=backend.name, index=i, prompt_text=backend.prompt_text(g))
-                for i, g in enumerate(generation_requests)]
+    speculative = backend.describe().speculative_types
+    contexts = [translate.native_context(body, g, model=backend.name, index=i, prompt_text=backend.prompt_text(g),
+                                         speculative=speculative) for i, g in enumerate(generation_requests)]
     generations = await backend.start_together(generation_requests)
     if not several:
         ctx = contexts[0]

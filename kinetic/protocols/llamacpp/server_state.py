@@ -16,6 +16,7 @@ from kinetic.engine.types import (
     SlotState,
 )
 from kinetic.errors import InvalidRequestError
+from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings
 
 
@@ -55,8 +56,8 @@ class ServedState:
 def props(state: ServedState) -> dict[str, Any]:
     info = state.info
     defaults = generation_settings(GenerationRequest(prompt_tokens=[], sampling=state.sampling,
-                                                     max_tokens=state.n_predict, n_keep=state.n_keep), short=True)
-    defaults["speculative.types"] = ",".join(state.speculative_types) or "none"
+                                                     max_tokens=state.n_predict, n_keep=state.n_keep), short=True,
+                                   speculative=state.speculative_types)
     return {
         "default_generation_settings": {"n_ctx": state.n_ctx, "params": defaults},
         "total_slots": state.n_slots,
@@ -87,26 +88,17 @@ def lora_scales(body: Any) -> dict[int, float]:
     """POST /lora-adapters: `[{"id": 0, "scale": 0.5}, ...]` (llama-server's parse_lora_request)."""
     if not isinstance(body, list):
         raise InvalidRequestError("Request body must be an array", param="body")
-    scales: dict[int, float] = {}
-    for entry in body:
-        if not isinstance(entry, dict):
-            raise InvalidRequestError("each entry must be an object with `id` and `scale`", param="body")
-        index, scale = entry.get("id", -1), entry.get("scale", 0.0)
-        if isinstance(index, bool) or not isinstance(index, int) or isinstance(scale, bool) \
-                or not isinstance(scale, (int, float)):
-            raise InvalidRequestError("`id` must be an integer and `scale` a number", param="id")
-        scales[index] = float(scale)
-    return scales
+    return common.lora_entries(body, param="body")
 
 
 def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None,
-          speculative: bool = False) -> list[dict[str, Any]]:
+          speculative: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """GET /slots: a slot that has run a task also shows it (`id_task`, its `params`, the counts).
     A student (`viewer`, their name) sees whose request and its settings only on their own slots:
     of the others' only that they are busy and the counts (the admin, `viewer` None, sees all)."""
     result = []
     for slot in states:
-        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": speculative,
+        entry: dict[str, Any] = {"id": slot.id, "n_ctx": n_ctx, "speculative": bool(speculative),
                                  "is_processing": slot.is_processing}
         own = viewer is None or (slot.is_processing and slot.client == viewer)
         if slot.is_processing and own:
@@ -116,7 +108,7 @@ def slots(states: list[SlotState], n_ctx: int, *, viewer: str | None = None,
                          n_prompt_tokens_processed=slot.n_prompt_tokens_processed,
                          n_prompt_tokens_cache=slot.n_prompt_tokens_cache)
             if slot.request is not None and own:
-                entry["params"] = generation_settings(slot.request, short=True)
+                entry["params"] = generation_settings(slot.request, short=True, speculative=speculative)
             entry["next_token"] = [{"has_next_token": slot.is_processing, "has_new_line": False, "n_remain": -1,
                                     "n_decoded": slot.n_decoded}]
         result.append(entry)

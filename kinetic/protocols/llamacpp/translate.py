@@ -159,13 +159,14 @@ def to_infill_request(req: InfillRequest) -> NeutralInfill:
 
 
 def native_context(req: CompletionRequest | InfillRequest, generation: GenerationRequest, *, model: str,
-                   prompt_text: str, index: int = 0) -> NativeContext:
+                   prompt_text: str, index: int = 0, speculative: tuple[str, ...] = ()) -> NativeContext:
     timings_per_token = bool(req.timings_per_token)
     return NativeContext(model=model, n_probs=generation.n_probs, return_tokens=bool(req.return_tokens),
                          prompt_text=prompt_text, index=index, n_prompt_tokens=len(generation.prompt_tokens),
                          post_sampling_probs=generation.post_sampling_probs, timings_per_token=timings_per_token,
                          generation_settings=generation_settings(generation, stream=bool(req.stream),
-                                                                 timings_per_token=timings_per_token))
+                                                                 timings_per_token=timings_per_token,
+                                                                 speculative=speculative))
 
 
 def probs_entry(logprob: TokenLogprob, ctx: NativeContext) -> dict[str, Any]:

@@ -14,7 +14,13 @@ from kinetic.deps import BackendDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
 from kinetic.protocols.openai import translate
-from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from kinetic.protocols.openai.control import REASONING_END, RunningCompletion, RunningCompletions, control
+from kinetic.protocols.openai.types import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ControlRequest,
+    EmbeddingRequest,
+)
 from kinetic.streaming import respond
 
 router = APIRouter()
@@ -24,11 +30,35 @@ router = APIRouter()
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep) -> Response:
     generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.chat_context(body, prepared, model=backend.name, fingerprint=backend.describe().fingerprint,
-                                 generation=generation_request, verbose=backend.config.switches.verbose)
+    described = backend.describe()
+    ctx = translate.chat_context(body, prepared, model=backend.name, fingerprint=described.fingerprint,
+                                 generation=generation_request, verbose=backend.config.switches.verbose,
+                                 speculative=described.speculative_types)
     generation = await backend.start(generation_request)
+    running_completions(request).add(ctx.id, RunningCompletion(owner=key_name(request), generation=generation,
+                                                               armed=body.reasoning_control is True))
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.ChunkEncoder(ctx),
                          to_body=partial(translate.to_chat_completion, ctx=ctx))
+
+
+@router.post("/v1/chat/completions/control")
+async def control_chat_completion(body: ControlRequest, request: Request) -> dict[str, bool | str]:
+    """llama-server's: acts on a running chat completion of the caller's, named by its `id`."""
+    if not body.id:
+        raise InvalidRequestError("missing completion id", param="id")
+    if body.action != REASONING_END:
+        raise InvalidRequestError("unknown control action", param="action")
+    return control(running_completions(request), body, key_name(request))
+
+
+def running_completions(request: Request) -> RunningCompletions:
+    return request.app.state.running_completions
+
+
+def key_name(request: Request) -> str | None:
+    """The caller's key name on a keyed server (the gate's), None on an open one."""
+    name = request.scope.get("state", {}).get("client_name")
+    return str(name) if name else None
 
 
 @router.post("/v1/chat/completions/input_tokens")

@@ -133,6 +133,7 @@ def to_chat_request(req: ChatCompletionRequest) -> ChatRequest:
         reasoning_format=req.reasoning_format,
         reasoning_budget=reasoning_budget(req),
         reasoning_budget_message=req.reasoning_budget_message,
+        reasoning_control=req.reasoning_control is True,
         output=output_constraint(req),
         continue_final_message=common.continuation(req.continue_final_message),
     )
@@ -175,7 +176,8 @@ class ChatContext:
 
 
 def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str,
-                 generation: GenerationRequest | None = None, verbose: bool = False) -> ChatContext:
+                 generation: GenerationRequest | None = None, verbose: bool = False,
+                 speculative: tuple[str, ...] = ()) -> ChatContext:
     """`verbose` is the server's --verbose; the request's `verbose` field overrides it."""
     wants_verbose = req.verbose if req.verbose is not None else verbose
     return ChatContext(
@@ -186,7 +188,7 @@ def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: s
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         fingerprint=fingerprint,
-        verbose_settings=generation_settings(generation, stream=bool(req.stream))
+        verbose_settings=generation_settings(generation, stream=bool(req.stream), speculative=speculative)
         if wants_verbose and generation is not None else None,
     )
 

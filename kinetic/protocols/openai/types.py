@@ -47,6 +47,8 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_budget_tokens: int | None = None
     thinking_budget_tokens: int | None = None
     reasoning_budget_message: str | None = None
+    # llama-server's: arms POST /v1/chat/completions/control (`reasoning_end`) for this completion
+    reasoning_control: bool | None = None
     verbose: bool | None = None  # llama-server's: the native result as `__verbose` (default: --verbose)
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -67,3 +69,11 @@ class EmbeddingRequest(WireModel):
     encoding_format: str | None = "float"
     dimensions: int | None = None
     user: str | None = None
+
+
+class ControlRequest(WireModel):
+    """POST /v1/chat/completions/control (llama-server's): what to do to which running chat completion."""
+
+    id: str = ""
+    action: str = ""
+    model: str | None = None  # router mode: accepted; a completion is found by its id whatever its model

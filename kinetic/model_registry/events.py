@@ -19,7 +19,7 @@ from typing import Any
 
 class ModelEvents:
     def __init__(self) -> None:
-        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
 
     def publish(self, model: str, event: str, data: dict[str, Any]) -> None:
         """From the event loop (the registry's loads and unloads run there)."""
@@ -33,13 +33,13 @@ class ModelEvents:
     def subscribe(self) -> AsyncGenerator[dict[str, Any], None]:
         """A new listener's events. It listens from this call on (not from the first read), so no
         event between the call and the first read is lost."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._listeners.add(queue)
 
         async def messages() -> AsyncGenerator[dict[str, Any], None]:
             try:
-                while True:
-                    yield await queue.get()
+                while (message := await queue.get()) is not None:
+                    yield message
             finally:
                 self._listeners.discard(queue)
 
@@ -54,6 +54,11 @@ class ModelEvents:
                 yield f"data: {json.dumps(message, separators=(',', ':'))}\n\n"
 
         return lines()
+
+    def close(self) -> None:
+        """Shutdown: every listener's stream ends (None is the end of a queue)."""
+        for queue in self._listeners:
+            queue.put_nowait(None)
 
     @property
     def listeners(self) -> int:

@@ -355,6 +355,7 @@ class ModelRegistry:
     async def end_streams(self, error: KineticError) -> None:
         """Shutdown's end: every model's open streams and waiting requests fail with `error` now."""
         self.downloads.stop()
+        self.events.close()
         for entry in list(self.entries.values()):
             if entry.backend is not None:
                 await anyio.to_thread.run_sync(entry.backend.close, error)

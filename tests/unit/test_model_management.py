@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from kinetic.model_registry.downloads import plan
 from kinetic.protocols.ollama import manage
 from kinetic.protocols.ollama.types import CreateRequest
 from kinetic.settings import ServerSettings
+from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 from tests.server import free_port
 
+HELLO = [{"role": "user", "content": "Say hello."}]
 SAMPLING = SamplingOptions(temperature=0.2, dry_sequence_breakers=("\n",))
 TUTOR = DerivedModel(name="lab/tutor:v1", base="gemma", system="Be brief.",
                      messages=(("user", "hi"), ("assistant", "Hello.")),
@@ -108,3 +111,30 @@ def test_a_download_from_a_hub_that_does_not_answer_is_a_one_line_400_at_once(mo
         plan("org/repo-GGUF", ServerSettings())
     assert time.monotonic() - started < 6
     assert "cannot be reached" in refused.value.message and "\n" not in refused.value.message
+
+
+def test_a_single_model_server_serves_a_derived_model_by_name_and_its_own_name_as_before() -> None:
+    loaded = threading.Event()
+    loaded.set()
+    engine = ScriptedEngine(["hi"], loaded=loaded)
+    with ReadyClient(single_model_app(ServerSettings(), engine, "scripted")) as client:
+        made = client.post("/api/create", json={"model": "tutor", "from": "scripted", "system": "Be a tutor.",
+                                                "parameters": {"num_predict": 2}, "stream": False})
+        assert made.json() == {"status": "success"}
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["scripted", "tutor"]
+        assert [m["name"] for m in client.get("/api/tags").json()["models"]] == ["scripted", "tutor"]
+        answer = client.post("/v1/chat/completions", json={"model": "tutor", "messages": HELLO}).json()
+        assert answer["model"] == "tutor"
+        plain = client.post("/v1/chat/completions", json={"model": "anything", "messages": HELLO}).json()
+        assert plain["model"] == "scripted"  # one model: any other name is still the model itself
+        derived_request, plain_request = engine.requests
+        assert derived_request.max_tokens == 2 and plain_request.max_tokens != 2
+        assert len(derived_request.prompt_tokens) > len(plain_request.prompt_tokens)  # the system prompt
+        assert client.post("/api/copy", json={"source": "tutor", "destination": "tutor2"}).status_code == 200
+        assert client.request("DELETE", "/api/delete", json={"model": "tutor2:latest"}).status_code == 200
+        assert client.request("DELETE", "/api/delete", json={"model": "tutor2"}).status_code == 404
+        assert client.request("DELETE", "/api/delete", json={"model": "scripted"}).status_code == 400
+        taken = client.post("/api/create", json={"model": "scripted", "from": "scripted", "stream": False})
+        assert taken.status_code == 400 and "a name of its own" in taken.json()["error"]
+        assert client.post("/api/pull", json={"model": "hf.co/a/b"}).status_code == 501  # router mode only
+        assert client.post("/models", json={"model": "a/b"}).status_code == 404  # llama-server's, router only

@@ -53,6 +53,7 @@ async def _pull_progress(download: Download, events: AsyncGenerator[dict[str, An
             elif event["event"] == "download_failed":
                 yield _line({"error": f"pull model manifest: {download.error}"})  # how Ollama ends a failed stream
                 return
+        yield _line({"error": "pull model manifest: the server is shutting down"})  # the events ended first
     finally:
         await events.aclose()
 

@@ -131,6 +131,7 @@ def serve(settings: ServerSettings) -> int:
         else:
             models, loading = single_model(settings)
         settings.api_keys()  # an unreadable --api-key-file should stop us now, not on the first request
+        open_derived_models(models, settings)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -186,6 +187,13 @@ def serve(settings: ServerSettings) -> int:
         print(f"error: {app.state.load_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def open_derived_models(registry: Any, settings: ServerSettings) -> None:
+    """The models /api/create made on an earlier run, stored beside the models (model_registry/derived.py)."""
+    from kinetic.model_registry.derived import DerivedStore, store_folder
+
+    registry.open_store(DerivedStore(store_folder(settings.models_dir)))
 
 
 def single_model(settings: ServerSettings) -> tuple[Any, str]:

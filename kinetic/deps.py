@@ -1,7 +1,8 @@
 """FastAPI dependencies: the model backend a request is for, resolved through the model registry on app.state.
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
-llama-server's native routes take it); with one model it is ignored. The dependency holds a lease on
+llama-server's native routes take it); with one model it is ignored, unless it names a derived model
+(model_registry/derived.py). The dependency holds a lease on
 the model until the request is done, so that an LRU unload never takes it away mid-request.
 """
 
@@ -51,7 +52,8 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
     (with `{name}`) reword the router's 400 and 404 in a protocol's own words; `wake` False leaves a
     sleeping model asleep (--sleep-idle-seconds: /props and /metrics answer without loading it)."""
     registry = get_registry(request)
-    name = await requested_model(request) if registry.router else None
+    # one model answers whatever a request names, unless it names a derived model (/api/create's)
+    name = await requested_model(request) if registry.router or registry.derived else None
     try:
         entry, backend = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
     except ModelMissingError:

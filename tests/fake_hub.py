@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,9 +20,11 @@ REVISION = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 class FakeHub:
-    def __init__(self, repos: dict[str, dict[str, Path]]):
-        """repos: "org/name" -> {file name in the repo: file on disk}."""
+    def __init__(self, repos: dict[str, dict[str, Path]], slow: dict[str, float] | None = None):
+        """repos: "org/name" -> {file name in the repo: file on disk}; slow: "org/name" -> seconds to wait
+        after each MiB of its files (a download that lasts long enough to be watched and cancelled)."""
         self.repos = repos
+        self.slow = slow or {}
         self.requests: list[str] = []
         hub = self
 
@@ -65,13 +67,13 @@ class FakeHub:
                 headers = {"X-Repo-Commit": REVISION, "ETag": f'"{etag}"',
                            "Content-Length": str(source.stat().st_size),
                            "Content-Type": "application/octet-stream"}
-                return self.send(handler, 200, source, headers, body)
+                return self.send(handler, 200, source, headers, body, self.slow.get(match.group(1), 0.0))
         self.send(handler, 404, b'{"error": "Repository not found"}',
                   {"X-Error-Code": "RepoNotFound", "Content-Type": "application/json"}, body)
 
     @staticmethod
     def send(handler: BaseHTTPRequestHandler, status: int, content: bytes | Path, headers: dict[str, str],
-             body: bool) -> None:
+             body: bool, pause: float = 0.0) -> None:
         handler.send_response(status)
         size = content.stat().st_size if isinstance(content, Path) else len(content)
         headers.setdefault("Content-Length", str(size))
@@ -83,7 +85,9 @@ class FakeHub:
         if isinstance(content, Path):
             with content.open("rb") as source:
                 try:
-                    shutil.copyfileobj(source, handler.wfile, 1 << 20)
+                    while chunk := source.read(1 << 20):
+                        handler.wfile.write(chunk)
+                        time.sleep(pause)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
         else:

@@ -31,8 +31,15 @@ class Role(str, Enum):  # noqa: UP042  StrEnum would change str() and format() o
 
 # (method, path template): the management routes. HEAD goes with GET.
 ADMIN_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "/models"),  # a download from Hugging Face into the server's disk
+    ("DELETE", "/models"),
     ("POST", "/models/load"),
     ("POST", "/models/unload"),
+    ("POST", "/api/pull"),
+    ("POST", "/api/create"),  # a derived model every student is then served
+    ("POST", "/api/copy"),
+    ("DELETE", "/api/delete"),
+    ("POST", "/api/push"),
     ("POST", "/slots/{id_slot}"),
     ("POST", "/props"),
     ("POST", "/lora-adapters"),  # the adapters' scales apply to every request

@@ -6,6 +6,9 @@ import time
 from typing import Any
 
 from kinetic.backends.base import ModelBackend
+from kinetic.model_registry.derived import DerivedModel
+from kinetic.model_registry.derived_backend import DerivedBackend
+from kinetic.model_registry.downloads import Download
 from kinetic.model_registry.registry import ModelEntry, ModelRegistry
 
 
@@ -61,7 +64,7 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     body["architecture"] = {"input_modalities": input_modalities(backend),
                             "output_modalities": output_modalities(entry)}
     body["source"] = spec.source
-    body["can_remove"] = False
+    body["can_remove"] = spec.source == "cache"  # downloaded here (POST /models): DELETE /models removes it
     if spec.remote:
         body["owned_by"] = "upstream"
         if backend is not None:
@@ -76,13 +79,41 @@ def output_modalities(entry: ModelEntry) -> list[str]:
     return ["text"]
 
 
+def derived_entry(model: DerivedModel, base: ModelEntry) -> dict[str, Any]:
+    """A derived model (/api/create's) in a router's list: its base model's row, under its own name."""
+    backend = base.backend
+    body = router_entry(base)
+    if backend is not None and backend.ready:
+        body.update(model_entry(DerivedBackend(backend, model)))
+    body.update(id=model.name, aliases=[model.name], source="derived", can_remove=True)
+    body["parent_model"] = model.base
+    return body
+
+
+def downloading_entry(download: Download) -> dict[str, Any]:
+    """A model being downloaded (POST /models), as llama-server's router lists it."""
+    return {"id": download.name, "aliases": list(download.aliases), "tags": [], "object": "model",
+            "created": int(time.time()), "owned_by": "llamacpp",
+            "status": {"value": "downloading", "progress": {url: dict(row) for url, row in download.progress.items()}},
+            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "source": "cache", "can_remove": True}
+
+
+def derived_models(registry: ModelRegistry) -> list[tuple[DerivedModel, ModelEntry]]:
+    return [(m, base) for m in registry.derived.values() if (base := registry.find(m.base)) is not None]
+
+
 def models_body(registry: ModelRegistry) -> dict[str, Any]:
     if not registry.router:
         backend = registry.only.backend
         assert backend is not None
-        return {"models": [ollama_shaped(backend.name, ["completion"])], "object": "list",
-                "data": [model_entry(backend)]}
+        served = [backend, *(DerivedBackend(backend, m) for m, _ in derived_models(registry))]
+        return {"models": [ollama_shaped(b.name, ["completion"]) for b in served], "object": "list",
+                "data": [model_entry(b) for b in served]}
     entries = list(registry.entries.values())
+    derived = derived_models(registry)
     return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
-                                      else ["completion"]) for e in entries],
-            "object": "list", "data": [router_entry(e) for e in entries]}
+                                      else ["completion"]) for e in entries]
+            + [ollama_shaped(m.name, ["completion"]) for m, _ in derived],
+            "object": "list", "data": [router_entry(e) for e in entries] + [derived_entry(m, b) for m, b in derived]
+            + [downloading_entry(d) for d in registry.downloads.active.values()]}

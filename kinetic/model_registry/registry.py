@@ -22,6 +22,9 @@ import anyio
 from kinetic.backends.base import ModelBackend
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
+from kinetic.model_registry.derived import DerivedModel, DerivedStore
+from kinetic.model_registry.derived_backend import DerivedBackend
+from kinetic.model_registry.downloads import Download, Downloads
 from kinetic.model_registry.events import ModelEvents
 from kinetic.model_registry.idle_sleep import IdleSleep
 from kinetic.model_registry.sources import ModelSpec
@@ -111,7 +114,10 @@ class ModelRegistry:
             for name in spec.names:
                 self._by_name[name] = entry
         self.decode_lock = DecodeTurns()
+        self.derived: dict[str, DerivedModel] = {}  # /api/create's models, served through their base's backend
+        self.store = DerivedStore(None)
         self.events = ModelEvents()  # GET /models/sse
+        self.downloads = Downloads(settings, self.events, self._downloaded)  # POST /models, /api/pull
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
         self.sleeper: IdleSleep | None = IdleSleep(self, settings.sleep_idle_seconds) \
             if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
@@ -140,6 +146,71 @@ class ModelRegistry:
         """By id or alias; Ollama clients may add the default tag `:latest`."""
         return self._by_name.get(name) or self._by_name.get(name.removesuffix(":latest"))
 
+    def derived_model(self, name: str | None) -> DerivedModel | None:
+        if not name:
+            return None
+        return self.derived.get(name) or self.derived.get(name.removesuffix(":latest"))
+
+    # ------------------------------------------------------------------ models added while it runs
+
+    def open_store(self, store: DerivedStore) -> None:
+        """Serves the derived models `store` holds whose base model this server has (others are warned of)."""
+        self.store = store
+        for model in store.load():
+            if self.find(model.base) is None:
+                log.warning("derived model %s skipped: its base model %s is not served here", model.name, model.base)
+            elif self.find(model.name) is None:
+                self.derived[model.name] = model
+
+    def base_of(self, name: str) -> DerivedModel | ModelEntry:
+        """What a new derived model named `from` `name` copies: a derived model, or a served one."""
+        found = self.derived_model(name) or self.find(name)
+        if found is None:
+            raise ModelNotFoundError(name)
+        return found
+
+    def put_derived(self, model: DerivedModel) -> None:
+        """Adds or replaces (Ollama's create and copy overwrite) a derived model, stored at once."""
+        if self.find(model.name) is not None:
+            raise InvalidRequestError(f"model '{model.name}' is served from a model file: a derived model "
+                                      "needs a name of its own", param="model")
+        self.store.save(model)
+        self.derived[model.name] = model
+
+    def remove_derived(self, name: str) -> bool:
+        model = self.derived_model(name)
+        if model is None:
+            return False
+        self.store.remove(model.name)
+        del self.derived[model.name]
+        return True
+
+    async def download(self, name: str, aliases: tuple[str, ...] = ()) -> Download:
+        """Starts a download (router mode): it joins the models when it is done (downloads.py)."""
+        for taken in (name, *aliases):
+            if self.find(taken) is not None or self.derived_model(taken) is not None:
+                raise InvalidRequestError(f"model '{taken}' already exists", param="model")
+        return await self.downloads.start(name, aliases)
+
+    def _downloaded(self, download: Download) -> None:
+        self.add(ModelSpec(name=download.name, aliases=download.aliases, hf_repo=download.name, source="cache"))
+
+    def add(self, spec: ModelSpec) -> ModelEntry:
+        """A model downloaded while the router runs (POST /models, /api/pull)."""
+        entry = ModelEntry(spec)
+        self.entries[spec.name] = entry
+        for name in spec.names:
+            self._by_name[name] = entry
+        return entry
+
+    async def remove(self, entry: ModelEntry) -> None:
+        """Unloads and forgets a model (DELETE /models); the derived models made from it go with it."""
+        await self.unload(entry)
+        del self.entries[entry.name]
+        self._by_name = {k: v for k, v in self._by_name.items() if v is not entry}
+        for model in [m for m in self.derived.values() if m.base in entry.spec.names]:
+            self.remove_derived(model.name)
+
     def resolve(self, name: str | None) -> ModelEntry:
         """The entry a request names (single mode: the one model, whatever it names)."""
         if not self.router:
@@ -155,7 +226,13 @@ class ModelRegistry:
                       wake: bool = True) -> tuple[ModelEntry, ModelBackend]:
         """The backend of the model a request names, loaded first if need be, with a lease taken on it
         (release() it when the request is done) so that it is not unloaded under the request. `wake`
-        False: a sleeping model is answered as it is (llama-server's routes that bypass sleep)."""
+        False: a sleeping model is answered as it is (llama-server's routes that bypass sleep). A derived
+        model's request gets its base model's backend, dressed as the derived model (derived_backend.py)."""
+        derived = self.derived_model(name)
+        entry, backend = await self._acquire(derived.base if derived else name, autoload, wake)
+        return entry, DerivedBackend(backend, derived) if derived else backend
+
+    async def _acquire(self, name: str | None, autoload: bool | None, wake: bool) -> tuple[ModelEntry, ModelBackend]:
         entry = self.resolve(name)
         while entry.draining:  # another model waits for its room: wait for the switch, then load it again
             await entry.accepting.wait()
@@ -277,11 +354,14 @@ class ModelRegistry:
 
     async def end_streams(self, error: KineticError) -> None:
         """Shutdown's end: every model's open streams and waiting requests fail with `error` now."""
+        self.downloads.stop()
+        self.events.close()
         for entry in list(self.entries.values()):
             if entry.backend is not None:
                 await anyio.to_thread.run_sync(entry.backend.close, error)
 
     def close(self) -> None:
+        self.downloads.stop()
         for entry in self.entries.values():
             if entry.backend is not None:
                 entry.backend.close()

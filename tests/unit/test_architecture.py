@@ -60,8 +60,8 @@ def test_translators_never_reach_an_engine_or_a_backend(protocol: str) -> None:
 
 
 def route_modules() -> list[Path]:
-    return sorted([*(PACKAGE / "protocols").glob("*/routes.py"), *(PACKAGE / "protocols").glob("*/cors_proxy.py"),
-                   PACKAGE / "web" / "routes.py"])
+    return sorted([*(PACKAGE / "protocols").glob("*/routes.py"), *(PACKAGE / "protocols").glob("*/*_routes.py"),
+                   *(PACKAGE / "protocols").glob("*/cors_proxy.py"), PACKAGE / "web" / "routes.py"])
 
 
 def engine_touches(path: Path) -> list[int]:

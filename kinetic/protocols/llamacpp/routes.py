@@ -1,6 +1,6 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
 /infill, /embedding (and /embeddings), /rerank (and its aliases), /tokenize, /detokenize, /apply-template,
-/cors-proxy."""
+/cors-proxy; the router's /models/load, /models/unload, /models/sse (POST and DELETE /models: model_routes.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.registry import ModelState
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import cors_proxy, rerank, server_state, tokens, translate
+from kinetic.protocols.llamacpp import cors_proxy, model_routes, rerank, server_state, tokens, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -35,6 +35,7 @@ from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
 router.include_router(cors_proxy.router)
+router.include_router(model_routes.router)
 BUILD_INFO = f"b{__version__}-kinetic"
 
 
@@ -93,6 +94,8 @@ async def models_sse(registry: RegistryDep) -> StreamingResponse:
 async def unload_model(body: ModelActionRequest, registry: RegistryDep) -> dict[str, bool]:
     if not registry.router:
         raise NotFoundError("File Not Found")
+    if await registry.downloads.cancel(body.model):  # a download under way (POST /models) ends here
+        return {"success": True}
     entry = registry.find(body.model)
     if entry is None:
         raise InvalidRequestError("model is not found", param="model")

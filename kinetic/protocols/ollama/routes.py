@@ -1,5 +1,6 @@
 """Ollama routes: /api/version, /api/tags, /api/show, /api/ps, /api/chat, /api/generate, /api/embed
-and the legacy /api/embeddings. (`GET /` lives with the web page.)"""
+and the legacy /api/embeddings; model management (/api/pull, /api/create...) is manage_routes.py's.
+(`GET /` lives with the web page.)"""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
 from kinetic.deps import RegistryDep, backend_dependency
 from kinetic.engine.types import GenerationRequest
+from kinetic.model_registry.derived_backend import DerivedBackend
+from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
-from kinetic.protocols.ollama import translate
+from kinetic.protocols.ollama import manage_routes, translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from kinetic.streaming import respond
 
 router = APIRouter()
+router.include_router(manage_routes.router)
 NDJSON = "application/x-ndjson"
 
 
@@ -55,9 +59,11 @@ async def version() -> dict[str, str]:
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(registry: RegistryDep) -> dict[str, Any]:
-    """Every model (a router's unloaded ones, and remote ones, by name only)."""
-    return {"models": [translate.model_entry(*await _listed(b)) if (b := loaded(e))
-                       else translate.unloaded_entry(e.name) for e in registry.entries.values()]}
+    """Every model (a router's unloaded ones, and remote ones, by name only), then the derived ones."""
+    served = [(e, None) for e in registry.entries.values()] + [(base, m) for m, base in derived_models(registry)]
+    return {"models": [translate.model_entry(*await _listed(b if m is None else DerivedBackend(b, m)))
+                       if (b := loaded(e)) else translate.unloaded_entry(e.name if m is None else m.name)
+                       for e, m in served]}
 
 
 @router.get("/api/ps")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from kinetic.protocols.common.types import WireModel
 
 # A duration in seconds, or Go's duration text ("5m", "1h30m", "0"); negative: keep forever.
@@ -122,3 +124,38 @@ class EmbeddingsRequest(WireModel):
     prompt: str | None = None
     keep_alive: KeepAlive = None
     options: Options | None = None
+
+
+class PullRequest(WireModel):
+    model: str = ""
+    name: str | None = None  # the legacy key
+    insecure: bool | None = None
+    stream: bool | None = None
+
+
+class CreateRequest(WireModel):
+    """api.CreateRequest: kinetic makes a model `from` one it serves; files, adapters and quantize would need
+    a model file uploaded or converted, which it does not do."""
+
+    model: str = ""
+    name: str | None = None  # the legacy key
+    from_: str | None = Field(default=None, alias="from")
+    system: str | None = None
+    parameters: Options | None = None
+    template: str | None = None
+    messages: list[Message] | None = None
+    license: str | list[str] | None = None
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    quantize: str | None = None
+    stream: bool | None = None
+
+
+class CopyRequest(WireModel):
+    source: str = ""
+    destination: str = ""
+
+
+class DeleteRequest(WireModel):
+    model: str = ""
+    name: str | None = None  # the legacy key

@@ -11,7 +11,6 @@ from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, P
 from kinetic.chat.types import InfillRequest as NeutralInfill
 from kinetic.engine.base import Tokenizer
 from kinetic.engine.types import (
-    EngineStats,
     Event,
     Finished,
     GenerationRequest,
@@ -29,6 +28,7 @@ from kinetic.errors import InvalidRequestError, KineticError
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.protocols.common.translate import logprob_entry
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp.types import (
@@ -60,6 +60,10 @@ class NativeContext:
     n_prompt_tokens: int = 0
     post_sampling_probs: bool = False
     timings_per_token: bool = False
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.model = self.model
 
 
 PromptItem = tuple[PromptInput, tuple[MediaPart, ...]]  # a prompt and the files its media markers stand for
@@ -193,6 +197,7 @@ def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list
 
 def to_completion(deltas: list[TextDelta], finished: Finished, ctx: NativeContext) -> dict[str, Any]:
     body = _final(finished, ctx, content=finished.text, tokens=finished.tokens if ctx.return_tokens else [])
+    ctx.outcome.finished(finished, finished.stop_type, answer=finished.text)
     if ctx.n_probs:
         body["completion_probabilities"] = [probs_entry(d.logprob, ctx) for d in deltas if d.logprob]
     return body
@@ -205,12 +210,17 @@ class NativeEncoder:
         self.ctx = ctx
         self.n_predicted = 0
 
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
+
     def _partial(self, content: str, tokens: list[int]) -> dict[str, Any]:
         return {"index": self.ctx.index, "content": content, "tokens": tokens, "stop": False, "id_slot": -1,
                 "tokens_predicted": self.n_predicted, "tokens_evaluated": self.ctx.n_prompt_tokens}
 
     def encode(self, event: Event) -> list[bytes]:
         if isinstance(event, Finished):
+            self.outcome.finished(event, event.stop_type)
             return [sse_data(_final(event, self.ctx, content="", tokens=[]))]
         if isinstance(event, PromptProgress):
             chunk = self._partial("", [])
@@ -221,6 +231,7 @@ class NativeEncoder:
                                            prompt_ms=event.time_ms, predicted_n=0, predicted_ms=0.0).to_dict()
             return [sse_data(chunk)]
         self.n_predicted += 1
+        self.outcome.chunk(event.text)
         chunk = self._partial(event.text, [event.token_id])
         if self.ctx.timings_per_token and event.timings is not None:
             chunk["timings"] = event.timings.to_dict()
@@ -399,48 +410,6 @@ def slot_filename(raw: str | None) -> str:
             or any(c in raw for c in '/\\:*?"<>|') or any(ord(c) < 32 for c in raw)):
         raise InvalidRequestError("Invalid filename", param="filename")
     return raw
-
-
-# llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)
-COUNTERS = (
-    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
-    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
-    ("prompt_seconds_total", "Total time spent processing prompts"),
-    ("tokens_predicted_total", "Number of generation tokens processed"),
-    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
-    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
-    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
-    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
-    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
-    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
-)
-GAUGES = (
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
-    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
-    ("requests_processing", "Number of requests processing"),
-    ("requests_deferred", "Number of requests deferred"),
-    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
-)
-
-
-def metrics_text(stats: EngineStats, *, viewer: str | None = None) -> str:
-    """Prometheus text. The per-key lines show a student (`viewer`) their own line only."""
-    values: dict[str, float] = {**stats.counters, **stats.gauges, "requests_processing": stats.requests_processing,
-                                "requests_deferred": stats.requests_deferred}
-    lines = []
-    for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
-        for name, help_text in items:
-            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                      f"llamacpp:{name} {values.get(name, 0)}"]
-    # kinetic's own: who is waiting (by key name), for the instructor's dashboard
-    lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
-              "# TYPE llamacpp:requests_deferred_by_key gauge"]
-    for client, count in sorted(stats.deferred_by_client.items()):
-        if viewer is not None and client != viewer:
-            continue
-        label = client.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'llamacpp:requests_deferred_by_key{{key="{label}"}} {count}')
-    return "\n".join(lines) + "\n"
 
 
 def tokenize(body: TokenizeRequest, tokenizer: Tokenizer) -> dict[str, Any]:

@@ -153,7 +153,8 @@ def test_responses_whole_streamed_and_a_function_call(server: tuple[KineticServe
     record = by_id(ledger, whole.id)
     assert_counts(record, whole.usage.input_tokens, whole.usage.output_tokens,
                   whole.usage.input_tokens_details.cached_tokens)
-    assert record.finish_reason == whole.status
+    told = whole.incomplete_details.reason if whole.incomplete_details else whole.status
+    assert record.finish_reason == told
     with oai.responses.stream(model=MODEL, input="Say hi.", max_output_tokens=MAX, temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, PayloadTooLargeError, ServerError
 from kinetic.protocols.catalog import error_response
+from kinetic.protocols.common.outcome import note_error
 from kinetic.streaming import ClientDisconnected
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def _answer(request: Request, err: KineticError) -> JSONResponse:
+    note_error(request.scope, err)
     return error_response(request.url.path, err, request.method)
 
 

@@ -12,6 +12,7 @@ from kinetic.classroom.roles import needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import error_response
+from kinetic.protocols.common.outcome import note_error
 from kinetic.web.routes import is_public_page
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -83,11 +84,11 @@ class RequestGate:
             await self._call_app(scope, receive, send_with_cors)
             return
         elif not self.registry.ready:
-            response = error_response(path, UnavailableError("Loading model"), scope["method"])
+            response = refuse(scope, UnavailableError("Loading model"))
         elif self.keys and path not in PUBLIC_PATHS and client_name is None:
-            response = error_response(path, UnauthorizedError("Invalid API Key"), scope["method"])
+            response = refuse(scope, UnauthorizedError("Invalid API Key"))
         elif needs_admin(scope["method"], path) and (refusal := self._admin_refusal(sent)) is not None:
-            response = error_response(path, refusal, scope["method"])
+            response = refuse(scope, refusal)
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
@@ -127,11 +128,17 @@ class RequestGate:
                 await send(message)
             elif message["type"] == "http.response.start":  # replace the app's answer with a 408
                 err = RequestTimeoutError(f"request body not received within {self.body_timeout:g} s")
-                response = error_response(scope["path"], err, scope["method"])
+                response = refuse(scope, err)
                 response.headers["connection"] = "close"
                 await response(scope, receive, send)
 
         await self.app(scope, receive_with_deadline, send_unless_timed_out)
+
+
+def refuse(scope: Scope, err: KineticError) -> Response:
+    """The gate's own answer `err`, in the request's protocol, noted for its ledger line."""
+    note_error(scope, err)
+    return error_response(scope["path"], err, scope["method"])
 
 
 def _wire_name(name: bytes) -> bytes:

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
+from kinetic.protocols.common.outcome import Outcome, hand_over
 from kinetic.sse_ping import with_pings
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ def ndjson_line(data: Any) -> bytes:
 
 
 class Encoder(Protocol):
+    @property
+    def outcome(self) -> Outcome:
+        """What the frames told the client so far: the ledger's record of the answer."""
+
     def encode(self, event: Event) -> list[bytes]: ...
 
     def error(self, err: KineticError) -> list[bytes]:
@@ -62,12 +67,15 @@ async def encode_events(generation: Generation, encoder: Encoder) -> AsyncIterat
             for frame in encoder.encode(event):
                 yield frame
     except KineticError as err:
+        encoder.outcome.failed(err)
         for frame in encoder.error(err):
             yield frame
     except Exception as exc:  # a bug mid-stream: the client still gets an error and an ending
         log.exception("stream failed")
         generation.cancel()
-        for frame in encoder.error(ServerError(f"internal error: {type(exc).__name__}")):
+        failure = ServerError(f"internal error: {type(exc).__name__}")
+        encoder.outcome.failed(failure)
+        for frame in encoder.error(failure):
             yield frame
 
 
@@ -141,7 +149,9 @@ async def respond(request: Request, generation: Generation, *, stream: bool, enc
                   to_body: Callable[[list[TextDelta], Finished], Any],
                   media_type: str = "text/event-stream") -> Response:
     """A generation the way the client asked for it: an event stream (SSE, or NDJSON for Ollama),
-    or one JSON body at the end (the generation is cancelled if the client leaves before then)."""
+    or one JSON body at the end (the generation is cancelled if the client leaves before then). The
+    encoder's outcome (which `to_body` fills for a whole answer) goes to the ledger."""
+    hand_over(request.scope, encoder.outcome)
     if stream:
         return event_stream(encode_events(generation, encoder), media_type, ping_s=ping_interval(request))
     deltas, finished = await until_disconnect(request, generation.result())
@@ -185,6 +195,7 @@ async def respond_many(request: Request, generations: list[Generation], *, strea
                        to_body: Callable[[int, list[TextDelta], Finished], Any]) -> Response:
     """Several generations answered as one: their events merged into one stream, or a JSON array
     of their bodies in order (all cancelled if the client leaves)."""
+    hand_over(request.scope, *(encoder.outcome for encoder in encoders))
     if stream:
         return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]),
                             ping_s=ping_interval(request))

@@ -1,7 +1,7 @@
 """The class since the server started, in memory: what the instructor's dashboard shows.
 
 `ClassStats` is a sink of the request recorder (ledger.LedgerMiddleware): it is fed the same
-per-request records the ledger writes, so the dashboard works with or without `--ledger`, and its
+per-request records (`LedgerRecord`) the ledger writes, so the dashboard works with or without `--ledger`, and its
 numbers are what the clients received. Per key name: requests, tokens in and out, errors, mean
 time to first token, the last request, and whether the lab's three requests were made (a streamed
 chat, a full chat, a 401). Plus the tokens per second over the last minutes.
@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from kinetic.classroom.ledger import LedgerRecord
 
 UNKNOWN = "unknown"
 CHAT_ROUTES = frozenset({"/v1/chat/completions", "/chat/completions"})
@@ -44,49 +46,37 @@ class KeyTotals:
     addresses: set[str] = field(default_factory=set)
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def name_of(record: dict[str, Any]) -> str | None:
+def name_of(record: LedgerRecord) -> str | None:
     """Whose request this is: the key's name, "unknown" for a rejected key, the address on an open
     server; None for an unnamed call the key gate let through (a public route such as /health)."""
-    client = record.get("client")
-    if isinstance(client, str) and client:
-        return client
-    if record.get("status") == 401:
+    if record.client:
+        return record.client
+    if record.status == 401:
         return UNKNOWN
-    if record.get("auth") == "open":
-        return f"addr:{record.get('addr') or '?'}"
+    if record.auth == "open":
+        return f"addr:{record.addr or '?'}"
     return None
 
 
-def tokens_of(record: dict[str, Any]) -> tuple[int, int]:
-    """Tokens in and out: the usage the client got, else the timings (a stream without
-    `stream_options.include_usage` carries only those), else for tokens out the content chunks
-    received (a stream stopped by its client never gets to the chunk with the numbers)."""
-    timings = found if isinstance(found := record.get("timings"), dict) else {}
-    prompt = record.get("prompt_tokens")
-    if not isinstance(prompt, int):
-        prompt = _int(timings.get("prompt_n")) + _int(timings.get("cache_n"))
-    completion = record.get("completion_tokens")
-    if not isinstance(completion, int):
-        completion = _int(timings.get("predicted_n")) if timings else _int(record.get("chunks"))
-    return _int(prompt), _int(completion)
+def tokens_of(record: LedgerRecord) -> tuple[int, int]:
+    """Tokens in and out, as the client was told them (each protocol's encoder hands them to the
+    record, a stream without usage in its frames included); else the timings (a line of an older
+    server), else for tokens out the chunks received (a stream its client stopped before the end)."""
+    prompt = record.prompt_tokens
+    if prompt is None:
+        prompt = int((record.timing("prompt_n") or 0) + (record.timing("cache_n") or 0))
+    completion = record.completion_tokens
+    if completion is None:
+        completion = int(record.timing("predicted_n") or 0) if record.timings else record.chunks or 0
+    return prompt, completion
 
 
-def ttft_of(record: dict[str, Any]) -> float | None:
+def ttft_of(record: LedgerRecord) -> float | None:
     """Seconds to the first token: as the client saw it for a stream; for a full answer, which
     arrives whole, the prompt time the server reports (timings.prompt_ms)."""
-    ttft = _number(record.get("ttft_s"))
-    if ttft is not None:
-        return ttft
-    timings = record.get("timings")
-    prompt_ms = _number(timings.get("prompt_ms")) if isinstance(timings, dict) else None
+    if record.ttft_s is not None:
+        return record.ttft_s
+    prompt_ms = record.timing("prompt_ms")
     return prompt_ms / 1000 if prompt_ms is not None else None
 
 
@@ -108,18 +98,17 @@ class ClassStats:
         self._rejected_by_addr: dict[str, int] = {}
         self._tokens: dict[int, float] = {}  # bucket index -> tokens generated in it
 
-    def __call__(self, record: dict[str, Any]) -> None:  # a LedgerMiddleware sink
+    def __call__(self, record: LedgerRecord) -> None:  # a LedgerMiddleware sink
         self.record(record)
 
-    def record(self, record: dict[str, Any], *, now: float | None = None) -> None:
+    def record(self, record: LedgerRecord, *, now: float | None = None) -> None:
         """Counts one finished request; `now` is when it finished (default: the clock)."""
         now = self.clock() if now is None else now
         name = name_of(record)
-        status = _int(record.get("status"))
+        status = record.status
         with self._lock:
             if status == 401:
-                addr = str(record.get("addr") or "")
-                self._rejected_by_addr[addr] = self._rejected_by_addr.get(addr, 0) + 1
+                self._rejected_by_addr[record.addr] = self._rejected_by_addr.get(record.addr, 0) + 1
             if name is None:
                 return
             totals = self._totals.setdefault(name, KeyTotals())
@@ -127,29 +116,28 @@ class ClassStats:
             prompt, completion = tokens_of(record)
             totals.prompt_tokens += prompt
             totals.completion_tokens += completion
-            if status >= 400 or "error" in record:
+            if status >= 400 or record.error is not None:
                 totals.errors += 1
             ttft = ttft_of(record)
             if ttft is not None and status < 400:
                 totals.ttft_sum_s += ttft
                 totals.ttft_n += 1
-            totals.last_time, totals.last_route, totals.last_status = now, str(record.get("route", "")), status
-            if record.get("addr") and name != UNKNOWN:
-                totals.addresses.add(str(record["addr"]))
-            if record.get("route") in CHAT_ROUTES and status == 200 and "error" not in record:
-                if record.get("stream"):
-                    totals.streamed_chat = totals.streamed_chat or _int(record.get("chunks")) > 0
+            totals.last_time, totals.last_route, totals.last_status = now, record.route, status
+            if record.addr and name != UNKNOWN:
+                totals.addresses.add(record.addr)
+            if record.route in CHAT_ROUTES and status == 200 and record.error is None:
+                if record.stream:
+                    totals.streamed_chat = totals.streamed_chat or (record.chunks or 0) > 0
                 else:
                     totals.full_chat = True
             self._add_tokens(record, now)
 
-    def _add_tokens(self, record: dict[str, Any], end: float) -> None:
+    def _add_tokens(self, record: LedgerRecord, end: float) -> None:
         """Spreads the request's generated tokens evenly over the time it spent generating them."""
-        timings = found if isinstance(found := record.get("timings"), dict) else {}
-        tokens = _int(timings.get("predicted_n")) or _int(record.get("completion_tokens"))
+        tokens = int(record.timing("predicted_n") or 0) or record.completion_tokens or 0
         if tokens <= 0:
             return
-        seconds = (_number(timings.get("predicted_ms")) or 0.0) / 1000 or _number(record.get("duration_s")) or 0.0
+        seconds = (record.timing("predicted_ms") or 0.0) / 1000 or record.duration_s
         start = end - max(seconds, 1e-6)
         first, last = math.floor(start / self.bucket_s), math.floor(end / self.bucket_s)
         for index in range(first, last + 1):
@@ -159,6 +147,13 @@ class ClassStats:
         oldest = math.floor((end - self.window_s) / self.bucket_s)
         for index in [i for i in self._tokens if i < oldest]:
             del self._tokens[index]
+
+    def figures_by_key(self) -> dict[str, dict[str, int]]:
+        """Requests, prompt and completion tokens and errors of every caller seen, by name (/metrics)."""
+        with self._lock:
+            return {name: {"requests": t.requests, "prompt_tokens": t.prompt_tokens,
+                           "completion_tokens": t.completion_tokens, "errors": t.errors}
+                    for name, t in self._totals.items()}
 
     def snapshot(self, roster: Iterable[str] = (), *, now: float | None = None) -> dict[str, Any]:
         """JSON for the dashboard: every name of the roster (the key file, even who has not asked

@@ -7,33 +7,35 @@ the caller by the key's name from `--api-key-file`. Both are compared after `nor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.classroom.ledger import read_ledger
+from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from kinetic.grading.deliverable import normalize_name
 
-Record = dict[str, Any]
+Record = LedgerRecord
 T = TypeVar("T")
 
 
 def describe_record(record: Record) -> str:
     """`chatcmpl-abc at 10:31:02 (stream)`: how the report names a request."""
-    when = str(record.get("time", ""))[11:19] or "?"
-    what = record.get("id") or f"{record.get('method', '')} {record.get('route', '')}".strip()
-    stream = " (stream)" if record.get("stream") else ""
+    when = record.time[11:19] or "?"
+    what = record.id or f"{record.method} {record.route}".strip()
+    stream = " (stream)" if record.stream else ""
     return f"{what} at {when}{stream}"
 
 
 class LedgerView:
-    def __init__(self, records: list[Record], roster: Iterable[str] = (), source: str = "the ledger"):
-        self.records = records
+    def __init__(self, records: Iterable[Record | Mapping[str, Any]], roster: Iterable[str] = (),
+                 source: str = "the ledger"):
+        # a ledger's lines as read (LedgerRecord), or as JSON objects (a line parsed elsewhere, a test's)
+        self.records = [r if isinstance(r, LedgerRecord) else LedgerRecord.model_validate(r) for r in records]
         self.source = source
-        names = [r["client"] for r in records if isinstance(r.get("client"), str)]
+        names = [r.client for r in self.records if r.client is not None]
         self.names = list(dict.fromkeys([*roster, *names]))
         self._by_key = {normalize_name(n): n for n in reversed(self.names)}
 
@@ -62,11 +64,11 @@ class StudentLedger:
 
     @property
     def mine(self) -> list[Record]:
-        return [r for r in self.view.records if self.name is not None and r.get("client") == self.name]
+        return [r for r in self.view.records if self.name is not None and r.client == self.name]
 
     @property
     def addresses(self) -> set[str]:
-        return {r["addr"] for r in self.mine if r.get("addr")}
+        return {r.addr for r in self.mine if r.addr}
 
     def who(self) -> str:
         if self.name is not None:
@@ -81,7 +83,7 @@ class StudentLedger:
             if id(record) not in self.used and matches(record):
                 self.used.add(id(record))
                 return record, []
-        return None, [r for r in self.view.records if r.get("client") != self.name and matches(r)]
+        return None, [r for r in self.view.records if r.client != self.name and matches(r)]
 
     def match_each(self, pasted: Iterable[T], matches: Callable[[T, Record], bool], missing: Callable[[T], str],
                    hint: str) -> str:
@@ -101,7 +103,7 @@ class StudentLedger:
         """401 answers to calls from an address this student used: a rejected call carries no valid
         key, so the address is all that ties it to a student."""
         addresses = self.addresses
-        return [r for r in self.view.records if r.get("status") == 401 and r.get("addr") in addresses]
+        return [r for r in self.view.records if r.status == 401 and r.addr in addresses]
 
 
 def whose(others: list[Record]) -> str:
@@ -109,7 +111,7 @@ def whose(others: list[Record]) -> str:
     if not others:
         return "no request in the ledger has these numbers"
     first = others[0]
-    owner = first.get("client") or "a caller without a valid key"
+    owner = first.client or "a caller without a valid key"
     return f"these numbers are those of {describe_record(first)}, a request of {owner}"
 
 
@@ -126,9 +128,7 @@ def author_ledger(ledger: StudentLedger | None) -> StudentLedger:
 
 def timing(record: Record, key: str) -> float | None:
     """One of a request's `timings` numbers, as the ledger recorded it."""
-    timings = record.get("timings")
-    value = timings.get(key) if isinstance(timings, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
+    return record.timing(key)
 
 
 def printed_alike(value: float | None, pasted: float) -> bool:

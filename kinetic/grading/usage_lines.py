@@ -79,13 +79,13 @@ def numbers_problem(run: UsageRun, max_tokens: int) -> tuple[str, str] | None:
 
 def served_as_printed(record: Record, run: UsageRun) -> bool:
     """The ledger record is a chat request that got these very numbers (speeds as the script rounds them)."""
-    return (record.get("route") in CHAT_ROUTES and record.get("status") == 200
-            and record.get("prompt_tokens") == run.prompt and record.get("completion_tokens") == run.completion
-            and record.get("finish_reason") == run.finish_reason and timing(record, "cache_n") == run.cache_n
+    return (record.route in CHAT_ROUTES and record.status == 200
+            and record.prompt_tokens == run.prompt and record.completion_tokens == run.completion
+            and record.finish_reason == run.finish_reason and timing(record, "cache_n") == run.cache_n
             and printed_alike(timing(record, "prompt_per_second"), run.prompt_tps)
             and printed_alike(timing(record, "predicted_per_second"), run.generation_tps))
 
 
 def within_clock(record: Record, run: UsageRun) -> bool:
     """The server took no longer than the script's own clock says (printed to 0.1 s)."""
-    return float(record.get("duration_s") or 0) <= run.seconds + 0.05
+    return record.duration_s <= run.seconds + 0.05

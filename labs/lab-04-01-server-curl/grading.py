@@ -215,9 +215,9 @@ def completions_in_ledger(ctx: Context) -> str:
 
     def same(c: dict[str, Any], r: Record) -> bool:
         usage = c.get("usage") or {}
-        return (r.get("id") == c.get("id") and r.get("timings") == c["timings"]
-                and r.get("prompt_tokens") == usage.get("prompt_tokens")
-                and r.get("completion_tokens") == usage.get("completion_tokens"))
+        return (r.id == c.get("id") and r.timings == c["timings"]
+                and r.prompt_tokens == usage.get("prompt_tokens")
+                and r.completion_tokens == usage.get("completion_tokens"))
 
     return ledger.match_each(_two(ctx), same, lambda c: f"request of {ledger.name} is {c.get('id')}",
                              "send the requests yourself, with your key, and paste their answers unedited")
@@ -228,9 +228,9 @@ def props_in_ledger(ctx: Context) -> str:
     """you asked /props with your key (the ledger has it)."""
     ledger = ctx.ledger
     assert ledger is not None
-    if all(r.get("auth") == "open" for r in ledger.view.records):
+    if all(r.auth == "open" for r in ledger.view.records):
         raise Unchecked("the class server takes any key: its ledger cannot tell whose /props call is whose")
-    record, _ = ledger.find(lambda r: r.get("route") == "/props" and r.get("status") == 200)
+    record, _ = ledger.find(lambda r: r.route == "/props" and r.status == 200)
     if record is None:
         raise Failure(f"no /props request of {ledger.who()} in the ledger",
                       'call /props with your key: curl -s URL/props -H "Authorization: Bearer YOUR-KEY"')

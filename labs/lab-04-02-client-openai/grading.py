@@ -293,11 +293,11 @@ def answer_names_lines(ctx: Context) -> None:
 # Against the class server's ledger: every number is a request of this student
 
 def _chat_ok(record: Record, *, stream: bool) -> bool:
-    return record.get("route") in CHAT_ROUTES and record.get("status") == 200 and bool(record.get("stream")) == stream
+    return record.route in CHAT_ROUTES and record.status == 200 and record.stream == stream
 
 
 def _full_numbers(run: UsageRun, record: Record) -> bool:
-    return not record.get("stream") and served_as_printed(record, run)
+    return not record.stream and served_as_printed(record, run)
 
 
 @lab.check(points=2, needs="ledger")
@@ -312,7 +312,7 @@ def chat_py_in_ledger(ctx: Context) -> str:
             slow, _ = ledger.find(lambda r, run=run: _full_numbers(run, r))
             if slow is not None:
                 raise Failure(f"{describe_record(slow)} has these numbers but took the server "
-                              f"{slow['duration_s']:.2f}s, more than the {run.seconds}s chat.py says",
+                              f"{slow.duration_s:.2f}s, more than the {run.seconds}s chat.py says",
                               "paste the lines of one run, unedited")
             raise Failure(f"no request of {ledger.name} matches {run.usage_line} {run.server_line}: {whose(others)}",
                           "run python chat.py yourself, with your key, and paste its output unedited")
@@ -330,8 +330,8 @@ def stream_in_ledger(ctx: Context) -> str:
         raise Skip("chat.py --stream's line is missing (see outputs_present)")
 
     def same(run: StreamRun, r: Record) -> bool:
-        return _chat_ok(r, stream=True) and r.get("chunks") == run.chunks \
-            and float(r.get("ttft_s") or 0) <= run.ttft + 0.005 and float(r.get("duration_s") or 0) <= run.total + 0.05
+        return _chat_ok(r, stream=True) and r.chunks == run.chunks \
+            and (r.ttft_s or 0) <= run.ttft + 0.005 and r.duration_s <= run.total + 0.05
 
     return ledger.match_each(runs, same, lambda run: f"streamed request of {ledger.name} matches {run.line}",
                              "run python chat.py --stream yourself, with your key, and paste its output unedited")
@@ -346,7 +346,7 @@ def chat_mjs_in_ledger(ctx: Context) -> str:
         raise Skip("chat.mjs's line is missing (see outputs_present)")
 
     def same(line: TokensLine, r: Record) -> bool:
-        return r.get("route") in CHAT_ROUTES and r.get("status") == 200 and timing(r, "predicted_n") == line.tokens \
+        return r.route in CHAT_ROUTES and r.status == 200 and timing(r, "predicted_n") == line.tokens \
             and printed_alike(timing(r, "predicted_per_second"), line.tps)
 
     return ledger.match_each(lines, same, lambda line: f"request of {ledger.name} matches {line.line}",
@@ -359,13 +359,13 @@ def error_401_in_ledger(ctx: Context) -> str:
     ledger = author_ledger(ctx.ledger)
     if outputs(ctx).error_line is None:
         raise Skip("the 401 line is missing (see outputs_present)")
-    if all(r.get("auth") == "open" for r in ledger.view.records):
+    if all(r.auth == "open" for r in ledger.view.records):
         raise Unchecked("the class server takes any key: it never answered 401")
     rejected = ledger.rejected()
     if not rejected:
         raise Failure(f"no 401 answer to any address {ledger.name} used ({', '.join(sorted(ledger.addresses)) or '-'})",
                       "run python chat.py against the class server without your key, and paste the error line")
-    return f"matches {describe_record(rejected[0])} from {rejected[0].get('addr')}"
+    return f"matches {describe_record(rejected[0])} from {rejected[0].addr}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,10 +413,10 @@ def answer_explains(ctx: Context) -> None:
 def _record_of(ledger: StudentLedger, run: Run) -> Record:
     """The student's request behind a run: same id, same numbers, no longer than the script's clock."""
     def same(r: Record) -> bool:
-        return r.get("id") == run.id and served_as_printed(r, run) and within_clock(r, run)
+        return r.id == run.id and served_as_printed(r, run) and within_clock(r, run)
     record = next((r for r in ledger.mine if same(r)), None)
     if record is None:
-        others = [r for r in ledger.view.records if r.get("client") != ledger.name and same(r)]
+        others = [r for r in ledger.view.records if r.client != ledger.name and same(r)]
         raise Failure(f"no request of {ledger.name} matches [id={run.id}] {run.usage_line}: {whose(others)}",
                       "run the scripts yourself, with your key, and paste their output unedited")
     return record
@@ -424,10 +424,10 @@ def _record_of(ledger: StudentLedger, run: Run) -> Record:
 
 def _content(record: Record) -> tuple[Any, Any]:
     """(the request body, the answer text) the ledger kept with --ledger-content."""
-    if "request" not in record or "answer" not in record:
+    if record.request is None or record.answer is None:
         raise Unchecked("the class server was started without --ledger-content: the ledger has the numbers "
                         "but not the request and answer text this check compares")
-    return record["request"], record["answer"]
+    return record.request, record.answer
 
 
 @lab.check(points=2, needs="ledger")
@@ -485,9 +485,9 @@ def tool_call_in_ledger(ctx: Context) -> str:
     notes = []
     for run, sent, answer in trips:
         record = _record_of(ledger, run)
-        if "tool_calls" not in record and record.get("finish_reason") == "tool_calls":
+        if record.tool_calls is None and record.finish_reason == "tool_calls":
             raise Unchecked("this ledger does not record tool calls (a kinetic before lab 04-03)")
-        made = [call.get("id") for call in record.get("tool_calls") or []]
+        made = [call.id for call in record.tool_calls or []]
         if sent not in made:
             raise Failure(f"the server's call in {run.id} has id {', '.join(map(str, made)) or 'none'}, "
                           f"not {sent}", "send the result back with the id of the call the server made")
@@ -509,8 +509,8 @@ def grammar_in_ledger(ctx: Context) -> str:
     if not answers:
         raise Skip("the /completion output is missing (see outputs_present)")
     return ledger.match_each(
-        answers, lambda obj, r: r.get("route") in COMPLETION_ROUTES and r.get("status") == 200
-        and r.get("timings") == obj["timings"], lambda obj: f"/completion request of {ledger.name} has these timings",
+        answers, lambda obj, r: r.route in COMPLETION_ROUTES and r.status == 200
+        and r.timings == obj["timings"], lambda obj: f"/completion request of {ledger.name} has these timings",
         "send grammar.json to the class server with your key and paste what curl printed")
 
 
@@ -522,8 +522,8 @@ def error_400_in_ledger(ctx: Context) -> str:
     if not errors:
         raise Skip("the 400 line is missing (see error_400_line)")
     _, _, message = errors[0]
-    record, others = ledger.find(lambda r: r.get("status") == 400 and r.get("route") in CHAT_ROUTES
-                                 and (r.get("error") or {}).get("message") == message)
+    record, others = ledger.find(lambda r: r.status == 400 and r.route in CHAT_ROUTES
+                                 and r.error is not None and r.error.message == message)
     if record is None:
         raise Failure(f"no request of {ledger.name} got a 400 with this message: {whose(others)}",
                       "run python structured.py --invalid against the class server with your key")

@@ -196,10 +196,10 @@ def answers_given(ctx: Context) -> None:
 def _time(record: Record) -> tuple[float, float] | None:
     """(start, end) of a request in seconds, on the server's clock."""
     try:
-        end = datetime.fromisoformat(str(record["time"]).replace("Z", "+00:00")).timestamp()
-        return end - float(record["duration_s"]), end
-    except (KeyError, ValueError, TypeError):
+        end = datetime.fromisoformat(record.time.replace("Z", "+00:00")).timestamp()
+    except ValueError:
         return None
+    return end - record.duration_s, end
 
 
 def max_overlap(spans: list[tuple[float, float]]) -> int:
@@ -219,7 +219,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _by_short_id(records: list[Record], short: str) -> list[Record]:
-    return [r for r in records if str(r.get("id", "")).removeprefix("chatcmpl-").startswith(short)]
+    return [r for r in records if (r.id or "").removeprefix("chatcmpl-").startswith(short)]
 
 
 @lab.check(points=2, needs="ledger")
@@ -238,15 +238,15 @@ def load_runs_in_ledger(ctx: Context) -> str:
             continue
         records = []
         for short, found in zip(run.ids, anyone, strict=True):
-            mine = [r for r in found if r.get("client") == ledger.name]
+            mine = [r for r in found if r.client == ledger.name]
             if not mine:
-                owner = found[0].get("client") if found else None
+                owner = found[0].client if found else None
                 raise Failure(f"{run.line}: the request {short} is " + (f"a request of {owner}" if found else
                               "not in the ledger, where the others of this run are"),
                               "run load.py yourself, with your key, and paste its output unedited")
             records.append(mine[0])
-        bad = [r for r in records if r.get("route") not in CHAT_ROUTES or r.get("status") != 200
-               or not r.get("stream") or (r.get("timings") or {}).get("predicted_n") != MAX_TOKENS]
+        bad = [r for r in records if r.route not in CHAT_ROUTES or r.status != 200
+               or not r.stream or r.timing("predicted_n") != MAX_TOKENS]
         if bad:
             raise Failure(f"{run.line}: {len(bad)} of its requests are not streamed answers of {MAX_TOKENS} tokens",
                           "run load.py as it is and paste its output")
@@ -255,7 +255,7 @@ def load_runs_in_ledger(ctx: Context) -> str:
         if at_once != min(run.clients, run.requests):
             raise Failure(f"{run.line}: of these requests the server had in flight at most {at_once}, not "
                           f"{min(run.clients, run.requests)}", "paste the --clients of the run you made")
-        ttfts = [float(r.get("ttft_s") or 0) for r in records]
+        ttfts = [r.ttft_s or 0.0 for r in records]
         if percentile(ttfts, 0.5) > run.p50 + 0.01 or percentile(ttfts, 0.95) > run.p95 + 0.01:
             raise Failure(f"{run.line}: the server sent the first tokens later than your TTFT p50/p95 say",
                           "paste the lines of one run, unedited")

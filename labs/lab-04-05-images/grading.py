@@ -286,41 +286,36 @@ def answer_explains_cost(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------
 # Against the class server's ledger
 
-def _media(record: Record) -> dict[str, int] | None:
-    media = record.get("media")
-    return media if isinstance(media, dict) else None
-
-
 def _served(run: Run, record: Record) -> bool:
     """The ledger record is a chat request that got these very numbers, with an image where see.py sent one."""
-    media = _media(record)
+    media = record.media
     with_image = run.label != "text only"
-    return (record.get("route") in CHAT_ROUTES and record.get("status") == 200 and not record.get("stream")
-            and record.get("prompt_tokens") == run.prompt and record.get("completion_tokens") == run.completion
-            and record.get("finish_reason") == run.finish_reason and timing(record, "cache_n") == run.cache_n
+    return (record.route in CHAT_ROUTES and record.status == 200 and not record.stream
+            and record.prompt_tokens == run.prompt and record.completion_tokens == run.completion
+            and record.finish_reason == run.finish_reason and timing(record, "cache_n") == run.cache_n
             and timing(record, "prompt_n") == run.prompt_n
             and printed_alike(timing(record, "prompt_per_second"), run.prompt_tps)
             and printed_alike(timing(record, "predicted_per_second"), run.generation_tps)
-            and (media is not None and media.get("images") == 1) == with_image
-            and float(record.get("duration_s") or 0) <= run.seconds + 0.05)
+            and (media is not None and media.images == 1) == with_image
+            and record.duration_s <= run.seconds + 0.05)
 
 
 @lab.check(points=2, needs="ledger")
 def image_request_in_ledger(ctx: Context) -> str:
     """the ledger holds a request of yours that carried an image, and its usage counts the image's tokens."""
     ledger = author_ledger(ctx.ledger)
-    with_media = [(r, media) for r in ledger.mine if r.get("status") == 200
-                  and (media := _media(r)) is not None and media.get("images")]
+    with_media = [(r, media) for r in ledger.mine if r.status == 200
+                  and (media := r.media) is not None and media.images]
     if not with_media:
         raise Failure(f"no request of {ledger.name} with an image in the ledger",
                       "run python see.py against the class server with your key")
     for record, media in with_media:
-        if int(record.get("prompt_tokens") or 0) >= int(media.get("tokens", 0)) + 1:
-            return (f"{describe_record(record)}: prompt_tokens={record['prompt_tokens']}, "
-                    f"the image {media.get('tokens')} of them")
+        if (record.prompt_tokens or 0) >= media.tokens + 1:
+            return (f"{describe_record(record)}: prompt_tokens={record.prompt_tokens}, "
+                    f"the image {media.tokens} of them")
     record, media = with_media[0]
-    raise Failure(f"{describe_record(record)} read an image of {media.get('tokens')} tokens but counts "
-                  f"prompt_tokens={record.get('prompt_tokens')}: its usage leaves the image out",
+    raise Failure(f"{describe_record(record)} read an image of {media.tokens} tokens but counts "
+                  f"prompt_tokens={record.prompt_tokens}: its usage leaves the image out",
                   "tell the instructor: the server's usage should count the image's tokens")
 
 

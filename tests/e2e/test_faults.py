@@ -200,7 +200,7 @@ def test_sigterm_lets_a_short_stream_finish_ends_a_long_one_and_exits_0(model_lo
     assert text.endswith("\n")  # the last line is whole
     records = read_ledger(ledger)
     assert len(records) == len(text.splitlines()) >= 2
-    assert any(r.get("error") and r["status"] == 200 for r in records)  # the ended stream, recorded
+    assert any(r.error is not None and r.status == 200 for r in records)  # the ended stream, recorded
 
 
 def test_a_second_ctrl_c_exits_at_once(model_lock: None) -> None:

@@ -80,13 +80,13 @@ def by_student(report: dict) -> dict[str, dict[str, dict]]:
 def test_the_ledger_has_every_request_by_name_and_no_text_or_keys(classroom, runs) -> None:
     _, _, ledger = classroom
     records = read_ledger(ledger)  # the server is still running: the file is readable as it grows
-    chats = [r for r in records if r["route"] == "/v1/chat/completions" and r["status"] == 200]
-    assert sum(r["client"] == "alice" for r in chats) == 4 * len(STYLES)
-    assert {r["client"] for r in chats} == {"alice", "bob", "erin"}
-    assert any(r["status"] == 401 and r["auth"] == "wrong" and r["client"] is None for r in records)
+    chats = [r for r in records if r.route == "/v1/chat/completions" and r.status == 200]
+    assert sum(r.client == "alice" for r in chats) == 4 * len(STYLES)
+    assert {r.client for r in chats} == {"alice", "bob", "erin"}
+    assert any(r.status == 401 and r.auth == "wrong" and r.client is None for r in records)
     for record in chats:
-        assert record["id"].startswith("chatcmpl-") and record["timings"]["predicted_n"] >= 1
-        assert record["chunks"] >= 1 if record["stream"] else record["completion_tokens"] >= 1
+        assert record.id is not None and record.id.startswith("chatcmpl-") and record.timing("predicted_n") >= 1
+        assert (record.chunks or 0) >= 1 if record.stream else (record.completion_tokens or 0) >= 1
     text = ledger.read_text(encoding="utf-8")
     assert not any(key in text for key in KEYS.values()) and "llama.cpp" not in text and "Rispondi" not in text
 
@@ -107,9 +107,9 @@ def test_concurrent_requests_each_get_one_whole_line(classroom) -> None:
     # a record is written once the server has sent the response's end, which a client may read first
     wait_until(lambda: len(read_ledger(ledger)) >= before + 8, "eight records in the ledger", timeout=10)
     new = read_ledger(ledger)[before:]
-    assert len(new) == 8 and all(r["status"] == 200 for r in new)
-    assert sorted(r["client"] for r in new) == sorted(names[i % len(names)] for i in range(8))
-    assert sorted(r["stream"] for r in new) == [False] * 4 + [True] * 4
+    assert len(new) == 8 and all(r.status == 200 for r in new)
+    assert sorted(r.client or "" for r in new) == sorted(names[i % len(names)] for i in range(8))
+    assert sorted(r.stream for r in new) == [False] * 4 + [True] * 4
 
 
 def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_path: Path) -> None:

@@ -104,14 +104,14 @@ def test_variants_run_as_written(classroom) -> None:
 
 def test_the_ledger_keeps_the_call_ids_and_the_tool_result(classroom, runs) -> None:
     _, _, ledger = classroom
-    records = [r for r in read_ledger(ledger) if r.get("client") == "alice"]
+    records = [r for r in read_ledger(ledger) if r.client == "alice"]
     (call_id,) = re.findall(r"tool_call_id=(\w+):", runs["alice"].tools)
-    made = [r for r in records if any(c["id"] == call_id for c in r.get("tool_calls", []))]
-    assert len(made) == 1 and made[0]["finish_reason"] == "tool_calls" and made[0]["tool_calls"][0]["name"] == "meteo"
-    sent = [r for r in records if any(m.get("tool_call_id") == call_id for m in r["request"].get("messages", []))]
+    made = [r for r in records if any(c.id == call_id for c in r.tool_calls or [])]
+    assert len(made) == 1 and made[0].finish_reason == "tool_calls" and (made[0].tool_calls or [])[0].name == "meteo"
+    sent = [r for r in records if any(m.get("tool_call_id") == call_id for m in (r.request or {}).get("messages", []))]
     assert len(sent) == 1
-    streamed = [r for r in records if r.get("stream") and r.get("tool_calls")]
-    assert len(streamed) == 1 and streamed[0]["tool_calls"][0]["id"] in runs["alice"].stream
+    streamed = [r for r in records if r.stream and r.tool_calls]
+    assert len(streamed) == 1 and (streamed[0].tool_calls or [])[0].id in runs["alice"].stream
 
 
 def test_real_work_passes_with_the_ledger_in_every_style(classroom, runs, tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_copied_doctored_and_example_work_fails_with_the_reason(classroom, runs,
 def test_a_ledger_without_the_text_is_could_not_check(classroom, runs, tmp_path: Path) -> None:
     _, keys, ledger = classroom
     bare = tmp_path / "ledger.jsonl"
-    bare.write_text("".join(json.dumps({k: v for k, v in r.items() if k not in ("request", "answer")}) + "\n"
+    bare.write_text("".join(r.model_copy(update={"request": None, "answer": None}).to_line()
                             for r in read_ledger(ledger)), encoding="utf-8")  # a server without --ledger-content
     folder = tmp_path / "submissions"
     folder.mkdir()

@@ -82,9 +82,9 @@ def test_load_prints_its_four_lines_with_the_servers_slots(class_runs) -> None:
 
 def test_the_ledger_shows_each_runs_concurrency(class_runs) -> None:
     outputs, _, ledger = class_runs
-    records = [r for r in read_ledger(ledger) if r.get("client") == "alice" and r.get("stream")]
+    records = [r for r in read_ledger(ledger) if r.client == "alice" and r.stream]
     assert len(records) == sum(r for _, r in RUNS_ON_ONE_SLOT) + RUN_ON_FOUR_SLOTS[1]
-    assert all(r["timings"]["predicted_n"] == 32 and r["ttft_s"] < r["duration_s"] for r in records)
+    assert all(r.timing("predicted_n") == 32 and (r.ttft_s or 0) < r.duration_s for r in records)
 
 
 def test_real_work_passes_with_the_ledger(class_runs, tmp_path: Path) -> None:

@@ -86,11 +86,11 @@ def test_see_py_prints_what_the_grader_reads(alice: Runs) -> None:
 def test_the_ledger_says_which_requests_carried_the_image(classroom: tuple[KineticServer, Path, Path],
                                                           alice: Runs) -> None:
     _, _, ledger = classroom
-    chats = [r for r in read_ledger(ledger) if r.get("client") == "alice" and r["route"] == "/v1/chat/completions"]
+    chats = [r for r in read_ledger(ledger) if r.client == "alice" and r.route == "/v1/chat/completions"]
     assert len(chats) == 6
     image = {"images": 1, "audio": 0, "tokens": GEMMA3_IMAGE_TOKENS}
-    assert [r.get("media") for r in chats] == [None, image, image] * 2
-    assert all(r["prompt_tokens"] >= r["media"]["tokens"] + 1 for r in chats if "media" in r)
+    assert [r.media.model_dump() if r.media else None for r in chats] == [None, image, image] * 2
+    assert all((r.prompt_tokens or 0) >= r.media.tokens + 1 for r in chats if r.media is not None)
 
 
 def test_real_runs_pass_every_check_with_the_ledger(classroom: tuple[KineticServer, Path, Path], alice: Runs,

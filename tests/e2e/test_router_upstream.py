@@ -237,7 +237,7 @@ def test_token_routes_are_answered_by_the_upstream(router: KineticServer, upstre
 
 def chats(ledger: Path) -> list[tuple[str | None, int]]:
     """(who, status) of each chat request a server's ledger recorded, in order."""
-    return [(r["client"], r["status"]) for r in read_ledger(ledger) if r["route"].endswith("/chat/completions")]
+    return [(r.client, r.status) for r in read_ledger(ledger) if r.route.endswith("/chat/completions")]
 
 
 def test_the_classroom_layer_stays_in_front(upstream: KineticServer, upstream_ledger: Path, tmp_path: Path) -> None:
@@ -304,5 +304,6 @@ def test_an_image_reaches_the_upstream_inline(router: KineticServer, upstream_le
                           json={"model": "remote", "messages": messages, "max_tokens": 4})
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["prompt_tokens"] >= 16  # the tiny projector's 16 embeddings
-    seen = [line for line in read_ledger(upstream_ledger) if line.get("media")]
-    assert seen and seen[-1]["media"] == {"images": 1, "audio": 0, "tokens": 16}
+    seen = [line for line in read_ledger(upstream_ledger) if line.media is not None]
+    media = seen[-1].media if seen else None
+    assert media is not None and media.model_dump() == {"images": 1, "audio": 0, "tokens": 16}

@@ -16,9 +16,23 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from kinetic.classroom.keys import KeyFileError, KeyRing, key_from_headers, parse_key_lines
-from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, absorb, content_of, read_ledger
+from kinetic.classroom.ledger import (
+    ErrorRecord,
+    LedgerMiddleware,
+    LedgerRecord,
+    LedgerWriter,
+    ToolCallRecord,
+    read_ledger,
+)
+from kinetic.engine.types import Finished, Timings, Usage
+from kinetic.errors import UnauthorizedError
+from kinetic.gate import refuse
+from kinetic.protocols.common.outcome import Outcome, hand_over
 
-TIMINGS = {"cache_n": 0, "prompt_n": 9, "prompt_per_second": 300.0, "predicted_n": 3, "predicted_per_second": 90.0}
+TIMINGS = Timings(cache_n=2, prompt_n=7, prompt_ms=20.0, predicted_n=3, predicted_ms=30.0)
+FINISHED = Finished(finish_reason="length", stop_type="limit", stopping_word="", text="abc", tokens=[1, 2, 3],
+                    usage=Usage(prompt_tokens=9, completion_tokens=3, cached_tokens=2), timings=TIMINGS, id_slot=0,
+                    tokens_cached=11, truncated=False)
 
 
 def test_key_file_lines_names_and_comments(tmp_path: Path) -> None:
@@ -48,7 +62,7 @@ def test_ledger_lines_stay_whole_under_concurrent_writers(tmp_path: Path) -> Non
 
     def write_many(n: int) -> None:
         for i in range(200):
-            writer.write({"writer": n, "i": i, "pad": "x" * 500})
+            writer.write(LedgerRecord(client=f"w{n}", status=i, route="/" + "x" * 500))
 
     threads = [threading.Thread(target=write_many, args=(n,)) for n in range(8)]
     for thread in threads:
@@ -56,56 +70,57 @@ def test_ledger_lines_stay_whole_under_concurrent_writers(tmp_path: Path) -> Non
     for thread in threads:
         thread.join()
     records = read_ledger(writer.path)
-    assert len(records) == 1600 and sorted({r["writer"] for r in records}) == list(range(8))
+    assert len(records) == 1600 and sorted({r.client or "" for r in records}) == [f"w{n}" for n in range(8)]
     writer.close()
 
 
 def test_reading_while_a_line_is_being_written_skips_the_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
-    path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
-    assert read_ledger(path) == [{"a": 1}, {"b": 2}]
+    path.write_text('{"route": "/a", "status": 200}\nnot json\n{"route": "/b", "status": 401}\n{"route": ')
+    assert [(r.route, r.status) for r in read_ledger(path)] == [("/a", 200), ("/b", 401)]
 
 
-def test_absorb_reads_every_protocols_numbers() -> None:
-    openai: dict[str, object] = {}
-    absorb(openai, {"id": "chatcmpl-1", "model": "m",
-                    "choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 3,
-                              "prompt_tokens_details": {"cached_tokens": 0}},
-                    "timings": TIMINGS})
-    assert openai == {"id": "chatcmpl-1", "model": "m", "prompt_tokens": 9, "completion_tokens": 3, "cached_tokens": 0,
-                      "timings": TIMINGS, "finish_reason": "length"}
-    anthropic: dict[str, object] = {}
-    absorb(anthropic, {"type": "message_start", "message": {"id": "msg_1", "model": "m", "usage": {"input_tokens": 9}}})
-    absorb(anthropic, {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 3}})
-    assert anthropic == {"id": "msg_1", "model": "m", "prompt_tokens": 9, "completion_tokens": 3,
-                         "finish_reason": "max_tokens"}
-    assert content_of({"choices": [{"delta": {"content": "a"}}]}) == "a"
-    assert content_of({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "b"}}) == "b"
-    assert content_of({"content": "c", "stop": False}) == "c"
-    assert content_of({"choices": [{"delta": {"role": "x"}}]}) == ""
+def test_a_line_written_before_the_typed_record_reads_the_same() -> None:
+    # the field names of the untyped lines are the record's: a ledger of an older server still grades
+    old = ('{"time":"2026-12-01T10:31:02.120Z","duration_s":0.61,"client":"alice","auth":"ok","addr":"10.0.0.7",'
+           '"method":"POST","route":"/v1/chat/completions","status":200,"stream":true,"id":"chatcmpl-1",'
+           '"model":"m","prompt_tokens":9,"cached_tokens":0,"completion_tokens":3,"timings":{"cache_n":0,'
+           '"prompt_ms":12.5},"tool_calls":[{"id":"AbC","name":"meteo"}],"chunks":3,"ttft_s":0.05,'
+           '"finish_reason":"length"}\n')
+    record = LedgerRecord.from_line(old)
+    assert record is not None and record.tool_calls == [ToolCallRecord(id="AbC", name="meteo")]
+    assert (record.client, record.prompt_tokens, record.chunks, record.timing("prompt_ms")) == ("alice", 9, 3, 12.5)
+    written = json.loads(record.to_line())
+    assert written == {**json.loads(old)}  # no field added where the old line had none, none renamed
+    assert LedgerRecord.from_line("[1, 2]") is None and LedgerRecord.from_line('{"status": "x"}') is None
 
 
 ANSWER_DELAY_S = 0.05  # the full answer's time in the handler: the ledger's duration includes it
 
 
-async def chat(request):  # what /v1/chat/completions answers, in both forms
+async def chat(request):  # a route as the real ones: it answers and hands the ledger what it told
     body = await request.json()
     if body.get("stream"):
+        outcome = Outcome(id="chatcmpl-s", model="m")
+        hand_over(request.scope, outcome)
+
         def frames():
-            yield b'data: {"id":"chatcmpl-s","choices":[{"delta":{"role":"assistant","content":null}}]}\n\n'
             for word in ("a", "b", "c"):
-                yield f'data: {{"id":"chatcmpl-s","choices":[{{"delta":{{"content":"{word}"}}}}]}}\n\n'.encode()
-            yield ('data: ' + json.dumps({"id": "chatcmpl-s", "choices": [{"delta": {}, "finish_reason": "length"}],
-                                          "timings": TIMINGS}) + '\n\ndata: [DONE]\n\n').encode()
+                outcome.chunk(word)
+                yield f"data: {word}\n\n".encode()
+            outcome.finished(FINISHED, "length")
+            yield b"data: [DONE]\n\n"
         return StreamingResponse(frames(), media_type="text/event-stream")
     await asyncio.sleep(ANSWER_DELAY_S)
-    return JSONResponse({"id": "chatcmpl-j", "choices": [{"message": {"content": "abc"}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 9, "completion_tokens": 3}, "timings": TIMINGS})
+    outcome = Outcome(id="chatcmpl-j", model="m")
+    outcome.call("call_1", "meteo")
+    outcome.finished(FINISHED, "tool_calls", answer="abc")
+    hand_over(request.scope, outcome)
+    return JSONResponse({"the body": "is not read by the ledger"})
 
 
 class NameGate:
-    """Stands in for kinetic.app.RequestGate: puts the key's name in the scope, or answers 401."""
+    """Stands in for kinetic.gate.RequestGate: puts the key's name in the scope, or answers 401."""
 
     def __init__(self, app, ring: KeyRing):
         self.app, self.ring = app, ring
@@ -114,8 +129,7 @@ class NameGate:
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         name = self.ring.name_for(key_from_headers(headers))
         if name is None:
-            await JSONResponse({"error": {"message": "Invalid API Key", "type": "authentication_error"}},
-                               status_code=401)(scope, receive, send)
+            await refuse(scope, UnauthorizedError("Invalid API Key"))(scope, receive, send)
             return
         scope.setdefault("state", {})["client_name"] = name
         await self.app(scope, receive, send)
@@ -132,7 +146,7 @@ def ledger_client(tmp_path: Path, content: bool) -> tuple[TestClient, Path]:
     return TestClient(app), path
 
 
-def test_middleware_records_names_numbers_streams_and_401s_without_text(tmp_path: Path) -> None:
+def test_middleware_records_names_outcomes_streams_and_401s_without_text(tmp_path: Path) -> None:
     client, path = ledger_client(tmp_path, content=False)
     alice = {"Authorization": "Bearer sk-a"}
     messages = [{"role": "user", "content": "secret prompt"}]
@@ -145,15 +159,16 @@ def test_middleware_records_names_numbers_streams_and_401s_without_text(tmp_path
     assert client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a-typo"},
                        json={}).status_code == 401
     full, stream, missing, wrong = read_ledger(path)
-    assert ((full["client"], full["auth"], full["status"], full["stream"], full["id"])
-            == ("alice", "ok", 200, False, "chatcmpl-j"))
-    assert full["prompt_tokens"] == 9 and full["completion_tokens"] == 3 and full["timings"] == TIMINGS
-    assert full["finish_reason"] == "stop" and full["route"] == "/v1/chat/completions"
-    assert ANSWER_DELAY_S <= full["duration_s"] <= took + 0.001  # the request's own time, as the client saw it
-    assert stream["stream"] and stream["chunks"] == 3 and stream["id"] == "chatcmpl-s" and stream["timings"] == TIMINGS
-    assert stream["finish_reason"] == "length" and 0 <= stream["ttft_s"] <= stream["duration_s"]
-    assert (missing["status"], missing["auth"], missing["client"]) == (401, "missing", None)
-    assert (wrong["status"], wrong["auth"]) == (401, "wrong")
+    assert (full.client, full.auth, full.status, full.stream, full.id) == ("alice", "ok", 200, False, "chatcmpl-j")
+    assert (full.prompt_tokens, full.cached_tokens, full.completion_tokens, full.total_tokens) == (9, 2, 3, 12)
+    assert full.timings == TIMINGS.to_dict() and full.chunks is None and full.ttft_s is None
+    assert full.finish_reason == "tool_calls" and full.tool_calls == [ToolCallRecord(id="call_1", name="meteo")]
+    assert ANSWER_DELAY_S <= full.duration_s <= took + 0.001  # the request's own time, as the client saw it
+    assert stream.stream and stream.chunks == 3 and stream.id == "chatcmpl-s" and stream.completion_tokens == 3
+    assert stream.finish_reason == "length" and stream.ttft_s is not None and 0 <= stream.ttft_s <= stream.duration_s
+    assert (missing.status, missing.auth, missing.client, missing.prompt_tokens) == (401, "missing", None, None)
+    assert missing.error == ErrorRecord(type="authentication_error", message="Invalid API Key")
+    assert (wrong.status, wrong.auth) == (401, "wrong")
     text = path.read_text()
     assert "secret prompt" not in text and "sk-a" not in text and '"abc"' not in text
 
@@ -163,7 +178,7 @@ def test_ledger_content_keeps_prompt_and_answer(tmp_path: Path) -> None:
     body = {"messages": [{"role": "user", "content": "secret prompt"}], "stream": True}
     client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-a"}, json=body)
     (record,) = read_ledger(path)
-    assert record["request"] == body and record["answer"] == "abc"
+    assert record.request == body and record.answer == "abc"
 
 
 def test_serve_flags_for_the_ledger() -> None:
@@ -173,29 +188,3 @@ def test_serve_flags_for_the_ledger() -> None:
     assert settings.ledger == "class.jsonl" and settings.ledger_content
     assert parse_serve_args([], environ={"KINETIC_LEDGER": "env.jsonl"}).ledger == "env.jsonl"
     assert not parse_serve_args([], environ={}).ledger_content
-
-
-def test_a_long_stream_is_read_in_batches_with_each_chunks_own_time() -> None:
-    # Frames are read after PARSE_BACKLOG bytes and at the end, not one by one as they leave; the
-    # time to the first token is still the time that token's chunk left, not the time it was read.
-    from kinetic.classroom.ledger import PARSE_BACKLOG, ResponseReader
-
-    record: dict = {}
-    reader = ResponseReader(record, stream=True, keep_text=True, started=time.monotonic() - 1.0)
-    role = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
-    reader.feed(role)
-    piece = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}\n\n'
-    sent_first = time.monotonic()
-    reader.feed(piece[:40])  # a frame split across two chunks
-    reader.feed(piece[40:])
-    n = PARSE_BACKLOG // len(piece) + 50
-    time.sleep(0.05)
-    for _ in range(n):
-        reader.feed(piece)
-    assert reader._sent_bytes < PARSE_BACKLOG  # the backlog was read once it grew past the limit
-    reader.feed(b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
-                b'"usage":{"prompt_tokens":3,"completion_tokens":9}}\n\ndata: [DONE]\n\n')
-    reader.finish()
-    assert record["chunks"] == n + 1 and record["answer"] == "ab" * (n + 1)
-    assert record["finish_reason"] == "length" and record["completion_tokens"] == 9 and record["id"] == "c1"
-    assert 1.0 <= record["ttft_s"] <= 1.0 + (sent_first - reader.started - 1.0) + 0.04

@@ -135,7 +135,7 @@ def test_a_wrong_id_sent_back_fails_and_missing_text_is_could_not_check(tmp_path
     good.write_text((REFERENCE / "good.md").read_text(encoding="utf-8"), encoding="utf-8")
     view = ledger_for(good)
     for record in view.records:
-        for message in (record.get("request") or {}).get("messages", []):
+        for message in (record.request or {}).get("messages", []):
             message["tool_call_id"] = "someone-else"
     assert "not for" in statuses(good, view)["tool_call_in_ledger"][1]
     bare = statuses(good, ledger_for(good, content=False))

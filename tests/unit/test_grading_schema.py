@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from kinetic.classroom.ledger import absorb, tool_calls_of
 from kinetic.grading.schema import UnsupportedSchema, schema_errors
 
 CITTA = {"type": "object", "properties": {"nome": {"type": "string", "maxLength": 4},
@@ -40,20 +39,3 @@ def test_refs_combinators_arrays_and_unknown_keywords() -> None:
         schema_errors("x", {"type": "string", "pattern": "^x$"})
     with pytest.raises(UnsupportedSchema, match="leads nowhere"):
         schema_errors("x", {"$ref": "#/$defs/Missing"})
-
-
-def test_the_ledger_keeps_the_id_and_name_of_each_tool_call() -> None:
-    body = {"id": "chatcmpl-1", "choices": [{"finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": None,
-        "tool_calls": [{"id": "AbC", "type": "function", "function": {"name": "meteo", "arguments": "{}"}}]}}]}
-    record: dict = {}
-    absorb(record, body)
-    assert record["tool_calls"] == [{"id": "AbC", "name": "meteo"}] and record["finish_reason"] == "tool_calls"
-    # a stream: the first piece of a call carries its id, the later ones only arguments
-    first = {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "XyZ", "function": {"name": "meteo"}}]}}]}
-    later = {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"c"}}]}}]}
-    streamed: dict = {}
-    for frame in (first, later, later):
-        absorb(streamed, frame)
-    assert streamed["tool_calls"] == [{"id": "XyZ", "name": "meteo"}]
-    assert tool_calls_of({"choices": [{"message": {"content": "hi"}}]}) == [] and tool_calls_of({}) == []

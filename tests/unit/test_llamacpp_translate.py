@@ -20,7 +20,7 @@ from kinetic.engine.types import (
     Usage,
 )
 from kinetic.errors import InvalidRequestError
-from kinetic.protocols.llamacpp import server_state, tokens, translate
+from kinetic.protocols.llamacpp import metrics, server_state, tokens, translate
 from kinetic.protocols.llamacpp.types import CompletionRequest, TokenizeRequest
 from kinetic.settings import ServerSettings
 from tests.scripted import ScriptedEngine, single_model_backend
@@ -142,7 +142,7 @@ def test_slots_and_metrics_from_engine_state() -> None:
     busy, idle = server_state.slots(states, 1024)
     assert busy["n_prompt_tokens_cache"] == 5 and busy["next_token"][0]["n_decoded"] == 3 and busy["n_ctx"] == 1024
     assert idle == {"id": 1, "n_ctx": 1024, "speculative": False, "is_processing": False}
-    text = server_state.metrics_text(EngineStats(counters={"prompt_tokens_total": 12}, requests_processing=1,
+    text = metrics.metrics_text(EngineStats(counters={"prompt_tokens_total": 12}, requests_processing=1,
                                               requests_deferred=2))
     assert "llamacpp:prompt_tokens_total 12" in text and "llamacpp:requests_deferred 2" in text
     assert "# TYPE llamacpp:requests_processing gauge" in text

@@ -13,7 +13,7 @@ from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.protocols.common.native import LONG_ONLY
 from kinetic.protocols.common.translate import sampler_order, sampling_options
 from kinetic.protocols.common.types import SamplingFields
-from kinetic.protocols.llamacpp import server_state, translate
+from kinetic.protocols.llamacpp import metrics, server_state, translate
 
 FIM = {"pre": 1001, "suf": 1002, "mid": 1003, "rep": -1, "sep": -1}
 
@@ -105,7 +105,7 @@ def test_short_generation_settings_drop_the_long_only_keys() -> None:
 
 
 def test_metrics_counters_then_gauges() -> None:
-    text = server_state.metrics_text(EngineStats(counters={"n_decode_total": 4}, requests_processing=1,
+    text = metrics.metrics_text(EngineStats(counters={"n_decode_total": 4}, requests_processing=1,
                                               requests_deferred=0, gauges={"n_busy_slots_per_decode": 1.5}))
     kinds = [line.split()[3] for line in text.splitlines() if line.startswith("# TYPE")]
     assert kinds[:15] == ["counter"] * 10 + ["gauge"] * 5

@@ -17,7 +17,7 @@ from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.roles import ADMIN_ROUTES, Role, needs_admin, role_of
 from kinetic.engine.types import EngineStats, GenerationRequest, SlotState
 from kinetic.errors import InsufficientStorageError, InvalidRequestError
-from kinetic.protocols.llamacpp import server_state
+from kinetic.protocols.llamacpp import metrics, server_state
 from kinetic.settings import ServerSettings
 from kinetic.slot_folder import check_room, slot_path
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
@@ -165,9 +165,9 @@ def test_a_student_sees_only_their_own_slot_and_metrics_line() -> None:
     assert everything[0]["key"] == "bob" and "params" in everything[0]
     stats = EngineStats(counters={}, requests_processing=2, requests_deferred=3,
                         deferred_by_client={"alice": 1, "bob": 2})
-    seen_by_alice = server_state.metrics_text(stats, viewer="alice")
+    seen_by_alice = metrics.metrics_text(stats, viewer="alice")
     assert 'key="alice"} 1' in seen_by_alice and "bob" not in seen_by_alice
-    assert 'key="bob"} 2' in server_state.metrics_text(stats)
+    assert 'key="bob"} 2' in metrics.metrics_text(stats)
 
 
 def test_slot_files_stay_in_their_folder_under_a_size_cap(tmp_path: Path) -> None:

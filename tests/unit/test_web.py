@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.ledger import LedgerRecord
 from kinetic.classroom.roles import require_admin
 from kinetic.classroom.stats import UNKNOWN, ClassStats, name_of
 from kinetic.engine.llama import LlamaEngine
@@ -128,14 +129,15 @@ T0 = 1_800_000_000.0
 TIMINGS = {"prompt_n": 20, "prompt_ms": 40.0, "cache_n": 5, "predicted_n": 50, "predicted_ms": 10_000.0}
 
 
-def chat(client: str | None, *, stream: bool, status: int = 200, addr: str = "10.0.0.1", **extra: object) -> dict:
+def chat(client: str | None, *, stream: bool, status: int = 200, addr: str = "10.0.0.1",
+         **extra: object) -> LedgerRecord:
     record = {"client": client, "auth": "ok" if client else "wrong", "addr": addr, "method": "POST",
               "route": "/v1/chat/completions", "status": status, "stream": stream}
     if status == 200:
         record.update(prompt_tokens=25, completion_tokens=50, timings=TIMINGS)
         if stream:
             record.update(chunks=50, ttft_s=0.5)
-    return {**record, **extra}
+    return LedgerRecord.model_validate({**record, **extra})
 
 
 def rows(stats: ClassStats, roster: tuple[str, ...] = ()) -> dict[str, dict]:
@@ -161,10 +163,11 @@ def test_class_stats_per_key_totals_and_the_labs_requests() -> None:
     assert bob["lab"] == {"streamed_chat": False, "full_chat": False, "rejected_401": 0}
     assert by_name["carol"]["requests"] == 0 and by_name["carol"]["last"] is None
     assert by_name[UNKNOWN]["requests"] == 1 and by_name[UNKNOWN]["errors"] == 1
-    stats.record({**chat("bob", stream=True), "prompt_tokens": None, "completion_tokens": None}, now=T0 + 50)
+    stats.record(chat("bob", stream=True).model_copy(update={"prompt_tokens": None, "completion_tokens": None}),
+                 now=T0 + 50)
     assert (rows(stats)["bob"]["prompt_tokens"], rows(stats)["bob"]["completion_tokens"]) == (25, 50)  # timings
-    stopped = {"client": "bob", "auth": "ok", "addr": "10.0.0.2", "route": "/v1/chat/completions", "status": 200,
-               "stream": True, "chunks": 7, "ttft_s": 0.2}  # aborted by the client: no usage, no timings
+    stopped = LedgerRecord(client="bob", auth="ok", addr="10.0.0.2", route="/v1/chat/completions", status=200,
+                           stream=True, chunks=7, ttft_s=0.2)  # aborted by the client: no usage, no timings
     stats.record(stopped, now=T0 + 55)
     assert rows(stats)["bob"]["completion_tokens"] == 57 and rows(stats)["bob"]["lab"]["streamed_chat"]
     stats = ClassStats(clock=lambda: T0)
@@ -176,11 +179,11 @@ def test_class_stats_per_key_totals_and_the_labs_requests() -> None:
 
 
 def test_class_stats_names_without_keys() -> None:
-    assert name_of({"client": None, "auth": "open", "addr": "10.0.0.7", "status": 200}) == "addr:10.0.0.7"
-    assert name_of({"client": None, "auth": "missing", "status": 200, "route": "/health"}) is None
-    assert name_of({"client": None, "auth": "missing", "status": 401}) == UNKNOWN
+    assert name_of(LedgerRecord(client=None, auth="open", addr="10.0.0.7", status=200)) == "addr:10.0.0.7"
+    assert name_of(LedgerRecord(client=None, auth="missing", status=200, route="/health")) is None
+    assert name_of(LedgerRecord(client=None, auth="missing", status=401)) == UNKNOWN
     stats = ClassStats(clock=lambda: T0)
-    stats.record({"client": None, "auth": "missing", "addr": "10.0.0.1", "status": 200, "route": "/health"})
+    stats.record(LedgerRecord(client=None, auth="missing", addr="10.0.0.1", status=200, route="/health"))
     assert stats.snapshot(now=T0)["students"] == []
 
 
@@ -217,7 +220,7 @@ def test_class_stats_is_a_sink_of_the_request_recorder(tmp_path: Path) -> None:
     client.post("/v1/chat/completions", headers=alice, json={"messages": [], "stream": True})
     client.post("/v1/chat/completions", json={})
     client.get("/dashboard/stats", headers=alice)
-    assert [r["status"] for r in read_ledger(tmp_path / "l.jsonl")] == [200, 401]
+    assert [r.status for r in read_ledger(tmp_path / "l.jsonl")] == [200, 401]
     by_name = {row["name"]: row for row in stats.snapshot(["alice"])["students"]}
     assert by_name["alice"]["requests"] == 1 and by_name["alice"]["lab"]["streamed_chat"]
     assert by_name[UNKNOWN]["requests"] == 1

@@ -49,6 +49,7 @@ from kinetic.protocols.anthropic.types import (
 )
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.streaming import sse_event
 
 STOP_REASONS = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
@@ -235,6 +236,10 @@ class MessageContext:
     id: str
     model: str
     prepared: PreparedChat
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.id, self.outcome.model = self.id, self.model
 
 
 def message_context(req: MessagesRequest, prepared: PreparedChat) -> MessageContext:
@@ -271,10 +276,13 @@ def to_message(deltas: list[TextDelta], finished: Finished, ctx: MessageContext)
     if answer.content:
         content.append({"type": "text", "text": answer.content})
     for call in answer.calls:
-        content.append({"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
-                        "input": _input(call.arguments)})
+        block_id = tool_use_id(call.id)
+        ctx.outcome.call(block_id, call.name)
+        content.append({"type": "tool_use", "id": block_id, "name": call.name, "input": _input(call.arguments)})
+    reason = stop_reason(finished, bool(answer.calls))
+    ctx.outcome.finished(finished, reason, answer=answer.content)
     return {"id": ctx.id, "type": "message", "role": "assistant", "model": ctx.model, "content": content,
-            "stop_reason": stop_reason(finished, bool(answer.calls)),
+            "stop_reason": reason,
             "stop_sequence": finished.stopping_word or None, "usage": _usage(finished)}
 
 
@@ -298,6 +306,10 @@ class EventEncoder:
 
     def __post_init__(self) -> None:
         self.answer = AnswerStream(self.ctx.prepared)
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
 
     def _start(self) -> list[bytes]:
         self.started = True
@@ -336,14 +348,18 @@ class EventEncoder:
             frames += self._open(_Block(kind), block)
         delta = ({"type": "thinking_delta", "thinking": text} if kind == "thinking"
                  else {"type": "text_delta", "text": text})
+        if kind == "text":
+            self.outcome.chunk(text)
         return frames + [self._delta(delta)]
 
     def _frames(self, piece: AnswerPiece) -> list[bytes]:
         frames = self._text("thinking", piece.reasoning) + self._text("text", piece.content)
         for call in piece.calls:
             if self.open_block is None or self.open_block.call_index != call.index:
+                block_id = tool_use_id(call.id)
+                self.outcome.call(block_id, call.name or "")
                 frames += self._open(_Block("tool_use", call.index), {
-                    "type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}})
+                    "type": "tool_use", "id": block_id, "name": call.name, "input": {}})
             if call.arguments:
                 frames.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
         return frames
@@ -358,9 +374,11 @@ class EventEncoder:
             frames += self._frames(piece)
         frames += self._close()
         usage = _usage(event)
+        reason = stop_reason(event, self.answer.n_calls > 0)
+        self.outcome.finished(event, reason)
         frames.append(sse_event("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(event, self.answer.n_calls > 0),
+            "delta": {"stop_reason": reason,
                       "stop_sequence": event.stopping_word or None},
             "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
                       "cache_read_input_tokens": usage["cache_read_input_tokens"]}}))

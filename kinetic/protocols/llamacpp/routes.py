@@ -20,7 +20,8 @@ from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.registry import ModelState
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.llamacpp import cors_proxy, model_routes, rerank, server_state, tokens, translate
+from kinetic.protocols.common.outcome import hand_over_count
+from kinetic.protocols.llamacpp import cors_proxy, metrics, model_routes, rerank, server_state, tokens, translate
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -170,8 +171,9 @@ async def get_metrics(request: Request) -> Response:
 def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
-    response = PlainTextResponse(server_state.metrics_text(backend.stats(scrape=True), viewer=_viewer(request)),
-                                 media_type="text/plain; version=0.0.4")
+    text = metrics.metrics_text(backend.stats(scrape=True), viewer=_viewer(request),
+                                  by_key=request.app.state.class_stats.figures_by_key())
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))
     return response
@@ -212,11 +214,13 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
 
 @router.post("/embedding")
 @router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
-async def embedding(body: EmbeddingRequest, backend: BackendDep) -> list[dict[str, Any]]:
+async def embedding(body: EmbeddingRequest, request: Request, backend: BackendDep) -> list[dict[str, Any]]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     items, params = translate.embedding_inputs(body)
     embedded = await backend.embed(items, params, per_token=True)
+    # llama-server's native answer shows no count; the ledger keeps what the model read all the same
+    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
     return translate.to_native_embeddings(embedded.vectors, pooling=backend.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
                                           else backend.config.switches.embd_normalize)
@@ -235,6 +239,7 @@ async def rerank_documents(request: Request, backend: BackendDep) -> Any:
         raise InvalidRequestError("Invalid JSON body", param="body") from None
     body = rerank.rerank_request(raw)
     scores = await backend.rerank(body.query, body.documents)
+    hand_over_count(request.scope, model=backend.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
     return rerank.to_rerank_body(body, scores, model=backend.name)
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.engine.types import (
-    EngineStats,
     GenerationRequest,
     Modalities,
     ModelInfo,
@@ -133,44 +132,3 @@ def slot_filename(raw: str | None) -> str:
         raise InvalidRequestError("Invalid filename", param="filename")
     return raw
 
-
-# llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)
-COUNTERS = (
-    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
-    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
-    ("prompt_seconds_total", "Total time spent processing prompts"),
-    ("tokens_predicted_total", "Number of generation tokens processed"),
-    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
-    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
-    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
-    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
-    ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model"),
-    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
-)
-GAUGES = (
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
-    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
-    ("requests_processing", "Number of requests processing"),
-    ("requests_deferred", "Number of requests deferred"),
-    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
-)
-
-
-def metrics_text(stats: EngineStats, *, viewer: str | None = None) -> str:
-    """Prometheus text. The per-key lines show a student (`viewer`) their own line only."""
-    values: dict[str, float] = {**stats.counters, **stats.gauges, "requests_processing": stats.requests_processing,
-                                "requests_deferred": stats.requests_deferred}
-    lines = []
-    for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
-        for name, help_text in items:
-            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                      f"llamacpp:{name} {values.get(name, 0)}"]
-    # kinetic's own: who is waiting (by key name), for the instructor's dashboard
-    lines += ["# HELP llamacpp:requests_deferred_by_key Requests waiting for a slot, by API key name.",
-              "# TYPE llamacpp:requests_deferred_by_key gauge"]
-    for client, count in sorted(stats.deferred_by_client.items()):
-        if viewer is not None and client != viewer:
-            continue
-        label = client.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'llamacpp:requests_deferred_by_key{{key="{label}"}} {count}')
-    return "\n".join(lines) + "\n"

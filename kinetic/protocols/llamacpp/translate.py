@@ -5,7 +5,7 @@ stream events outward. Pure: nothing here touches a backend. The server's state 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, PromptInput, PromptRequest
@@ -23,6 +23,7 @@ from kinetic.errors import InvalidRequestError, KineticError
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.protocols.common.translate import logprob_entry
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp.types import (
@@ -52,6 +53,10 @@ class NativeContext:
     n_prompt_tokens: int = 0
     post_sampling_probs: bool = False
     timings_per_token: bool = False
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.model = self.model
 
 
 PromptItem = tuple[PromptInput, tuple[MediaPart, ...]]  # a prompt and the files its media markers stand for
@@ -186,6 +191,7 @@ def _final(finished: Finished, ctx: NativeContext, *, content: str, tokens: list
 
 def to_completion(deltas: list[TextDelta], finished: Finished, ctx: NativeContext) -> dict[str, Any]:
     body = _final(finished, ctx, content=finished.text, tokens=finished.tokens if ctx.return_tokens else [])
+    ctx.outcome.finished(finished, finished.stop_type, answer=finished.text)
     if ctx.n_probs:
         body["completion_probabilities"] = [probs_entry(d.logprob, ctx) for d in deltas if d.logprob]
     return body
@@ -198,12 +204,17 @@ class NativeEncoder:
         self.ctx = ctx
         self.n_predicted = 0
 
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
+
     def _partial(self, content: str, tokens: list[int]) -> dict[str, Any]:
         return {"index": self.ctx.index, "content": content, "tokens": tokens, "stop": False, "id_slot": -1,
                 "tokens_predicted": self.n_predicted, "tokens_evaluated": self.ctx.n_prompt_tokens}
 
     def encode(self, event: Event) -> list[bytes]:
         if isinstance(event, Finished):
+            self.outcome.finished(event, event.stop_type)
             return [sse_data(_final(event, self.ctx, content="", tokens=[]))]
         if isinstance(event, PromptProgress):
             chunk = self._partial("", [])
@@ -214,6 +225,7 @@ class NativeEncoder:
                                            prompt_ms=event.time_ms, predicted_n=0, predicted_ms=0.0).to_dict()
             return [sse_data(chunk)]
         self.n_predicted += 1
+        self.outcome.chunk(event.text)
         chunk = self._partial(event.text, [event.token_id])
         if self.ctx.timings_per_token and event.timings is not None:
             chunk["timings"] = event.timings.to_dict()

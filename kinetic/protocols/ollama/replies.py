@@ -16,6 +16,7 @@ from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.toolcalls import ParsedCall
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta, TokenLogprob
 from kinetic.errors import KineticError
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.protocols.ollama.model_facts import timestamp
 from kinetic.protocols.ollama.types import ChatRequest, GenerateRequest
 from kinetic.streaming import ndjson_line
@@ -35,6 +36,10 @@ class ReplyContext:
     kind: Literal["chat", "generate"] = "chat"  # `message` objects, or `response` text
     n_probs: int = 0
     context: list[int] | None = None  # /api/generate's prompt tokens, returned with the output's
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.model = self.model
 
 
 def reply_context(body: ChatRequest | GenerateRequest, prepared: neutral.PreparedChat, *, started_ns: int,
@@ -106,10 +111,17 @@ def to_response(deltas: list[TextDelta], finished: Finished, ctx: ReplyContext) 
     """The whole answer as one object (`stream: false`)."""
     answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     calls = [tool_call(call, index) for index, call in enumerate(answer.calls)]
+    _note_calls(ctx.outcome, calls)
+    ctx.outcome.finished(finished, finished.finish_reason, answer=answer.content or "")
     body = _body(ctx, content=answer.content or "", thinking=answer.reasoning, calls=calls, done=True)
     if ctx.n_probs:
         body["logprobs"] = [logprob_entry(d.logprob, ctx.n_probs) for d in deltas if d.logprob]
     return _final(body, finished, ctx)
+
+
+def _note_calls(outcome: Outcome, calls: list[dict[str, Any]]) -> None:
+    for call in calls:
+        outcome.call(str(call.get("id") or ""), call["function"]["name"])
 
 
 @dataclass
@@ -132,6 +144,10 @@ class LineEncoder:
     def __post_init__(self) -> None:
         self.answer = AnswerStream(self.ctx.prepared)
 
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
+
     def _lines(self, piece: AnswerPiece, logprob: TokenLogprob | None = None) -> list[bytes]:
         for delta in piece.calls:
             if delta.index not in self.calls:
@@ -140,6 +156,7 @@ class LineEncoder:
         if not (piece.content or piece.reasoning or logprob):
             return []
         body = _body(self.ctx, content=piece.content, thinking=piece.reasoning, done=False)
+        self.outcome.chunk(piece.content)
         if logprob is not None:
             body["logprobs"] = [logprob_entry(logprob, self.ctx.n_probs)]
         return [ndjson_line(body)]
@@ -154,7 +171,9 @@ class LineEncoder:
         if self.calls:
             calls = [tool_call(ParsedCall(name=c.name, arguments=c.arguments, id=c.id), index)
                      for index, c in sorted(self.calls.items())]
+            _note_calls(self.outcome, calls)
             lines.append(ndjson_line(_body(self.ctx, content="", calls=calls, done=False)))
+        self.outcome.finished(event, event.finish_reason)
         return lines + [ndjson_line(_final(_body(self.ctx, content="", done=True), event, self.ctx))]
 
     def error(self, err: KineticError) -> list[bytes]:

@@ -18,6 +18,7 @@ from kinetic.engine.types import GenerationRequest
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
+from kinetic.protocols.common.outcome import hand_over_count
 from kinetic.protocols.ollama import manage_routes, translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from kinetic.streaming import respond
@@ -119,7 +120,7 @@ async def generate(body: GenerateRequest, request: Request, backend: OllamaBacke
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, backend: OllamaBackendDep) -> dict[str, Any]:
+async def embed(body: EmbedRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     started, model = time.monotonic_ns(), served_model(backend)
@@ -128,13 +129,16 @@ async def embed(body: EmbedRequest, backend: OllamaBackendDep) -> dict[str, Any]
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body.dimensions, described.info.n_embd)
     embedded = await backend.embed(items, params, truncate=body.truncate is not False)
+    hand_over_count(request.scope, model=body.model, prompt_tokens=embedded.n_tokens)
     return translate.to_embed_response(body, embedded.n_tokens, embedded.vectors, started)
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, backend: OllamaBackendDep) -> dict[str, Any]:
+async def embeddings(body: EmbeddingsRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     items = translate.embeddings_input(body, served_model(backend))
     embedded = await backend.embed(items, ["prompt"], truncate=True)
+    # the legacy answer shows no count; the ledger keeps what the model read all the same
+    hand_over_count(request.scope, model=body.model, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings_response(embedded.vectors)

@@ -13,6 +13,7 @@ from kinetic.backends.base import embeddings_off, require
 from kinetic.deps import BackendDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
+from kinetic.protocols.common.outcome import hand_over_count
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.control import REASONING_END, RunningCompletion, RunningCompletions, control
 from kinetic.protocols.openai.types import (
@@ -82,7 +83,7 @@ async def create_completion(body: CompletionRequest, request: Request, backend: 
 
 
 @router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
-async def create_embeddings(body: EmbeddingRequest, backend: BackendDep) -> dict[str, Any]:
+async def create_embeddings(body: EmbeddingRequest, request: Request, backend: BackendDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     described = backend.describe()
@@ -93,6 +94,7 @@ async def create_embeddings(body: EmbeddingRequest, backend: BackendDep) -> dict
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body, described.info.n_embd)
     embedded = await backend.embed(items, params)
+    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, backend.name)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
@@ -20,6 +20,7 @@ from kinetic.engine.types import Event, Finished, GenerationRequest, PromptProgr
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat
 from kinetic.streaming import sse_data, sse_done
 
@@ -173,6 +174,10 @@ class ChatContext:
     include_usage: bool
     fingerprint: str
     verbose_settings: dict[str, Any] | None = None  # generation_settings for `__verbose`; None: not asked
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.id, self.outcome.model = self.id, self.model
 
 
 def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str,
@@ -210,15 +215,18 @@ def finish_reason(finished: Finished, has_calls: bool) -> str:
 def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatContext) -> dict[str, Any]:
     answer = parse_answer(finished.text, ctx.prepared, finished.calls)
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    reason = finish_reason(finished, bool(answer.calls))
+    ctx.outcome.finished(finished, reason, answer=answer.content)
     if answer.reasoning:
         message["reasoning_content"] = answer.reasoning
     if answer.calls:
-        message["tool_calls"] = [
-            {"type": "function", "id": call.id or new_call_id(),
-             "function": {"name": call.name, "arguments": call.arguments}}
-            for call in answer.calls]
-    choice: dict[str, Any] = {"finish_reason": finish_reason(finished, bool(answer.calls)), "index": 0,
-                              "message": message}
+        message["tool_calls"] = []
+        for call in answer.calls:
+            call_id = call.id or new_call_id()
+            ctx.outcome.call(call_id, call.name)
+            message["tool_calls"].append({"type": "function", "id": call_id,
+                                          "function": {"name": call.name, "arguments": call.arguments}})
+    choice: dict[str, Any] = {"finish_reason": reason, "index": 0, "message": message}
     if ctx.top_logprobs is not None:
         choice["logprobs"] = {"content": [common.logprob_entry(d.logprob, ctx.top_logprobs)
                                           for d in deltas if d.logprob]}
@@ -253,6 +261,10 @@ class ChunkEncoder:
         self.answer = AnswerStream(ctx.prepared)
         self.started = False
 
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
+
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse_data({"choices": choices, "created": self.ctx.created, "id": self.ctx.id,
                          "model": self.ctx.model, "system_fingerprint": self.ctx.fingerprint,
@@ -270,7 +282,11 @@ class ChunkEncoder:
             frames.append(self._delta({"reasoning_content": piece.reasoning}))
         if piece.content or (logprobs and not piece.reasoning):
             frames.append(self._delta({"content": piece.content}, logprobs))
-        frames += [self._delta({"tool_calls": [call_delta(d)]}) for d in piece.calls]
+            self.outcome.chunk(piece.content)
+        for call in piece.calls:
+            if call.id is not None:
+                self.outcome.call(call.id, call.name or "")
+            frames.append(self._delta({"tool_calls": [call_delta(call)]}))
         return frames
 
     def encode(self, event: Event) -> list[bytes]:
@@ -290,7 +306,9 @@ class ChunkEncoder:
     def _finish(self, finished: Finished) -> list[bytes]:
         frames = [frame for piece in self.answer.finish(finished.calls) for frame in self._frames(piece)]
         timings = finished.timings.to_dict()
-        finish_choice = {"finish_reason": finish_reason(finished, self.answer.n_calls > 0), "index": 0, "delta": {}}
+        reason = finish_reason(finished, self.answer.n_calls > 0)
+        self.outcome.finished(finished, reason)
+        finish_choice = {"finish_reason": reason, "index": 0, "delta": {}}
         # llama-server puts `__verbose` on the first chunk of the final result
         verbose = {"__verbose": verbose_body(finished, self.ctx)} if self.ctx.verbose_settings is not None else {}
         if self.ctx.include_usage:
@@ -317,6 +335,10 @@ class CompletionContext:
     model: str
     n_probs: int
     fingerprint: str
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.id, self.outcome.model = self.id, self.model
 
 
 def to_prompt_request(req: CompletionRequest) -> PromptRequest:
@@ -352,6 +374,7 @@ def _completion_envelope(ctx: CompletionContext, choices: list[dict[str, Any]], 
 def to_completion(deltas: list[TextDelta], finished: Finished, ctx: CompletionContext) -> dict[str, Any]:
     choice = {"text": finished.text, "index": 0, "logprobs": _completion_logprobs(deltas, ctx),
               "finish_reason": finished.finish_reason}
+    ctx.outcome.finished(finished, finished.finish_reason, answer=finished.text)
     return _completion_envelope(ctx, [choice], usage=usage_dict(finished), timings=finished.timings.to_dict())
 
 
@@ -361,16 +384,22 @@ class CompletionChunkEncoder:
     def __init__(self, ctx: CompletionContext):
         self.ctx = ctx
 
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
+
     def encode(self, event: Event) -> list[bytes]:
         if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
             return []
         if isinstance(event, Finished):
+            self.outcome.finished(event, event.finish_reason)
             choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": event.finish_reason}
             return [sse_data(_completion_envelope(self.ctx, [choice], usage=usage_dict(event),
                                                   timings=event.timings.to_dict())), sse_done()]
         if not event.text and event.logprob is None:
             return []
         logprobs = _completion_logprobs([event], self.ctx)
+        self.outcome.chunk(event.text)
         choice = {"text": event.text, "index": 0, "logprobs": logprobs, "finish_reason": None}
         return [sse_data(_completion_envelope(self.ctx, [choice]))]
 

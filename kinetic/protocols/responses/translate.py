@@ -35,6 +35,7 @@ from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.outcome import Outcome
 from kinetic.protocols.responses.types import (
     ContentPart,
     FunctionCallItem,
@@ -235,6 +236,10 @@ class ResponseContext:
     model: str
     prepared: PreparedChat
     echo: dict[str, Any]  # request settings a response object repeats
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def __post_init__(self) -> None:
+        self.outcome.id, self.outcome.model = self.id, self.model
 
 
 def response_context(req: ResponsesRequest, prepared: PreparedChat, *, model: str) -> ResponseContext:
@@ -264,6 +269,11 @@ def usage_dict(finished: Finished) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
     }
+
+
+def finish_reason(finished: Finished) -> str:
+    """The response's end as its client reads it: `incomplete_details.reason`, else its status."""
+    return "max_output_tokens" if finished.finish_reason == "length" else "completed"
 
 
 def _response(ctx: ResponseContext, *, status: str, output: list[dict[str, Any]],
@@ -312,7 +322,10 @@ def to_response(deltas: list[TextDelta], finished: Finished, ctx: ResponseContex
     if answer.content:
         output.append(message_item(common.random_id("msg_", 32), answer.content, "completed"))
     for call in answer.calls:
-        output.append(function_call_item(call.id or new_call_id(), call.name, call.arguments, "completed"))
+        item = function_call_item(call.id or new_call_id(), call.name, call.arguments, "completed")
+        ctx.outcome.call(item["call_id"], call.name)
+        output.append(item)
+    ctx.outcome.finished(finished, finish_reason(finished), answer=answer.content)
     return {**_response(ctx, status="completed", output=output, finished=finished),
             "timings": finished.timings.to_dict()}
 
@@ -345,6 +358,10 @@ class EventEncoder:
 
     def __post_init__(self) -> None:
         self.answer = AnswerStream(self.ctx.prepared)
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.ctx.outcome
 
     def _event(self, kind: str, **data: Any) -> bytes:
         frame = sse_event(kind, {"type": kind, "sequence_number": self.sequence, **data})
@@ -401,6 +418,8 @@ class EventEncoder:
             else:
                 frames += self._add(item, reasoning_item(item.id, "", "in_progress"))
         item.text += text
+        if kind == "message":
+            self.outcome.chunk(text)
         delta_kind = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
         extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         return frames + [self._event(delta_kind, item_id=item.id, output_index=item.index, content_index=0,
@@ -413,7 +432,9 @@ class EventEncoder:
             call_id = delta.id or new_call_id()
             item = _Item("function_call", len(self.items), "fc_" + call_id, name=delta.name or "",
                          call_index=delta.index, call_id=call_id)
-            frames += self._add(item, function_call_item(call_id, item.name, "", "in_progress"))
+            wire = function_call_item(call_id, item.name, "", "in_progress")
+            self.outcome.call(wire["call_id"], item.name)
+            frames += self._add(item, wire)
         if delta.arguments:
             item.text += delta.arguments
             frames.append(self._event("response.function_call_arguments.delta", item_id=item.id,
@@ -435,6 +456,7 @@ class EventEncoder:
         for piece in self.answer.finish(event.calls):
             frames += self._frames(piece)
         frames += self._close()
+        self.outcome.finished(event, finish_reason(event))
         response = _response(self.ctx, status="completed", output=self.done, finished=event)
         # llama-server puts timings beside `response`, not inside it
         frames.append(self._event("response.completed", response=response, timings=event.timings.to_dict()))

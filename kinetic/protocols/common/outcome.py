@@ -1,0 +1,100 @@
+"""What one answer told its client, as each protocol's encoder tells it: handed to the request ledger.
+
+The ledger used to find usage by parsing every protocol's JSON and SSE on the way out, so a protocol
+that did not look like OpenAI was recorded half and nothing failed. Now the code that writes a
+protocol's numbers notes the same numbers here, once: the encoder of a stream as it goes (chunks, the
+first one's time, the tool calls it starts, then usage and finish), the body builder of a whole answer,
+a route that embeds or ranks. The counts are neutral (prompt tokens include the cached ones, as
+OpenAI's `prompt_tokens`): a protocol that shows them split, as Anthropic does, shows the same numbers.
+
+The route's request carries them to the ledger in the ASGI scope's state (`hand_over`), which the
+ledger middleware reads once the answer is out, as it reads the caller's name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetic.engine.types import Finished
+from kinetic.errors import KineticError
+
+OUTCOMES = "outcomes"  # the scope state's key: every Outcome of the request (a list of prompts has several)
+ERROR = "error"  # the scope state's key: the error the request was answered with
+
+
+@dataclass(frozen=True)
+class CallMade:
+    """A tool call as the client got it: the id it must send back, and the function's name."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ErrorTold:
+    type: str
+    message: str
+
+
+def error_told(err: KineticError) -> ErrorTold:
+    return ErrorTold(err.kind, err.message)
+
+
+@dataclass
+class Outcome:
+    """One generation (or embedding, or ranking) as its client was told it; None: not told."""
+
+    id: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    timings: dict[str, float | int] | None = None
+    tool_calls: list[CallMade] = field(default_factory=list)
+    chunks: int = 0  # stream frames that carried answer text
+    first_chunk_at: float | None = None  # time.monotonic() of the first of them
+    text: list[str] = field(default_factory=list)  # the answer's text, kept for --ledger-content
+    error: ErrorTold | None = None  # a failure told in-band, after the stream's headers went out
+
+    def chunk(self, text: str) -> None:
+        """A stream frame with answer text went out."""
+        if text:
+            self.chunks += 1
+            if self.first_chunk_at is None:
+                self.first_chunk_at = time.monotonic()
+            self.text.append(text)
+
+    def call(self, call_id: str, name: str) -> None:
+        self.tool_calls.append(CallMade(call_id, name))
+
+    def finished(self, finished: Finished, finish_reason: str, *, answer: str | None = None) -> None:
+        """The end: `finish_reason` in the protocol's own words, `answer` a whole answer's text."""
+        usage = finished.usage
+        self.prompt_tokens, self.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        self.cached_tokens = usage.cached_tokens
+        self.finish_reason = finish_reason
+        self.timings = finished.timings.to_dict()
+        if answer is not None:
+            self.text = [answer]
+
+    def failed(self, err: KineticError) -> None:
+        self.error = error_told(err)
+
+
+def hand_over(scope: MutableMapping[str, Any], *outcomes: Outcome) -> None:
+    """Gives the request's outcomes to the ledger, through the request's ASGI scope state."""
+    scope.setdefault("state", {}).setdefault(OUTCOMES, []).extend(outcomes)
+
+
+def hand_over_count(scope: MutableMapping[str, Any], *, model: str, prompt_tokens: int) -> None:
+    """What an embedding or ranking told its client: the prompt tokens it read, nothing generated."""
+    hand_over(scope, Outcome(model=model, prompt_tokens=prompt_tokens, completion_tokens=0))
+
+
+def note_error(scope: MutableMapping[str, Any], err: KineticError) -> None:
+    """The error a request was refused or answered with, for its ledger line."""
+    scope.setdefault("state", {})[ERROR] = error_told(err)

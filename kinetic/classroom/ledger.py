@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kinetic.classroom.caller import Caller
+
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
 # The server's own web pages and the dashboard's polling are not requests a student made: recording
 # them would bury the class's requests (the dashboard polls every two seconds).
-UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico"})
+UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico", "/v1/me"})
 UNRECORDED_PREFIXES = ("/ui/",)
 
 Sink = Callable[[dict[str, Any]], None]
@@ -280,7 +282,7 @@ class LedgerMiddleware:
     """Builds one record per HTTP request (CORS preflights and the web pages excepted) once its
     answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
-    The request gate inside puts the caller's name in `scope["state"]["client_name"]`; this reads it
+    The request gate inside puts the Caller in `scope["state"]["caller"]`; this reads its name
     after the answer, so the state dict is created here, before the gate runs. `content` keeps the
     prompt and answer text in the record (`--ledger-content`); it defaults to the writer's setting.
     """
@@ -348,7 +350,8 @@ class LedgerMiddleware:
     def _write(self, scope: Scope, state: dict[str, Any], status: int, duration: float,
                record: dict[str, Any], request_body: bytearray) -> None:
         headers = _headers(scope)
-        client = state.get("client_name")
+        caller = state.get("caller")
+        client = caller.name if isinstance(caller, Caller) else None
         line: dict[str, Any] = {
             "time": _now_iso(),
             "duration_s": round(duration, 4),

@@ -87,6 +87,7 @@ def local_engine(spec: ModelSpec, config: EngineConfig, settings: ServerSettings
     return LlamaEngine(path, n_ctx=config.n_ctx, n_parallel=config.n_parallel, n_threads=config.n_threads,
                        n_batch=config.n_batch, n_ubatch=config.n_ubatch, embeddings=config.embeddings,
                        pooling=config.pooling, options=config.options, fair_share=config.fair_share,
+                       max_queue=config.max_queue,
                        max_in_flight_per_client=max_in_flight, cache_ram_mib=config.cache_ram_mib,
                        ctx_checkpoints=config.ctx_checkpoints, verbose=config.verbose, decode_lock=decode_lock,
                        in_flight=in_flight, long_context=config.long_context, spec=config.spec, projector=projector)

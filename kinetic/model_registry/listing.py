@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kinetic.backends.base import ModelBackend
@@ -76,13 +77,17 @@ def output_modalities(entry: ModelEntry) -> list[str]:
     return ["text"]
 
 
-def models_body(registry: ModelRegistry) -> dict[str, Any]:
+def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], bool] = lambda names: True
+                ) -> dict[str, Any]:
+    """The models listed; `allows` (by a model's id and aliases) hides those the caller's key may not use."""
     if not registry.router:
         backend = registry.only.backend
         assert backend is not None
+        if not allows(registry.only.spec.names):
+            return {"models": [], "object": "list", "data": []}
         return {"models": [ollama_shaped(backend.name, ["completion"])], "object": "list",
                 "data": [model_entry(backend)]}
-    entries = list(registry.entries.values())
+    entries = [entry for entry in registry.entries.values() if allows(entry.spec.names)]
     return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
                                       else ["completion"]) for e in entries],
             "object": "list", "data": [router_entry(e) for e in entries]}

@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__, slot_folder
 from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
-from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.identity import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, RegistryDep, model_backend
 from kinetic.engine.types import GenerationRequest
@@ -111,9 +111,8 @@ async def set_props(backend: BackendDep) -> dict[str, Any]:
 
 def _viewer(request: Request) -> str | None:
     """None for the admin (who sees every client), else the caller's own name (classroom/roles.py)."""
-    if getattr(request.state, "role", Role.ADMIN) is Role.ADMIN:
-        return None
-    return CLIENT.get()
+    caller = caller_of(request)
+    return None if caller.role is Role.ADMIN else caller.queue_name
 
 
 @router.get("/slots")

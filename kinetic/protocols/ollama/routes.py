@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
-from kinetic.deps import RegistryDep, backend_dependency
+from kinetic.deps import CallerDep, RegistryDep, backend_dependency
 from kinetic.engine.types import GenerationRequest
 from kinetic.model_registry.registry import ModelEntry
 from kinetic.protocols.ollama import translate
@@ -54,16 +54,18 @@ async def version() -> dict[str, str]:
 
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
-async def tags(registry: RegistryDep) -> dict[str, Any]:
-    """Every model (a router's unloaded ones, and remote ones, by name only)."""
+async def tags(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+    """Every model the key may use (a router's unloaded ones, and remote ones, by name only)."""
     return {"models": [translate.model_entry(*await _listed(b)) if (b := loaded(e))
-                       else translate.unloaded_entry(e.name) for e in registry.entries.values()]}
+                       else translate.unloaded_entry(e.name) for e in registry.entries.values()
+                       if caller.limits.allows_model(e.spec.names)]}
 
 
 @router.get("/api/ps")
-async def ps(registry: RegistryDep) -> dict[str, Any]:
-    """The models loaded now."""
-    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values() if (b := loaded(e))]}
+async def ps(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+    """The models loaded now (those the key may use)."""
+    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values()
+                       if (b := loaded(e)) and caller.limits.allows_model(e.spec.names)]}
 
 
 @router.post("/api/show")

@@ -12,9 +12,11 @@ from functools import partial
 
 from fastapi import FastAPI
 
+from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
 from kinetic.classroom.stats import ClassStats
+from kinetic.deps import ServerState, server_state
 from kinetic.error_funnel import install_error_funnel, validation_message
 from kinetic.errors import ServerError, UnavailableError
 from kinetic.gate import RequestGate
@@ -42,7 +44,7 @@ async def start_models(registry: ModelRegistry, app: FastAPI, on_ready: Callable
         backend = await registry.load(registry.only)
     except ServerError as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-        app.state.load_error = cause
+        server_state(app).load_error = cause
         if on_load_failure is not None:
             on_load_failure(cause)
         return
@@ -54,24 +56,33 @@ async def start_models(registry: ModelRegistry, app: FastAPI, on_ready: Callable
         on_ready()
 
 
-def add_gate(app: FastAPI, registry: ModelRegistry) -> None:
-    settings = registry.settings
+def add_gate(app: FastAPI, state: ServerState) -> None:
+    settings = state.registry.settings
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
-    keys = settings.key_ring()
-    app.state.keys = keys
-    app.add_middleware(RequestGate, registry=registry, keys=keys,
+    app.add_middleware(RequestGate, registry=state.registry, keys=state.keys, budgets=state.budgets,
                        cors_origins=settings.cors_policy, body_timeout=settings.body_timeout,
                        cors_methods=settings.cors_methods, cors_headers=settings.cors_headers,
                        cors_credentials=settings.cors_credentials)
 
 
-def add_ledger(app: FastAPI, registry: ModelRegistry) -> None:
+def add_ledger(app: FastAPI, state: ServerState) -> None:
     """The request recorder, added last: outermost, so it also sees the gate's 401s. Its records feed
-    the dashboard always, and the ledger file with --ledger."""
-    settings = registry.settings
-    app.state.class_stats = ClassStats()
+    the dashboard always, the keys' budgets, and the ledger file with --ledger."""
+    settings = state.registry.settings
     writer = LedgerWriter(settings.ledger, content=settings.ledger_content) if settings.ledger else None
-    app.add_middleware(LedgerMiddleware, writer=writer, sinks=[app.state.class_stats], keyed=bool(app.state.keys))
+    app.add_middleware(LedgerMiddleware, writer=writer, sinks=[state.class_stats, state.budgets],
+                       keyed=bool(state.keys))
+
+
+def server_parts(registry: ModelRegistry) -> ServerState:
+    settings = registry.settings
+    keys = settings.key_ring()
+    budgets = Budgets()
+    if settings.ledger and keys:  # what the keys used before a restart still counts against their budgets
+        budgets.load_ledger(settings.ledger)
+    # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
+    end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
+    return ServerState(registry=registry, keys=keys, budgets=budgets, class_stats=ClassStats(), end_streams=end_streams)
 
 
 def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None = None,
@@ -90,16 +101,14 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
             registry.close()
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.registry = registry
-    # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
-    app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
-    app.state.load_error = None
+    state = server_parts(registry)
+    app.state.server = state
     app.state.running_completions = RunningCompletions()  # for /v1/chat/completions/control
     app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.streaming
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)
     app.include_router(web_router)  # the pages: no protocol of their own, errors in the default envelope
-    add_gate(app, registry)
-    add_ledger(app, registry)
+    add_gate(app, state)
+    add_ledger(app, state)
     return app

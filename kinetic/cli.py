@@ -105,7 +105,7 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
             print(f"warning: the key file was not reloaded ({exc}); the keys in force stay", file=sys.stderr,
                   flush=True)
             return
-        print(f"reloaded the keys: {len(keys.keys)} key(s)", file=sys.stderr, flush=True)
+        print(f"reloaded the keys and their limits: {len(keys.keys)} key(s)", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGHUP, reload)
 
@@ -113,6 +113,7 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 def serve(settings: ServerSettings) -> int:
     from kinetic.api_prefix import ApiPrefix
     from kinetic.app import create_app, error_response
+    from kinetic.deps import server_state
     from kinetic.shutdown import DrainingServer
     from kinetic.static_path import StaticPath
     from kinetic.transport import TransportConfig, TransportLimits
@@ -178,13 +179,14 @@ def serve(settings: ServerSettings) -> int:
                              ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                              timeout_keep_alive=30, server_header=False)
-    server = DrainingServer(config, drain_s=settings.drain_timeout, end_streams=app.state.end_streams)
+    state = server_state(app)
+    server = DrainingServer(config, drain_s=settings.drain_timeout, end_streams=state.end_streams)
     config_holder["server"] = server
-    reload_keys_on_sighup(app.state.keys)
+    reload_keys_on_sighup(state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
     server.run(sockets=sockets)
-    if app.state.load_error is not None:
-        print(f"error: {app.state.load_error}", file=sys.stderr)
+    if state.load_error is not None:
+        print(f"error: {state.load_error}", file=sys.stderr)
         return 1
     return 0
 

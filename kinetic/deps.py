@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the model backend a request is for, resolved through the model registry on app.state.
+"""FastAPI dependencies: the model backend a request is for, resolved through the model registry on the
+app's typed state (ServerState), and the request's Caller.
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
 llama-server's native routes take it); with one model it is ignored, unless it names a derived model
@@ -9,19 +10,44 @@ the model until the request is done, so that an LRU unload never takes it away m
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from starlette.applications import Starlette
 
 from kinetic.backends.base import ModelBackend
+from kinetic.classroom.budgets import Budgets
+from kinetic.classroom.caller import Caller
+from kinetic.classroom.identity import caller_of
+from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.stats import ClassStats
 from kinetic.errors import InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
 
 
+@dataclass
+class ServerState:
+    """What the app keeps for its routes and the CLI (create_app builds it; `server_state()` reads it)."""
+
+    registry: ModelRegistry
+    keys: KeyRing
+    budgets: Budgets  # each key's usage against its limits (the gate's 429s and 403s, GET /v1/me)
+    class_stats: ClassStats  # the dashboard's totals
+    end_streams: Callable[[], Coroutine[Any, Any, None]]  # the end of a shutdown's drain
+    load_error: BaseException | None = None  # why the one model failed to load (the CLI prints it)
+
+
+def server_state(app: Starlette) -> ServerState:
+    state = app.state.server
+    assert isinstance(state, ServerState), "an app made by kinetic.app.create_app"
+    return state
+
+
 def get_registry(request: Request) -> ModelRegistry:
-    return request.app.state.registry
+    return server_state(request.app).registry
 
 
 async def requested_model(request: Request) -> str | None:
@@ -54,7 +80,11 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
     registry = get_registry(request)
     # one model answers whatever a request names, unless it names a derived model (/api/create's)
     name = await requested_model(request) if registry.router or registry.derived else None
+    limits = caller_of(request).limits
     try:
+        # a model the key may not use is, to that key, a model that does not exist (OpenAI's 404 too)
+        if limits.models is not None and not limits.allows_model((entry := registry.resolve(name)).spec.names):
+            raise ModelNotFoundError(name or entry.name)
         entry, backend = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
     except ModelMissingError:
         if missing is None:
@@ -87,3 +117,4 @@ def backend_dependency(*, missing: str, unknown: str) -> Callable[[Request], Asy
 
 BackendDep = Annotated[ModelBackend, Depends(get_backend)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
+CallerDep = Annotated[Caller, Depends(caller_of)]

@@ -118,6 +118,19 @@ class UnavailableError(KineticError):
     kind = "unavailable_error"
 
 
+class QueueFullError(UnavailableError):
+    """--max-queue: the model's waiting line is full, so the request is refused at once, not queued."""
+
+    def __init__(self, max_queue: int, *, retry_after: int = 2):
+        super().__init__(f"the waiting line for this model is full ({max_queue} requests waiting, --max-queue); "
+                         f"retry in {retry_after} s")
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class ModelLoadError(Exception):
     """The model file is missing, unreadable or not a GGUF: raised before the server starts."""
 

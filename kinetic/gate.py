@@ -1,5 +1,7 @@
 """The request gate, in front of every route: CORS, the preflight, "loading" (503), the API key (401)
-and the admin role (403), and a deadline on reading the body (408)."""
+and the admin role (403), the key's limits (403 outside its dates or hours, 429 over its budget, with
+`x-ratelimit-*` headers), and a deadline on reading the body (408). It resolves the request's one
+Caller (classroom/caller.py), which everything after it reads."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import anyio
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kinetic.classroom.budgets import Budgets
+from kinetic.classroom.caller import Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
+from kinetic.classroom.limits import Limits
 from kinetic.classroom.roles import needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
@@ -23,12 +28,13 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 class RequestGate:
     """Pure ASGI middleware in llama-server's order: CORS, OPTIONS, loading (503), API key (401)."""
 
-    def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, cors_origins: str,
+    def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, budgets: Budgets, cors_origins: str,
                  body_timeout: float, cors_methods: str = CORS_METHODS, cors_headers: str | None = None,
                  cors_credentials: bool = True):
         self.app = app
         self.registry = registry
         self.keys = keys
+        self.budgets = budgets
         self.cors_origins = cors_origins
         self.body_timeout = body_timeout
         self.cors_methods = cors_methods  # --cors-methods
@@ -46,9 +52,12 @@ class RequestGate:
         allowed = [o.strip() for o in self.cors_origins.split(",")]
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
-    def _client_name(self, sent: str) -> str | None:
-        """The name of the key sent (from --api-key-file), or None for no key or a wrong one."""
-        return self.keys.name_for(sent) if self.keys else None
+    def caller(self, scope: Scope, sent: str) -> Caller:
+        """Who sent `sent`: its key's name and limits (None and none for no key or a wrong one), its role."""
+        entry = self.keys.entry_for(sent) if self.keys else None
+        addr = (scope.get("client") or ("", 0))[0]
+        return Caller(entry.name if entry else None, role_of(self.keys, sent),
+                      entry.limits if entry else Limits(), addr)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,6 +68,13 @@ class RequestGate:
         cors = [(b"access-control-allow-credentials", b"true" if self.cors_credentials else b"false")]
         if allow_origin:
             cors.insert(0, (b"access-control-allow-origin", allow_origin.encode("latin-1")))
+        path = scope["path"]
+        # Who is asking, by name and never by key: for the ledger, the fair queue, the budgets, the
+        # dashboard; in which role (classroom/roles.py), for what the routes show them.
+        sent = key_from_headers(headers)
+        caller = self.caller(scope, sent)
+        scope.setdefault("state", {})["caller"] = caller
+        cors += self.budgets.headers(caller)  # what the key's budget has left, on every answer
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -66,15 +82,6 @@ class RequestGate:
                     (b"server", b"kinetic")]
             await send(message)
 
-        path = scope["path"]
-        # Who is asking, by name and never by key: for the ledger, the fair queue, the dashboard; and
-        # in which role (classroom/roles.py), for what the routes show them.
-        sent = key_from_headers(headers)
-        client_name = self._client_name(sent)
-        state = scope.setdefault("state", {})
-        if client_name is not None:
-            state["client_name"] = client_name
-        state["role"] = role_of(self.keys, sent)
         if scope["method"] == "OPTIONS":
             response: Response = Response(status_code=200, headers={
                 "Access-Control-Allow-Methods": self.cors_methods,
@@ -85,10 +92,12 @@ class RequestGate:
             return
         elif not self.registry.ready:
             response = refuse(scope, UnavailableError("Loading model"))
-        elif self.keys and path not in PUBLIC_PATHS and client_name is None:
+        elif self.keys and path not in PUBLIC_PATHS and caller.name is None:
             response = refuse(scope, UnauthorizedError("Invalid API Key"))
         elif needs_admin(scope["method"], path) and (refusal := self._admin_refusal(sent)) is not None:
             response = refuse(scope, refusal)
+        elif path not in PUBLIC_PATHS and (limit := self.budgets.refusal(caller, scope["method"], path)) is not None:
+            response = refuse(scope, limit)
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return

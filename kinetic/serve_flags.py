@@ -303,7 +303,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", ("--host",), "address(es) to listen on, comma list (e.g. 127.0.0.1,::1)"),
     Flag("port", ("--port",), "port to listen on (0 = any free port)"),
     Flag("api_key", ("--api-key",), "API key(s) clients must send, comma separated", metavar="KEY"),
-    Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name]` (# comments allowed)",
+    Flag("api_key_file", ("--api-key-file",), "file with one key a line, `KEY [name] [field=value ...]`: its name and "
+         "limits "
+         "(tokens=, hours=, models=, priority=...; # comments allowed)",
          metavar="FNAME"),
     Flag("admin_key", ("--admin-key",), "key(s) for the instructor's /dashboard (so is a key named admin in "
          "the key file)", metavar="KEY"),
@@ -385,6 +387,8 @@ FLAGS: tuple[Flag, ...] = (
          "first served)", negations=("--no-fair-share",)),
     Flag("max_in_flight", ("--max-in-flight",), "requests one API key may have waiting or running at once; "
          "more get 429 (0 = no limit; applies when keys are set)", metavar="N"),
+    Flag("max_queue", ("--max-queue",), "requests that may wait for a slot, per model; more get 503 with "
+         "Retry-After at once (0 = no cap)", metavar="N"),
     Flag("ledger", ("--ledger",), "append one JSON line per request to this file (who, route, status, usage, "
          "timings)", metavar="FNAME"),
     Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),

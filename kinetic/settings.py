@@ -263,6 +263,7 @@ class ServerSettings(BaseSettings):
     cache_idle_slots: bool = True
     fair_share: bool = True
     max_in_flight: Annotated[int, Field(ge=0)] = 4
+    max_queue: Annotated[int, Field(ge=0)] = 0
     ledger: str | None = None
     ledger_content: bool = False
     chat_template: TemplateName | None = None

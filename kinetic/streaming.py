@@ -114,7 +114,7 @@ def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-str
 
 def ping_interval(request: Request) -> float:
     """--sse-ping-interval, which create_app keeps on the app's state (-1: no pings)."""
-    return float(getattr(request.app.state, "sse_ping_interval", -1))
+    return float(request.app.state.sse_ping_interval)
 
 
 class ClientDisconnected(Exception):

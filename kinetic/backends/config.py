@@ -105,7 +105,8 @@ def model_config(settings: ServerSettings) -> ModelConfig:
     engine = EngineConfig(
         n_ctx=settings.ctx_size, n_parallel=settings.parallel, n_threads=settings.threads,
         n_batch=settings.batch_size, n_ubatch=settings.ubatch_size, embeddings=settings.embeddings,
-        pooling=settings.pooling, options=options, fair_share=settings.fair_share, cache_ram_mib=settings.cache_ram,
+        pooling=settings.pooling, options=options, fair_share=settings.fair_share, max_queue=settings.max_queue,
+        cache_ram_mib=settings.cache_ram,
         ctx_checkpoints=settings.ctx_checkpoints, verbose=settings.verbose, long_context=settings.long_context(),
         spec=settings.spec_options(), projector=projector_options(settings, options.devices))
     switches = Switches(

@@ -25,7 +25,7 @@ from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import choose_template
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
-from kinetic.classroom.identity import CLIENT, note_media
+from kinetic.classroom.identity import CALLER, note_media
 from kinetic.engine.base import Engine, Generation
 from kinetic.engine.types import (
     EngineStats,
@@ -162,7 +162,8 @@ class LocalBackend:
             note_media(images=sum(span.modality == "image" for span in generation.media),
                        audio=sum(span.modality == "audio" for span in generation.media),
                        tokens=sum(span.n_tokens for span in generation.media))
-        return replace(generation, client=CLIENT.get())
+        caller = CALLER.get()
+        return replace(generation, client=caller.queue_name, priority=caller.priority)
 
     async def start(self, request: GenerationRequest) -> Generation:
         return await self.engine.submit(request)

@@ -1,9 +1,9 @@
 """Who is asking, carried from the request gate down to the scheduler's fair queue.
 
-The gate puts the caller's key name (never the key) in the ASGI scope's state as `client_name`.
-A server without keys has no names: there the caller's address stands in, so one client looping
-requests still cannot starve the others. The name reaches the engine through a context variable,
-which follows the request into its route and the worker threads it starts.
+The gate resolves one `Caller` (classroom/caller.py) and puts it in the ASGI scope's state. The
+layers below the routes (a backend naming its request for the fair queue) have no request object:
+this middleware makes the same Caller current in a context variable, which follows the request into
+its route and the worker threads it starts.
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-CLIENT: ContextVar[str] = ContextVar("kinetic_client", default="")
+from kinetic.classroom.caller import NOBODY, Caller
+
+CALLER: ContextVar[Caller] = ContextVar("kinetic_caller", default=NOBODY)
 # the request's scope state, which the ledger reads once the answer is out: what the layers below the routes
 # learn about the request (its media) is noted there
 REQUEST_STATE: ContextVar[dict[str, Any] | None] = ContextVar("kinetic_request_state", default=None)
@@ -31,16 +34,18 @@ def note_media(images: int, audio: int, tokens: int) -> None:
     noted["tokens"] += tokens
 
 
-def client_of(scope: Scope) -> str:
-    name = scope.get("state", {}).get("client_name")
-    if name:
-        return str(name)
-    client = scope.get("client")
-    return f"addr:{client[0]}" if client else "anonymous"
+def caller_in(scope: Scope) -> Caller:
+    """The Caller the gate put in `scope` (NOBODY before the gate, e.g. a CORS preflight)."""
+    caller = scope.get("state", {}).get("caller")
+    return caller if isinstance(caller, Caller) else NOBODY
+
+
+def caller_of(request: Request) -> Caller:
+    return caller_in(request.scope)
 
 
 class ClientIdentity:
-    """Pure ASGI middleware (inside the gate): makes the caller's identity current for the request."""
+    """Pure ASGI middleware (inside the gate): makes the caller current for the request."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -49,10 +54,10 @@ class ClientIdentity:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        token = CLIENT.set(client_of(scope))
+        token = CALLER.set(caller_in(scope))
         state_token = REQUEST_STATE.set(scope.setdefault("state", {}))
         try:
             await self.app(scope, receive, send)
         finally:
             REQUEST_STATE.reset(state_token)
-            CLIENT.reset(token)
+            CALLER.reset(token)

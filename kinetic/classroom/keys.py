@@ -1,4 +1,6 @@
-"""API keys with names: `--api-key` values and `--api-key-file` lines `KEY [name]` (`#` comments).
+"""API keys with names: `--api-key` values and `--api-key-file` lines `KEY [name] [field=value ...]`
+(`#` comments). The fields are the key's limits (budget, dates, hours, models, priority), and a line
+`* field=value ...` sets them for every key line below it: see limits.py.
 
 The name is who the key belongs to (a student); the server passes it on (ledger, fair queue,
 dashboard) and never the key itself. A key without a name gets `key-N`, its position, so that
@@ -17,6 +19,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinetic.classroom.limits import LimitError, Limits, apply_fields, parse_fields
+
 NAME_RE = re.compile(r"^[\w.@+-]{1,64}$")
 
 
@@ -24,6 +28,7 @@ NAME_RE = re.compile(r"^[\w.@+-]{1,64}$")
 class KeyEntry:
     key: str
     name: str
+    limits: Limits = Limits()
 
 
 class KeyFileError(ValueError):
@@ -31,21 +36,29 @@ class KeyFileError(ValueError):
 
 
 def parse_key_lines(text: str, *, first_index: int = 1, source: str = "key file") -> list[KeyEntry]:
-    """`KEY [name]` per line; blank lines and `#` comments (whole line or after the entry) ignored."""
+    """`KEY [name] [field=value ...]` per line, and `* field=value ...` for the defaults of the lines
+    below; blank lines and `#` comments (whole line or after the entry) ignored."""
     entries: list[KeyEntry] = []
+    defaults = Limits()
     for number, raw in enumerate(text.splitlines(), start=1):
         # A comment is a whole line starting with #, or " #..." after the entry (keys may hold a #).
         line = "" if raw.lstrip().startswith("#") else re.split(r"\s#", raw, maxsplit=1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) > 2:
-            raise KeyFileError(f"{source}, line {number}: expected `KEY [name]`, got {len(parts)} words")
-        name = parts[1] if len(parts) == 2 else f"key-{first_index + len(entries)}"
+        named = len(parts) > 1 and "=" not in parts[1] and parts[0] != "*"
+        try:
+            limits = apply_fields(Limits() if parts[0] == "*" else defaults, parse_fields(parts[2 if named else 1:]))
+        except LimitError as exc:
+            raise KeyFileError(f"{source}, line {number}: {exc}") from None
+        if parts[0] == "*":
+            defaults = limits
+            continue
+        name = parts[1] if named else f"key-{first_index + len(entries)}"
         if not NAME_RE.match(name):
             raise KeyFileError(f"{source}, line {number}: the name {name!r} may only hold letters, digits "
                                "and . _ @ + -")
-        entries.append(KeyEntry(parts[0], name))
+        entries.append(KeyEntry(parts[0], name, limits))
     return entries
 
 
@@ -93,12 +106,19 @@ class KeyRing:
         return len(self._entries)
 
     def name_for(self, sent: str) -> str | None:
-        """The name of the key sent, or None. Compares against every key in constant time each."""
+        """The name of the key sent, or None."""
+        entry = self.entry_for(sent)
+        return entry.name if entry is not None else None
+
+    def entry_for(self, sent: str) -> KeyEntry | None:
+        """The entry of the key sent, or None. Compares against every key in constant time each."""
         sent_bytes = sent.encode()
         found = None
-        for entry in self._entries:
+        with self._lock:
+            entries = self._entries
+        for entry in entries:
             if secrets.compare_digest(sent_bytes, entry.key.encode()) and found is None:
-                found = entry.name
+                found = entry
         return found
 
     @property

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kinetic.classroom.caller import Caller
+
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
 # The server's own web pages and the dashboard's polling are not requests a student made: recording
 # them would bury the class's requests (the dashboard polls every two seconds).
-UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico"})
+UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico", "/v1/me"})
 UNRECORDED_PREFIXES = ("/ui/",)
 
 
@@ -217,10 +219,10 @@ class LedgerMiddleware:
     """Builds one record per HTTP request (CORS preflights and the web pages excepted) once its
     answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
-    The request gate inside puts the caller's name in `scope["state"]["client_name"]`, and the route
-    its outcomes (kinetic.protocols.common.outcome); this reads them after the answer, so the state
-    dict is created here, before the gate runs. `content` keeps the prompt and answer text in the
-    record (`--ledger-content`); it defaults to the writer's setting.
+    The request gate inside puts the Caller in `scope["state"]["caller"]`, and the route its outcomes
+    (kinetic.protocols.common.outcome); this reads both after the answer, so the state dict is created
+    here, before the gate runs. `content` keeps the prompt and answer text in the record
+    (`--ledger-content`); it defaults to the writer's setting.
     """
 
     def __init__(self, app: ASGIApp, *, keyed: bool, writer: LedgerWriter | None = None,
@@ -276,7 +278,8 @@ class LedgerMiddleware:
     def _write(self, scope: Scope, state: dict[str, Any], status: int, stream: bool, started: float,
                duration: float, request_body: bytearray) -> None:
         headers = _headers(scope)
-        client = state.get("client_name")
+        caller = state.get("caller")
+        client = caller.name if isinstance(caller, Caller) else None
         outcomes: list[Outcome] = state.get("outcomes", [])
         error = state.get("error") or next((o.error for o in outcomes if o.error is not None), None)
         fields: dict[str, Any] = {

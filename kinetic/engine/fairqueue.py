@@ -4,6 +4,10 @@ First come, first served lets one student's loop of twenty requests push everyon
 twenty places. Here each client (a key's name) has its own line, and a free slot goes to the
 client served least recently; within one client, requests keep their order. With `fair=False`
 it is plain arrival order, as llama-server does.
+
+A client's priority (the key file's `priority=`; the instructor's key is above the students') goes
+before both: every waiting request of a higher priority is served before any of a lower one, so
+the instructor's demonstration does not wait behind the class.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ class FairQueue(Generic[T]):
         self.fair = fair
         self._lines: dict[str, deque[tuple[int, T]]] = {}
         self._last_served: dict[str, int] = {}
+        self._priority: dict[str, int] = {}  # of the clients waiting now
         self._arrivals = itertools.count()
         self._services = itertools.count(1)
 
-    def push(self, client: str, item: T) -> None:
+    def push(self, client: str, item: T, priority: int = 0) -> None:
         self._lines.setdefault(client, deque()).append((next(self._arrivals), item))
+        self._priority[client] = priority
 
     def remove(self, item: T) -> bool:
         for client, line in self._lines.items():
@@ -34,6 +40,7 @@ class FairQueue(Generic[T]):
                     line.remove(entry)
                     if not line:
                         del self._lines[client]
+                        self._priority.pop(client, None)
                     return True
         return False
 
@@ -45,14 +52,18 @@ class FairQueue(Generic[T]):
     def in_order(self) -> Iterator[tuple[str, T]]:
         """Waiting items in the order they should get a slot (a later one may go first when the
         slot an earlier one asked for by id is busy)."""
-        entries = [(seq, client, item) for client, line in self._lines.items() for seq, item in line]
+        for priority in sorted(set(self._priority.values()), reverse=True):
+            yield from self._in_order_among([c for c in self._lines if self._priority.get(c, 0) == priority])
+
+    def _in_order_among(self, clients: list[str]) -> Iterator[tuple[str, T]]:
         if not self.fair:
+            entries = [(seq, client, item) for client in clients for seq, item in self._lines[client]]
             for _, client, item in sorted(entries, key=lambda e: e[0]):
                 yield client, item
             return
         # Round-robin: each client's first, in order of least recent service, then each one's second...
-        clients = sorted(self._lines, key=lambda c: (self._last_served.get(c, 0), self._lines[c][0][0]))
-        depth = max((len(line) for line in self._lines.values()), default=0)
+        clients = sorted(clients, key=lambda c: (self._last_served.get(c, 0), self._lines[c][0][0]))
+        depth = max((len(self._lines[client]) for client in clients), default=0)
         for rank in range(depth):
             for client in clients:
                 line = self._lines[client]

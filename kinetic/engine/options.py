@@ -252,6 +252,7 @@ class EngineConfig:
     pooling: str | None = None
     options: LlamaOptions = field(default_factory=LlamaOptions)
     fair_share: bool = True
+    max_queue: int = 0  # --max-queue: requests that may wait for a slot (0: no cap)
     cache_ram_mib: int = 0
     ctx_checkpoints: int = 32
     verbose: bool = False

@@ -121,6 +121,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     id_slot: int = -1
     client: str = ""  # who asked (a key's name): waiting requests are served round-robin by client
+    priority: int = 0  # the caller's (key file's `priority=`): a higher one is served first while waiting
     n_keep: int = 0  # prompt tokens a context shift keeps (-1: all)
     n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
     post_sampling_probs: bool = False  # n_probs from the sampler chain's candidates, as probabilities

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kinetic.backends.base import ModelBackend
@@ -103,15 +104,18 @@ def derived_models(registry: ModelRegistry) -> list[tuple[DerivedModel, ModelEnt
     return [(m, base) for m in registry.derived.values() if (base := registry.find(m.base)) is not None]
 
 
-def models_body(registry: ModelRegistry) -> dict[str, Any]:
+def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], bool] = lambda names: True
+                ) -> dict[str, Any]:
+    """The models listed; `allows` (by a model's id and aliases) hides those the caller's key may not use."""
+    derived = [(m, base) for m, base in derived_models(registry) if allows((m.name,)) and allows(base.spec.names)]
     if not registry.router:
         backend = registry.only.backend
         assert backend is not None
-        served = [backend, *(DerivedBackend(backend, m) for m, _ in derived_models(registry))]
+        served = [b for b in (backend,) if allows(registry.only.spec.names)]
+        served += [DerivedBackend(backend, m) for m, _ in derived]
         return {"models": [ollama_shaped(b.name, ["completion"]) for b in served], "object": "list",
                 "data": [model_entry(b) for b in served]}
-    entries = list(registry.entries.values())
-    derived = derived_models(registry)
+    entries = [entry for entry in registry.entries.values() if allows(entry.spec.names)]
     return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
                                       else ["completion"]) for e in entries]
             + [ollama_shaped(m.name, ["completion"]) for m, _ in derived],

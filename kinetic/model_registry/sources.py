@@ -30,7 +30,7 @@ STARTUP_KEYS = frozenset({"load-on-startup"})
 # Per-model settings a preset may change; the rest (host, port, keys, ledger...) belong to the server.
 PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
                        "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
-                       "embeddings", "hf_file", "fair_share", "max_in_flight", "mmproj", "mmproj_url",
+                       "embeddings", "hf_file", "fair_share", "max_in_flight", "max_queue", "mmproj", "mmproj_url",
                        "mmproj_auto", "mmproj_offload", "mmproj_device", "image_min_tokens", "image_max_tokens"})
 # Per-model settings that name a file: read relative to the preset's folder, as its `model` is.
 PRESET_PATHS = frozenset({"mmproj"})

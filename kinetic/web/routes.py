@@ -5,6 +5,9 @@ talk to the server's public routes. The pages and their assets need no key, as i
 what they fetch does: the chat page asks for the key and keeps it in the tab's sessionStorage,
 the dashboard asks for an admin key (see classroom.keys) and polls `/dashboard/stats`.
 
+`GET /v1/me` is a key's own standing (its budget used and left, its limits, its last requests),
+which the chat page shows in one line; it never shows another key's.
+
 `GET /` is content-negotiated: a browser (`Accept: text/html`) gets the chat page, any other
 client Ollama's `Ollama is running`, which Ollama tools probe for. `--no-ui` turns the chat page off.
 """
@@ -18,10 +21,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, PlainTextResponse, Response
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.classroom.stats import ClassStats
-from kinetic.deps import RegistryDep
+from kinetic.deps import CallerDep, RegistryDep, server_state
 from kinetic.errors import NotFoundError
-from kinetic.model_registry.registry import ModelRegistry
 
 router = APIRouter()
 
@@ -62,8 +63,7 @@ def _page(name: str) -> FileResponse:
 
 
 def _ui_on(request: Request) -> bool:
-    registry: ModelRegistry = request.app.state.registry
-    return registry.settings.ui
+    return server_state(request.app).registry.settings.ui
 
 
 @router.api_route("/", methods=["GET", "HEAD"])
@@ -80,8 +80,25 @@ async def index(request: Request) -> Response:
 async def page_config(request: Request) -> dict[str, Any]:
     """What the pages must know before their first API call: whether to ask for a key first (so a
     student opening the page does not make a 401 that the dashboard would count as their lab's)."""
-    keys: KeyRing = request.app.state.keys
+    keys = server_state(request.app).keys
     return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin}
+
+
+@router.get("/v1/me")
+async def me(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The caller's own standing: who the key is, its limits, its budget now and its last requests."""
+    budgets = server_state(request.app).budgets
+    now = budgets.clock()
+    standing = budgets.standing(caller, now)
+    return {
+        "name": caller.name,
+        "role": caller.role.value,
+        "priority": caller.priority,
+        "limits": caller.limits.describe(),
+        "budget": standing.describe(now) if standing is not None else None,
+        "refused": caller.limits.window_refusal(now) if caller.name is not None else None,
+        "recent": budgets.recent(caller.name),
+    }
 
 
 @router.api_route("/ui/{name}", methods=["GET", "HEAD"])
@@ -99,8 +116,8 @@ async def dashboard() -> Response:
 @router.get("/dashboard/stats")
 async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, Any]:
     """Slots and queue of every loaded model (one, or several in router mode), and the class's totals."""
-    keys: KeyRing = request.app.state.keys  # the gate lets only the admin through (classroom/roles.py)
-    stats: ClassStats = request.app.state.class_stats
+    state = server_state(request.app)  # the gate lets only the admin through (classroom/roles.py)
+    keys, stats = state.keys, state.class_stats
     models: list[dict[str, Any]] = []
     slots: list[dict[str, Any]] = []
     processing = deferred = 0
@@ -122,6 +139,7 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
     return {
         "models": models,
         "slots": slots,
-        "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items()))},
+        "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items())),
+                  "max_queue": registry.settings.max_queue},
         **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),
     }

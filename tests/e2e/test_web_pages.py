@@ -29,7 +29,9 @@ TIMEOUT_MS = 60_000
 @pytest.fixture(scope="module")
 def server(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
     keys = tmp_path_factory.mktemp("web") / "keys.txt"
-    keys.write_text("".join(f"{key} {name}\n" for name, key in KEYS.items()))
+    # alice has a budget, so the chat page's standing line has something to show
+    keys.write_text("".join(f"{key} {name}{' tokens=100000/week' if name == 'alice' else ''}\n"
+                            for name, key in KEYS.items()))
     with KineticServer("-c", "4096", "-np", "2", "-a", ALIAS, "--api-key-file", str(keys),
                        "--admin-key", ADMIN_KEY) as server:
         yield server
@@ -97,6 +99,11 @@ def test_chat_page_streams_answers_with_their_numbers(page: Any, server: Kinetic
         assert 1 <= int(shown["completion-tokens"].split()[-1]) <= 24
         if turn_index == 1:  # the second turn re-sends the first: its prefix comes from the slot's cache
             assert cache_n > 0
+    # the key's own standing (GET /v1/me), updated after each answer: the tokens both turns took are gone
+    page.wait_for_function("/^alice · \\d+ of 100000 tokens left this week/.test("
+                           "document.getElementById('standing').textContent)")
+    left = int(page.inner_text("#standing").split(" · ")[1].split()[0])
+    assert left < 100000
     page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
 
     first, second = sent_bodies

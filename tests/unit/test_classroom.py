@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from kinetic.classroom.caller import Caller
 from kinetic.classroom.keys import KeyFileError, KeyRing, key_from_headers, parse_key_lines
 from kinetic.classroom.ledger import (
     ErrorRecord,
@@ -24,6 +25,7 @@ from kinetic.classroom.ledger import (
     ToolCallRecord,
     read_ledger,
 )
+from kinetic.classroom.roles import Role
 from kinetic.engine.types import Finished, Timings, Usage
 from kinetic.errors import UnauthorizedError
 from kinetic.gate import refuse
@@ -39,7 +41,7 @@ def test_key_file_lines_names_and_comments(tmp_path: Path) -> None:
     entries = parse_key_lines("# class of 2026\nsk-a alice\n\nsk-b  bob.rossi   # second row\nsk-c\nsk#d dan\n")
     assert [(e.key, e.name) for e in entries] == [("sk-a", "alice"), ("sk-b", "bob.rossi"), ("sk-c", "key-3"),
                                                  ("sk#d", "dan")]
-    with pytest.raises(KeyFileError, match="line 2: expected `KEY \\[name\\]`, got 3 words"):
+    with pytest.raises(KeyFileError, match="line 2: expected `KEY \\[name\\] \\[field=value \\.\\.\\.\\]`"):
         parse_key_lines("a b\nx y z\n")
     with pytest.raises(KeyFileError, match="line 1: the name 'a/b'"):
         parse_key_lines("k a/b\n")
@@ -120,7 +122,7 @@ async def chat(request):  # a route as the real ones: it answers and hands the l
 
 
 class NameGate:
-    """Stands in for kinetic.gate.RequestGate: puts the key's name in the scope, or answers 401."""
+    """Stands in for kinetic.gate.RequestGate: puts the key's Caller in the scope, or answers 401."""
 
     def __init__(self, app, ring: KeyRing):
         self.app, self.ring = app, ring
@@ -131,7 +133,7 @@ class NameGate:
         if name is None:
             await refuse(scope, UnauthorizedError("Invalid API Key"))(scope, receive, send)
             return
-        scope.setdefault("state", {})["client_name"] = name
+        scope.setdefault("state", {})["caller"] = Caller(name, Role.STUDENT)
         await self.app(scope, receive, send)
 
 

@@ -19,7 +19,9 @@ import pytest
 from kinetic.backends.config import EngineConfig, ModelConfig
 from kinetic.backends.model_file import read_model_file
 from kinetic.backends.upstream.backend import ForwardRequest, UpstreamBackend
-from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.caller import Caller
+from kinetic.classroom.identity import CALLER
+from kinetic.classroom.roles import Role
 from kinetic.engine.inflight import InFlight
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
 from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
@@ -218,7 +220,7 @@ def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str)
 
     async def refused_list() -> None:
         await engine.load()
-        CLIENT.set("alice")
+        CALLER.set(Caller("alice", Role.STUDENT))
         with pytest.raises(RateLimitError):
             await engine.start_together([forward("alice"), forward("alice")])
         await asyncio.sleep(0.2)  # the cancelled pump's cleanup

@@ -21,7 +21,7 @@ from kinetic.backends.upstream.pool import UpstreamPool
 from kinetic.backends.upstream.stream import read_events
 from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
-from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.identity import CALLER
 from kinetic.engine.base import Generation
 from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (
@@ -61,7 +61,7 @@ class UpstreamBackend:
         parallel = config.engine.n_parallel
         connections = DEFAULT_CONNECTIONS if parallel < 0 else parallel
         self.line = WaitingLine(connections * len(spec.upstreams), fair=config.engine.fair_share,
-                                own_limit=own_limit, shared=in_flight)
+                                own_limit=own_limit, shared=in_flight, max_queue=config.engine.max_queue)
         self._loaded = False
         self._streams: dict[asyncio.Task[None], asyncio.Queue[Event | BaseException]] = {}  # open answers
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop the answers run on
@@ -142,10 +142,14 @@ class UpstreamBackend:
         prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
                                 reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format,
                                 tool_mode="none", tool_names=())
-        return ForwardRequest(prompt_tokens=[], payload=body, client=CLIENT.get()), prepared
+        caller = CALLER.get()
+        return ForwardRequest(prompt_tokens=[], payload=body, client=caller.queue_name,
+                              priority=caller.priority), prepared
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
-        return ForwardRequest(prompt_tokens=[], route="/completions", client=CLIENT.get(),
+        caller = CALLER.get()
+        return ForwardRequest(prompt_tokens=[], route="/completions", client=caller.queue_name,
+                              priority=caller.priority,
                               payload=prompt_body(req, self.upstream_model, self.config.defaults.n_predict))
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
@@ -160,7 +164,7 @@ class UpstreamBackend:
         client = request.client
         self.line.count(client)
         try:
-            await self.line.take_turn(client)
+            await self.line.take_turn(client, request.priority)
         except BaseException:
             self.line.uncount(client)
             raise
@@ -215,10 +219,11 @@ class UpstreamBackend:
 
     async def _forward_json(self, route: str, payload: dict[str, Any]) -> Any:
         """A non-streamed call (embeddings), with the same turns, limits and failover."""
-        client = CLIENT.get()
+        caller = CALLER.get()
+        client = caller.queue_name
         self.line.count(client)
         try:
-            await self.line.take_turn(client)
+            await self.line.take_turn(client, caller.priority)
             try:
                 return await self.pool.json(route, payload)
             finally:

@@ -8,12 +8,13 @@ import asyncio
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight, ModelInFlight
-from kinetic.errors import KineticError
+from kinetic.errors import KineticError, QueueFullError
 
 
 class WaitingLine:
-    def __init__(self, n_slots: int, *, fair: bool, own_limit: int, shared: InFlight | None):
+    def __init__(self, n_slots: int, *, fair: bool, own_limit: int, shared: InFlight | None, max_queue: int = 0):
         self.n_slots = n_slots
+        self.max_queue = max_queue  # --max-queue: requests that may wait here (0: no cap)
         self.running = 0
         self.in_flight = ModelInFlight(own_limit, shared)  # this model's --max-in-flight, and the router's
         self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair)
@@ -31,13 +32,16 @@ class WaitingLine:
     def uncount(self, client: str) -> None:
         self.in_flight.leave(client)
 
-    async def take_turn(self, client: str) -> None:
-        """Returns when a connection is free for this request (at once when one is and nobody waits)."""
+    async def take_turn(self, client: str, priority: int = 0) -> None:
+        """Returns when a connection is free for this request (at once when one is and nobody waits);
+        past --max-queue waiting, a 503 at once."""
         if self.running < self.n_slots and not self._waiting:
             self.running += 1
             return
+        if self.max_queue and len(self._waiting) >= self.max_queue:
+            raise QueueFullError(self.max_queue)
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.push(client, turn)
+        self._waiting.push(client, turn, priority)
         try:
             await turn
         except asyncio.CancelledError:

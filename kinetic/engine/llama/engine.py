@@ -103,6 +103,7 @@ class LlamaEngine:
         self.n_ubatch = config.n_ubatch
         self.embeddings_enabled = config.embeddings
         self.fair_share = config.fair_share
+        self.max_queue = config.max_queue  # --max-queue: the waiting line's cap (0: none)
         self.max_in_flight_per_client = max_in_flight_per_client
         self.in_flight = in_flight  # router mode: every model's requests counted per key together
         self.cache_ram_mib = config.cache_ram_mib
@@ -151,7 +152,7 @@ class LlamaEngine:
         try:
             scheduler = Scheduler(model, n_ctx=total_ctx, n_slots=self.n_slots, kv_unified=self.kv_unified,
                                   n_threads=self.n_threads, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                                  decode_lock=self._decode_lock, fair=self.fair_share,
+                                  decode_lock=self._decode_lock, fair=self.fair_share, max_queue=self.max_queue,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
                                   ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight,
                                   long_context=long_context, spec=self.spec, projector=projector)

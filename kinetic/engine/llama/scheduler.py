@@ -67,7 +67,7 @@ from kinetic.engine.types import (
     TokenLogprob,
     Usage,
 )
-from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
 
 # the scheduler's parts that moved to their own modules, still importable from here
 __all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Slot", "SlotBusyError"]
@@ -89,7 +89,7 @@ class Scheduler(SlotAdmission):
     """Owns the generation context, its slots, the waiting queue and the decode thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
-                 n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True,
+                 n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True, max_queue: int = 0,
                  max_in_flight: int = 0, share_prefixes: bool = True, cache_ram_mib: int = 0,
                  ctx_checkpoints: int = 32, in_flight: InFlight | None = None,
                  long_context: LongContext = LongContext(),  # noqa: B008  frozen: a shared default is safe
@@ -129,6 +129,7 @@ class Scheduler(SlotAdmission):
                                           exact_states=self.exact_states) if spec is not None else None
         self._cv = threading.Condition()
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
+        self.max_queue = max_queue  # --max-queue: jobs that may wait for a slot (0: no cap)
         self._outbox: list[tuple[Job, Event | BaseException]] = []
         self._prompt_turn = 0
         self._stopping = False
@@ -151,9 +152,12 @@ class Scheduler(SlotAdmission):
         with self._cv:
             if self._stopping:  # raced an unload: the model is gone
                 raise self._closed_error
+            idle = sum(slot.job is None for slot in self.slots)
+            if self.max_queue and len(self._pending) + len(jobs) - idle > self.max_queue:
+                raise QueueFullError(self.max_queue)
             self.in_flight.enter(dict(Counter(job.request.client for job in jobs)))
             for job in jobs:
-                self._pending.push(job.request.client, job)
+                self._pending.push(job.request.client, job, job.request.priority)
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:

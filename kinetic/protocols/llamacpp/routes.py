@@ -13,9 +13,10 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__, slot_folder
 from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
-from kinetic.classroom.identity import CLIENT
+from kinetic.classroom.identity import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, RegistryDep, model_backend
+from kinetic.deps import server_state as app_state
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.registry import ModelState
@@ -115,9 +116,8 @@ async def set_props(backend: BackendDep) -> dict[str, Any]:
 
 def _viewer(request: Request) -> str | None:
     """None for the admin (who sees every client), else the caller's own name (classroom/roles.py)."""
-    if getattr(request.state, "role", Role.ADMIN) is Role.ADMIN:
-        return None
-    return CLIENT.get()
+    caller = caller_of(request)
+    return None if caller.role is Role.ADMIN else caller.queue_name
 
 
 @router.get("/slots")
@@ -172,7 +172,7 @@ def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
     text = metrics.metrics_text(backend.stats(scrape=True), viewer=_viewer(request),
-                                  by_key=request.app.state.class_stats.figures_by_key())
+                                  by_key=app_state(request.app).class_stats.figures_by_key())
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))

@@ -13,8 +13,9 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
-from kinetic.deps import RegistryDep, backend_dependency
+from kinetic.deps import CallerDep, RegistryDep, backend_dependency
 from kinetic.engine.types import GenerationRequest
+from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
@@ -59,18 +60,23 @@ async def version() -> dict[str, str]:
 
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
-async def tags(registry: RegistryDep) -> dict[str, Any]:
-    """Every model (a router's unloaded ones, and remote ones, by name only), then the derived ones."""
-    served = [(e, None) for e in registry.entries.values()] + [(base, m) for m, base in derived_models(registry)]
+async def tags(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+    """Every model the key may use (a router's unloaded ones, and remote ones, by name only), then the derived
+    ones."""
+    allows = caller.limits.allows_model
+    served: list[tuple[ModelEntry, DerivedModel | None]] = [(e, None) for e in registry.entries.values()
+                                                            if allows(e.spec.names)]
+    served += [(base, m) for m, base in derived_models(registry) if allows((m.name,)) and allows(base.spec.names)]
     return {"models": [translate.model_entry(*await _listed(b if m is None else DerivedBackend(b, m)))
                        if (b := loaded(e)) else translate.unloaded_entry(e.name if m is None else m.name)
                        for e, m in served]}
 
 
 @router.get("/api/ps")
-async def ps(registry: RegistryDep) -> dict[str, Any]:
-    """The models loaded now."""
-    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values() if (b := loaded(e))]}
+async def ps(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+    """The models loaded now (those the key may use)."""
+    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values()
+                       if (b := loaded(e)) and caller.limits.allows_model(e.spec.names)]}
 
 
 @router.post("/api/show")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.backends.base import embeddings_off, require
-from kinetic.deps import BackendDep, RegistryDep
+from kinetic.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
 from kinetic.protocols.common.outcome import hand_over_count
@@ -100,5 +100,5 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
 
 @router.get("/v1/models")
 @router.get("/models")
-async def list_models(registry: RegistryDep) -> dict[str, Any]:
-    return listing.models_body(registry)
+async def list_models(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+    return listing.models_body(registry, caller.limits.allows_model)

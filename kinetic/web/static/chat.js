@@ -55,6 +55,26 @@ async function loadProps() {
   }
   setStatus("ready");
   $("send").disabled = false;
+  loadStanding().catch(() => {});
+}
+
+// One line for the key's own standing (GET /v1/me): its name, tokens left and when they reset, why
+// it is refused now (outside its lesson hours), the models it may use.
+async function loadStanding() {
+  const res = await fetch("/v1/me", { headers: kinetic.headers(keyStore.get()) });
+  if (!res.ok) return;
+  const me = await res.json();
+  const parts = [];
+  if (me.name) parts.push(me.name);
+  if (me.budget) {
+    const resets = new Date(me.budget.resets_at).toLocaleString();
+    parts.push(`${me.budget.left} of ${me.budget.limit} tokens left this ${me.budget.period} (resets ${resets})`);
+  }
+  if (me.limits?.hours?.length) parts.push(`hours ${me.limits.hours.join(", ")}`);
+  if (me.limits?.models) parts.push(`models ${me.limits.models.join(", ")}`);
+  if (me.refused) parts.push(me.refused);
+  $("standing").textContent = parts.join(" · ");
+  $("standing").hidden = parts.length === 0;
 }
 
 function thumbnail(url) {
@@ -244,6 +264,7 @@ async function send(text) {
     state.controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
+    loadStanding().catch(() => {});
   }
 }
 

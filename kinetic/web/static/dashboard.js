@@ -42,7 +42,8 @@ function drawSlots(slots, models) {
 }
 
 function drawQueue(queue, totals) {
-  $("queue").textContent = `${queue.processing} processing, ${queue.deferred} waiting`;
+  const cap = queue.max_queue ? ` (at most ${queue.max_queue} a model, --max-queue)` : "";
+  $("queue").textContent = `${queue.processing} processing, ${queue.deferred} waiting${cap}`;
   $("queue-by-key").replaceChildren(...Object.entries(queue.deferred_by_key).map(([name, count]) => {
     const li = document.createElement("li");
     li.textContent = `${name}: ${count} waiting`;

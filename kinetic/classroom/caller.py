@@ -1,0 +1,41 @@
+"""Who is asking: one `Caller`, resolved once by the request gate from the key sent, and read by the
+routes, the fair queue, the ledger, the budgets and the dashboard.
+
+The gate puts it in the ASGI scope's state (`state["caller"]`); the identity middleware inside the gate
+makes it current for the request (classroom/identity.py), so the layers below the routes (a backend
+naming the request for the fair queue) read the same object. It never holds the key itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kinetic.classroom.limits import Limits
+from kinetic.classroom.roles import Role
+
+# The admin (the instructor) is served before students while waiting, unless the key file says otherwise.
+ADMIN_PRIORITY = 1
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str | None  # the key's name; None on a server without keys, or for a key the gate refused
+    role: Role
+    limits: Limits = field(default_factory=Limits)
+    addr: str = ""  # the client's address: a server without keys tells callers apart by it
+
+    @property
+    def queue_name(self) -> str:
+        """The name the fair queue and the in-flight counts go by: the key's, else the address."""
+        if self.name:
+            return self.name
+        return f"addr:{self.addr}" if self.addr else "anonymous"
+
+    @property
+    def priority(self) -> int:
+        if self.limits.priority is not None:
+            return self.limits.priority
+        return ADMIN_PRIORITY if self.role is Role.ADMIN and self.name is not None else 0
+
+
+NOBODY = Caller(None, Role.STUDENT)  # outside any request (a test calling a backend directly)

@@ -105,6 +105,11 @@ class ServerSettings(BaseSettings):
     models_max: Annotated[int, Field(ge=0)] = 4  # llama-server's default
     models_autoload: bool = True
     upstream: Upstreams = ()
+    upstream_policy: Literal["cache-aware", "least-outstanding"] = "cache-aware"  # kinetic.backends.upstream.affinity
+    upstream_cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3  # vllm-router's defaults, these three
+    upstream_balance_abs_threshold: Annotated[int, Field(ge=0)] = 64
+    upstream_balance_rel_threshold: Annotated[float, Field(ge=0)] = 1.5
+    upstream_probe_interval: Annotated[float, Field(gt=0)] = 10.0
     ctx_size: Annotated[int, Field(ge=0)] = 0
     parallel: SlotCount = -1
     batch_size: Annotated[int, Field(ge=1)] = 2048  # llama-server's defaults

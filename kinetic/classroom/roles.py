@@ -33,6 +33,8 @@ class Role(str, Enum):  # noqa: UP042  StrEnum would change str() and format() o
 ADMIN_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/models/load"),
     ("POST", "/models/unload"),
+    ("POST", "/models/drain"),
+    ("POST", "/models/undrain"),
     ("POST", "/slots/{id_slot}"),
     ("POST", "/props"),
     ("POST", "/lora-adapters"),  # the adapters' scales apply to every request

@@ -47,8 +47,9 @@ def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
                         "parameter_size": "", "quantization_level": ""}}
 
 
-def router_entry(entry: ModelEntry) -> dict[str, Any]:
-    """A router's model in any state (llama-server's router /models row)."""
+def router_entry(entry: ModelEntry, *, admin: bool = True) -> dict[str, Any]:
+    """A router's model in any state (llama-server's router /models row); an upstream model's servers
+    for the admin."""
     spec = entry.spec
     backend = entry.backend
     body: dict[str, Any] = model_entry(backend) if backend is not None and backend.ready else {
@@ -64,7 +65,7 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     body["can_remove"] = False
     if spec.remote:
         body["owned_by"] = "upstream"
-        if backend is not None:
+        if backend is not None and admin:
             status["upstreams"] = backend.describe().members
     return body
 
@@ -76,7 +77,7 @@ def output_modalities(entry: ModelEntry) -> list[str]:
     return ["text"]
 
 
-def models_body(registry: ModelRegistry) -> dict[str, Any]:
+def models_body(registry: ModelRegistry, *, admin: bool = True) -> dict[str, Any]:
     if not registry.router:
         backend = registry.only.backend
         assert backend is not None
@@ -85,4 +86,4 @@ def models_body(registry: ModelRegistry) -> dict[str, Any]:
     entries = list(registry.entries.values())
     return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
                                       else ["completion"]) for e in entries],
-            "object": "list", "data": [router_entry(e) for e in entries]}
+            "object": "list", "data": [router_entry(e, admin=admin) for e in entries]}

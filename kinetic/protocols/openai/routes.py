@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.backends.base import embeddings_off, require
+from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
@@ -68,5 +69,6 @@ async def create_embeddings(body: EmbeddingRequest, backend: BackendDep) -> dict
 
 @router.get("/v1/models")
 @router.get("/models")
-async def list_models(registry: RegistryDep) -> dict[str, Any]:
-    return listing.models_body(registry)
+async def list_models(request: Request, registry: RegistryDep) -> dict[str, Any]:
+    # an upstream pool's servers (their addresses, load, hit rate) are the admin's to see
+    return listing.models_body(registry, admin=getattr(request.state, "role", Role.ADMIN) is Role.ADMIN)

@@ -93,6 +93,17 @@ FLAGS: tuple[Flag, ...] = (
          negations=("--no-models-autoload",)),
     Flag("upstream", ("--upstream",), "router mode: NAME served by an OpenAI-compatible server (repeat: a pool)",
          metavar="NAME=URL"),
+    Flag("upstream_policy", ("--upstream-policy",), "how a pool picks a server: cache-aware (a conversation goes "
+         "back to the server holding it) or least-outstanding", metavar="POLICY"),
+    Flag("upstream_cache_threshold", ("--upstream-cache-threshold",), "cache-aware: share of the prompt a server "
+         "must hold to be chosen for it", metavar="SHARE"),
+    Flag("upstream_balance_abs_threshold", ("--upstream-balance-abs-threshold",), "cache-aware: a request leaves "
+         "the server holding it when that has more than N requests over the idlest server (and is over the relative "
+         "bound)", metavar="N"),
+    Flag("upstream_balance_rel_threshold", ("--upstream-balance-rel-threshold",), "cache-aware: ... and more than R "
+         "times the idlest server's requests (and is over the absolute bound)", metavar="R"),
+    Flag("upstream_probe_interval", ("--upstream-probe-interval",), "seconds between health and load probes of "
+         "each upstream server", metavar="S"),
     Flag("ctx_size", ("-c", "--ctx-size"), "total context size in tokens, shared by the slots (0 = from the model)",
          metavar="N"),
     Flag("parallel", ("-np", "--parallel"),

@@ -27,8 +27,6 @@ from kinetic.engine.options import (
     parse_kv_override,
     parse_spec_types,
 )
-from kinetic.serve_flags import FLAGS as FLAGS  # re-exported: the router's presets read the table from here
-from kinetic.serve_flags import FLAGS_BY_SPELLING as FLAGS_BY_SPELLING
 from kinetic.setting_values import (
     SWITCH_TYPES,
     ByteSize,
@@ -105,6 +103,11 @@ class ServerSettings(BaseSettings):
     models_max: Annotated[int, Field(ge=0)] = 4  # llama-server's default
     models_autoload: bool = True
     upstream: Upstreams = ()
+    upstream_policy: Literal["cache-aware", "least-outstanding"] = "cache-aware"  # kinetic.backends.upstream.affinity
+    upstream_cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3  # vllm-router's defaults, these three
+    upstream_balance_abs_threshold: Annotated[int, Field(ge=0)] = 64
+    upstream_balance_rel_threshold: Annotated[float, Field(ge=0)] = 1.5
+    upstream_probe_interval: Annotated[float, Field(gt=0)] = 10.0
     ctx_size: Annotated[int, Field(ge=0)] = 0
     parallel: SlotCount = -1
     batch_size: Annotated[int, Field(ge=1)] = 2048  # llama-server's defaults

@@ -43,6 +43,7 @@ class Capabilities:
     slots: bool = True  # slot states and slot files
     lora: bool = False
     sleep: bool = False  # can be unloaded while idle and woken by a request (--sleep-idle-seconds)
+    pool: bool = False  # served by a pool of upstream servers, each of which can be drained
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Description:
     template: ChatTemplate | None
     pooling: str  # how embeddings are pooled ("" when the backend does not say)
     fingerprint: str
-    # a remote model's servers: each one's URL, whether it is in rotation, its requests outstanding
+    # a remote model's servers: each one's URL, state, load, requests served and cache hit rate
     members: list[dict[str, Any]] = field(default_factory=list)
     speculative_types: tuple[str, ...] = ()  # the speculative decoding kinds its slots run ("" none)
     modalities: Modalities = field(default_factory=Modalities)  # what its projector reads besides text
@@ -163,6 +164,9 @@ class ModelBackend(Protocol):
     async def set_lora_scales(self, scales: dict[int, float]) -> None: ...
 
     def stats(self, *, scrape: bool = False) -> EngineStats: ...
+
+    async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
+        """Takes one server of its pool out of rotation (its requests finish) or puts it back: its status."""
 
 
 def require(capable: bool, backend: ModelBackend, route: str, why: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kinetic.backends.media_source import MediaPolicy
+from kinetic.backends.upstream.affinity import PoolPolicy
 from kinetic.chat.prepare import ServerDefaults
 from kinetic.engine.options import EngineConfig, ProjectorOptions
 from kinetic.models import projector_cache_path
@@ -51,6 +52,7 @@ class ModelConfig:
     switches: Switches = field(default_factory=Switches)
     temperature: float = 0.8  # --temp as given (Ollama's /api/show prints it)
     media: MediaPolicy = field(default_factory=MediaPolicy)  # where files named by URL may be loaded from
+    pool: PoolPolicy = field(default_factory=PoolPolicy)  # how an upstream pool picks a server
 
 
 def media_policy(settings: ServerSettings) -> MediaPolicy:
@@ -116,5 +118,9 @@ def model_config(settings: ServerSettings) -> ModelConfig:
         llama_params=options.describe(), rerank=settings.serves_rerank, log_prompts_dir=settings.log_prompts_dir)
     template = TemplateChoice(jinja=settings.jinja, override=settings.chat_template,
                               override_file=settings.chat_template_file)
+    pool = PoolPolicy(policy=settings.upstream_policy, cache_threshold=settings.upstream_cache_threshold,
+                      balance_abs=settings.upstream_balance_abs_threshold,
+                      balance_rel=settings.upstream_balance_rel_threshold,
+                      probe_interval_s=settings.upstream_probe_interval)
     return ModelConfig(defaults=defaults, template=template, engine=engine, switches=switches,
-                       temperature=settings.temp, media=media_policy(settings))
+                       temperature=settings.temp, media=media_policy(settings), pool=pool)

@@ -252,3 +252,6 @@ class LocalBackend:
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         return self.engine.stats(scrape=scrape)
+
+    async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
+        raise lacking(self.name, "draining", "it is served here, not by a pool of upstream servers")

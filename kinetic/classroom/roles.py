@@ -40,6 +40,8 @@ ADMIN_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/api/copy"),
     ("DELETE", "/api/delete"),
     ("POST", "/api/push"),
+    ("POST", "/models/drain"),
+    ("POST", "/models/undrain"),
     ("POST", "/slots/{id_slot}"),
     ("POST", "/props"),
     ("POST", "/lora-adapters"),  # the adapters' scales apply to every request

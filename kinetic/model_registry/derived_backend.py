@@ -154,3 +154,6 @@ class DerivedBackend:
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         return self.base.stats(scrape=scrape)
+
+    async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
+        return await self.base.drain(server, drain=drain, wait_s=wait_s)

@@ -51,8 +51,9 @@ def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
                         "parameter_size": "", "quantization_level": ""}}
 
 
-def router_entry(entry: ModelEntry) -> dict[str, Any]:
-    """A router's model in any state (llama-server's router /models row)."""
+def router_entry(entry: ModelEntry, *, admin: bool = True) -> dict[str, Any]:
+    """A router's model in any state (llama-server's router /models row); an upstream model's servers
+    for the admin."""
     spec = entry.spec
     backend = entry.backend
     body: dict[str, Any] = model_entry(backend) if backend is not None and backend.ready else {
@@ -68,7 +69,7 @@ def router_entry(entry: ModelEntry) -> dict[str, Any]:
     body["can_remove"] = spec.source == "cache"  # downloaded here (POST /models): DELETE /models removes it
     if spec.remote:
         body["owned_by"] = "upstream"
-        if backend is not None:
+        if backend is not None and admin:
             status["upstreams"] = backend.describe().members
     return body
 
@@ -104,8 +105,8 @@ def derived_models(registry: ModelRegistry) -> list[tuple[DerivedModel, ModelEnt
     return [(m, base) for m in registry.derived.values() if (base := registry.find(m.base)) is not None]
 
 
-def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], bool] = lambda names: True
-                ) -> dict[str, Any]:
+def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], bool] = lambda names: True,
+                *, admin: bool = True) -> dict[str, Any]:
     """The models listed; `allows` (by a model's id and aliases) hides those the caller's key may not use."""
     derived = [(m, base) for m, base in derived_models(registry) if allows((m.name,)) and allows(base.spec.names)]
     if not registry.router:
@@ -119,5 +120,6 @@ def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], boo
     return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
                                       else ["completion"]) for e in entries]
             + [ollama_shaped(m.name, ["completion"]) for m, _ in derived],
-            "object": "list", "data": [router_entry(e) for e in entries] + [derived_entry(m, b) for m, b in derived]
+            "object": "list",
+            "data": [router_entry(e, admin=admin) for e in entries] + [derived_entry(m, b) for m, b in derived]
             + [downloading_entry(d) for d in registry.downloads.active.values()]}

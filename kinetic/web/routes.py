@@ -115,11 +115,13 @@ async def dashboard() -> Response:
 
 @router.get("/dashboard/stats")
 async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, Any]:
-    """Slots and queue of every loaded model (one, or several in router mode), and the class's totals."""
+    """Slots and queue of every loaded model (one, or several in router mode), the upstream servers, and
+    the class's totals."""
     state = server_state(request.app)  # the gate lets only the admin through (classroom/roles.py)
     keys, stats = state.keys, state.class_stats
     models: list[dict[str, Any]] = []
     slots: list[dict[str, Any]] = []
+    upstreams: list[dict[str, Any]] = []  # the servers of each upstream pool, as the admin's /v1/models shows them
     processing = deferred = 0
     by_key: dict[str, int] = {}
     for entry in registry.entries.values():
@@ -132,6 +134,7 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
                    "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
                    "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
                   for slot in backend.slot_states()]
+        upstreams += [{"model": entry.name, **member} for member in described.members]
         processing += engine_stats.requests_processing
         deferred += engine_stats.requests_deferred
         for name, count in engine_stats.deferred_by_client.items():
@@ -139,6 +142,7 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
     return {
         "models": models,
         "slots": slots,
+        "upstreams": upstreams,
         "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items())),
                   "max_queue": registry.settings.max_queue},
         **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),

@@ -51,7 +51,8 @@ OTHER = frozenset({
     "/lora-adapters", "/tokenize", "/detokenize", "/apply-template", "/cors-proxy", "/v1/chat/completions/input_tokens",
     "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens",
     "/v1/messages/count_tokens", "/api/tags", "/api/version", "/api/ps", "/api/show",
-    "/v1/chat/completions/control", "/api/pull", "/api/create", "/api/copy", "/api/delete", "/api/push",
+    "/v1/chat/completions/control", "/models/drain", "/models/undrain",
+    "/api/pull", "/api/create", "/api/copy", "/api/delete", "/api/push",
 })
 GENERATES = {path for path in GENERATION if "embed" not in path and "rerank" not in path}
 

@@ -8,6 +8,7 @@ then a Finished with usage, llama-server's timings when the upstream sends them,
 as structure. The classroom layer stays in front: key names, the per-key in-flight limit (429), a
 waiting line fair across keys when every upstream connection is busy (line.py), the ledger.
 
-Several upstreams under one name form a pool (pool.py): each request goes to the healthy member with
-the fewest requests outstanding; a member that fails is taken out of rotation and probed again.
+Several upstreams under one name form a pool (pool.py): each request goes to the member that holds
+its conversation in its cache, within load bounds (affinity.py; the load as the members count it,
+load.py); a member that fails is taken out of rotation and probed again, one drained takes nothing new.
 """

@@ -27,17 +27,18 @@ from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (
     EngineStats,
     Event,
+    Finished,
     GenerationRequest,
     RankScore,
     SlotFileResult,
     SlotState,
 )
-from kinetic.errors import KineticError, NotSupportedError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError, ServerError, UnavailableError
 from kinetic.model_registry.sources import ModelSpec
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,
-                            forwards_token_routes=True, slots=False, lora=False)
+                            forwards_token_routes=True, slots=False, lora=False, pool=True)
 NO_TOKENIZER = "kinetic has no tokenizer or chat template for it: the server behind it has them"
 
 
@@ -57,7 +58,7 @@ class UpstreamBackend:
         self.aliases = spec.aliases or (spec.name,)
         self.started = int(time.time())
         self.upstream_model = spec.upstreams[0].model or spec.name
-        self.pool = UpstreamPool(spec.name, spec.upstreams)
+        self.pool = UpstreamPool(spec.name, spec.upstreams, config.pool)
         parallel = config.engine.n_parallel
         connections = DEFAULT_CONNECTIONS if parallel < 0 else parallel
         self.line = WaitingLine(connections * len(spec.upstreams), fair=config.engine.fair_share,
@@ -128,7 +129,7 @@ class UpstreamBackend:
     def describe(self) -> Description:
         return Description(name=self.name, aliases=self.aliases, info=None, n_ctx=0, n_slots=self.line.n_slots,
                            template=None, pooling="", fingerprint=f"b{__version__}-kinetic",
-                           members=[member.status() for member in self.pool.members])
+                           members=self.pool.statuses())
 
     async def model_file(self) -> ModelFile:
         raise lacking(self.name, "its model file", "it is the upstream server's")
@@ -169,7 +170,7 @@ class UpstreamBackend:
             self.line.uncount(client)
             raise
         try:
-            member, response = await self.pool.open(request.route, request.payload)
+            member, response = await self.pool.open(request.route, request.payload, client=client)
         except BaseException:
             self.line.end_turn()
             self.line.uncount(client)
@@ -179,6 +180,8 @@ class UpstreamBackend:
         async def pump() -> None:
             try:
                 async for event in read_events(response, is_chat=request.route == "/chat/completions"):
+                    if isinstance(event, Finished):
+                        self.pool.answered(member, event)
                     queue.put_nowait(event)
             except httpx.HTTPError as exc:
                 self.pool.mark_down(member, f"stream broken: {exc or type(exc).__name__}")
@@ -292,3 +295,15 @@ class UpstreamBackend:
     def stats(self, *, scrape: bool = False) -> EngineStats:
         return EngineStats(counters={}, requests_processing=self.line.running, requests_deferred=len(self.line),
                            deferred_by_client=self.line.waiting_by_client())
+
+    async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
+        member = self.pool.find(server)
+        if member is None:
+            known = ", ".join(m.spec.url for m in self.pool.members)
+            raise InvalidRequestError(f"model '{self.name}' has no upstream server {server!r} (its servers: {known})",
+                                      param="upstream")
+        if drain:
+            await self.pool.drain(member, wait_s=wait_s)
+        else:
+            await self.pool.undrain(member)
+        return self.pool.statuses()[self.pool.members.index(member)]

@@ -1,6 +1,7 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
 /infill, /embedding (and /embeddings), /rerank (and its aliases), /tokenize, /detokenize, /apply-template,
-/cors-proxy; the router's /models/load, /models/unload, /models/sse (POST and DELETE /models: model_routes.py)."""
+/cors-proxy; the router's /models/load, /models/unload, /models/sse (POST and DELETE /models: model_routes.py),
+and kinetic's /models/drain and /models/undrain."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kinetic.deps import BackendDep, RegistryDep, model_backend
 from kinetic.deps import server_state as app_state
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
-from kinetic.model_registry.registry import ModelState
+from kinetic.model_registry.registry import ModelRegistry, ModelState
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.outcome import hand_over_count
 from kinetic.protocols.llamacpp import cors_proxy, metrics, model_routes, rerank, server_state, tokens, translate
@@ -27,6 +28,7 @@ from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
     DetokenizeRequest,
+    DrainRequest,
     EmbeddingRequest,
     InfillRequest,
     ModelActionRequest,
@@ -289,3 +291,36 @@ async def apply_template(body: ApplyTemplateRequest, backend: BackendDep) -> dic
                                     add_generation_prompt=body.add_generation_prompt,
                                     continue_final_message=common.continuation(body.continue_final_message))
     return {"prompt": rendered.prompt}
+
+
+# ------------------------------------------------------------------ kinetic's: an upstream pool's maintenance
+
+DRAIN_WAIT_S = 600.0  # as long as one upstream answer may take (the pool's read timeout)
+
+
+def pool_backend(registry: ModelRegistry, name: str, route: str) -> ModelBackend:
+    """The backend of the upstream pool `name` (router mode, loaded), or the 4xx/501 saying why not."""
+    if not registry.router:
+        raise NotFoundError("File Not Found")
+    entry = registry.find(name)
+    if entry is None:
+        raise InvalidRequestError("model is not found", param="model")
+    if entry.state is not ModelState.LOADED or entry.backend is None:
+        raise InvalidRequestError("model is not running", param="model")
+    require(entry.backend.capabilities.pool, entry.backend, route, "it is not served by a pool of upstream servers")
+    return entry.backend
+
+
+@router.post("/models/drain")
+async def drain_upstream(body: DrainRequest, registry: RegistryDep) -> dict[str, Any]:
+    """One server of a pool takes no new request, and finishes those it has (`wait`: answered once it has):
+    the instructor can then restart it without cutting off a student."""
+    backend = pool_backend(registry, body.model, "/models/drain")
+    status = await backend.drain(body.upstream, drain=True, wait_s=DRAIN_WAIT_S if body.wait else 0.0)
+    return {"success": True, "upstream": status}
+
+
+@router.post("/models/undrain")
+async def undrain_upstream(body: DrainRequest, registry: RegistryDep) -> dict[str, Any]:
+    backend = pool_backend(registry, body.model, "/models/undrain")
+    return {"success": True, "upstream": await backend.drain(body.upstream, drain=False)}

@@ -66,3 +66,11 @@ class ModelActionRequest(WireModel):
     """POST /models/load and /models/unload (router mode)."""
 
     model: str
+
+
+class DrainRequest(WireModel):
+    """POST /models/drain and /models/undrain: one server of an upstream pool, by its URL."""
+
+    model: str
+    upstream: str
+    wait: bool = False  # drain: answer once the requests it had are done

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.backends.base import embeddings_off, require
+from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
@@ -101,4 +102,5 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
 @router.get("/v1/models")
 @router.get("/models")
 async def list_models(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
-    return listing.models_body(registry, caller.limits.allows_model)
+    # an upstream pool's servers (their addresses, load, hit rate) are the admin's to see
+    return listing.models_body(registry, caller.limits.allows_model, admin=caller.role is Role.ADMIN)

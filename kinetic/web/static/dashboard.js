@@ -41,6 +41,28 @@ function drawSlots(slots, models) {
   $("slots").tBodies[0].replaceChildren(...rows);
 }
 
+function percent(share) {
+  return share === null ? "–" : `${Math.round(share * 100)} %`;
+}
+
+function drawUpstreams(upstreams) {
+  $("upstreams-card").hidden = upstreams.length === 0;
+  const rows = upstreams.map((u) => {
+    const row = document.createElement("tr");
+    row.dataset.url = u.url;
+    row.className = u.state;
+    cell(row, u.model);
+    cell(row, u.url);
+    cell(row, u.state, u.state === "down" ? "bad" : "");
+    cell(row, u.load);
+    cell(row, u.served);
+    cell(row, u.served ? percent(u.affine / u.served) : "–");
+    cell(row, percent(u.cache_hit_rate));
+    return row;
+  });
+  $("upstreams").tBodies[0].replaceChildren(...rows);
+}
+
 function drawQueue(queue, totals) {
   const cap = queue.max_queue ? ` (at most ${queue.max_queue} a model, --max-queue)` : "";
   $("queue").textContent = `${queue.processing} processing, ${queue.deferred} waiting${cap}`;
@@ -130,6 +152,7 @@ async function poll() {
     $("model").textContent = stats.models.map((m) => m.name).join(", ") || "no model loaded";
     $("ctx").textContent = stats.models.length ? `n_ctx ${stats.models[0].n_ctx}` : "";
     drawSlots(stats.slots, stats.models);
+    drawUpstreams(stats.upstreams);
     drawQueue(stats.queue, stats.totals);
     drawStudents(stats.students);
     drawChart(stats.throughput);

@@ -12,6 +12,7 @@ from functools import partial
 
 from fastapi import FastAPI
 
+from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
 from kinetic.classroom.stats import ClassStats
@@ -92,6 +93,8 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     app.state.end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     app.state.load_error = None
+    settings = registry.settings
+    app.state.chat_store = ChatStore(settings.chat_history) if settings.chat_history else None  # --chat-history
     app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.streaming
     install_error_funnel(app)
     for protocol in PROTOCOLS:

@@ -265,6 +265,7 @@ class ServerSettings(BaseSettings):
     max_in_flight: Annotated[int, Field(ge=0)] = 4
     ledger: str | None = None
     ledger_content: bool = False
+    chat_history: str | None = None
     chat_template: TemplateName | None = None
     chat_template_file: ExistingFile | None = None
     chat_template_kwargs: TemplateVariables | None = None

@@ -22,8 +22,10 @@ from kinetic.classroom.stats import ClassStats
 from kinetic.deps import RegistryDep
 from kinetic.errors import NotFoundError
 from kinetic.model_registry.registry import ModelRegistry
+from kinetic.web.chats import router as chats_router
 
 router = APIRouter()
+router.include_router(chats_router)
 
 STATIC = Path(__file__).resolve().parent / "static"
 OLLAMA_TEXT = "Ollama is running"
@@ -81,7 +83,8 @@ async def page_config(request: Request) -> dict[str, Any]:
     """What the pages must know before their first API call: whether to ask for a key first (so a
     student opening the page does not make a 401 that the dashboard would count as their lab's)."""
     keys: KeyRing = request.app.state.keys
-    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin}
+    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin,
+            "chat_history": request.app.state.chat_store is not None}
 
 
 @router.api_route("/ui/{name}", methods=["GET", "HEAD"])

@@ -13,6 +13,7 @@ from functools import partial
 from fastapi import FastAPI
 
 from kinetic.classroom.budgets import Budgets
+from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
 from kinetic.classroom.stats import ClassStats
@@ -82,7 +83,9 @@ def server_parts(registry: ModelRegistry) -> ServerState:
         budgets.load_ledger(settings.ledger)
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
-    return ServerState(registry=registry, keys=keys, budgets=budgets, class_stats=ClassStats(), end_streams=end_streams)
+    chat_store = ChatStore(settings.chat_history) if settings.chat_history else None
+    return ServerState(registry=registry, keys=keys, budgets=budgets, class_stats=ClassStats(), end_streams=end_streams,
+                       chat_store=chat_store)
 
 
 def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None = None,

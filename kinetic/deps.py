@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from kinetic.backends.base import ModelBackend
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
+from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.stats import ClassStats
@@ -38,6 +39,7 @@ class ServerState:
     class_stats: ClassStats  # the dashboard's totals
     end_streams: Callable[[], Coroutine[Any, Any, None]]  # the end of a shutdown's drain
     load_error: BaseException | None = None  # why the one model failed to load (the CLI prints it)
+    chat_store: ChatStore | None = None  # --chat-history: the chat page's saved conversations
 
 
 def server_state(app: Starlette) -> ServerState:

@@ -269,6 +269,7 @@ class ServerSettings(BaseSettings):
     max_queue: Annotated[int, Field(ge=0)] = 0
     ledger: str | None = None
     ledger_content: bool = False
+    chat_history: str | None = None
     chat_template: TemplateName | None = None
     chat_template_file: ExistingFile | None = None
     chat_template_kwargs: TemplateVariables | None = None

@@ -43,7 +43,7 @@ STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
 # The server's own web pages and the dashboard's polling are not requests a student made: recording
 # them would bury the class's requests (the dashboard polls every two seconds).
 UNRECORDED_PATHS = frozenset({"/", "/dashboard", "/dashboard/stats", "/favicon.ico", "/v1/me"})
-UNRECORDED_PREFIXES = ("/ui/",)
+UNRECORDED_PREFIXES = ("/ui/", "/chats")  # /chats: the chat page saving its conversations (web/chats.py)
 
 
 class ToolCallRecord(BaseModel):

@@ -23,8 +23,10 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response
 from kinetic.classroom.keys import KeyRing
 from kinetic.deps import CallerDep, RegistryDep, server_state
 from kinetic.errors import NotFoundError
+from kinetic.web.chats import router as chats_router
 
 router = APIRouter()
+router.include_router(chats_router)
 
 STATIC = Path(__file__).resolve().parent / "static"
 OLLAMA_TEXT = "Ollama is running"
@@ -81,7 +83,8 @@ async def page_config(request: Request) -> dict[str, Any]:
     """What the pages must know before their first API call: whether to ask for a key first (so a
     student opening the page does not make a 401 that the dashboard would count as their lab's)."""
     keys = server_state(request.app).keys
-    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin}
+    return {"api_key_required": bool(keys), "admin_key_required": bool(keys) or keys.has_admin,
+            "chat_history": server_state(request.app).chat_store is not None}
 
 
 @router.get("/v1/me")

@@ -20,7 +20,7 @@ from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"alice": "sk-alice-5d1e", "bob": "sk-bob-a0c3"}
+KEYS = {"alice": "sk-alice-5d1e", "bob": "sk-bob-a0c3", "carol": "sk-carol-19b2"}
 ADMIN_KEY = "sk-teacher-77f0"
 ALIAS = "kinetic-web"
 TIMEOUT_MS = 60_000
@@ -28,12 +28,13 @@ TIMEOUT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def server(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
-    keys = tmp_path_factory.mktemp("web") / "keys.txt"
+    folder = tmp_path_factory.mktemp("web")
+    keys = folder / "keys.txt"
     # alice has a budget, so the chat page's standing line has something to show
     keys.write_text("".join(f"{key} {name}{' tokens=100000/week' if name == 'alice' else ''}\n"
                             for name, key in KEYS.items()))
     with KineticServer("-c", "4096", "-np", "2", "-a", ALIAS, "--api-key-file", str(keys),
-                       "--admin-key", ADMIN_KEY) as server:
+                       "--admin-key", ADMIN_KEY, "--chat-history", str(folder / "chats")) as server:
         yield server
 
 
@@ -110,6 +111,66 @@ def test_chat_page_streams_answers_with_their_numbers(page: Any, server: Kinetic
     assert first["stream"] is True and first["max_tokens"] == 24 and first["model"] == ALIAS
     assert first["chat_template_kwargs"] == {"enable_thinking": False}
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]  # the conversation goes on
+
+
+def saved_chats(page: Any, count: int) -> list[str]:
+    """The labels of the history list once it shows `count` saved chats (its first entry is the heading)."""
+    page.wait_for_function(f"document.querySelectorAll('#history option').length === {count + 1}")
+    return [label.strip() for label in page.eval_on_selector_all("#history option", "os => os.map(o => o.text)")]
+
+
+def test_a_student_finds_their_chats_again_on_another_pc(page: Any, browser_context: Any,
+                                                          server: KineticServer) -> None:
+    open_chat(page, server, KEYS["carol"])
+    assert saved_chats(page, 0) == ["saved chats (0)"]
+    page.fill("#max-tokens", "6")
+    for message in ("What does cache_n count?", "And prompt_n?"):
+        page.fill("#message", message)
+        page.click("#send")
+        count = 1 if message.startswith("What") else 2
+        page.wait_for_function(f"document.querySelectorAll('.turn.assistant').length === {count} && "
+                               "!document.querySelector('.turn.assistant.streaming')")
+    answers = [turn.inner_text() for turn in page.query_selector_all(".turn.assistant .content")]
+    # saved after each answer, and the list shows this chat
+    page.wait_for_function("document.querySelector('#history').value !== '' && "
+                           "document.querySelector('#history option:checked').text.includes(' 4 messages ')")
+    assert saved_chats(page, 1)[1].startswith("What does cache_n count? · 4 messages · ")
+
+    # Another PC: a new tab, which has none of this one's state (the key and the conversation live in the
+    # tab's sessionStorage and memory; the page keeps nothing in localStorage or cookies)
+    other = browser_context.new_page()
+    open_chat(other, server, KEYS["carol"])
+    assert other.evaluate("localStorage.length") == 0 and other.query_selector_all(".turn") == []
+    saved_chats(other, 1)
+    chat_id = other.eval_on_selector_all("#history option", "os => os[1].value")
+    other.select_option("#history", chat_id)
+    other.wait_for_function("document.querySelectorAll('.turn').length === 4")
+    assert [t.inner_text().strip() for t in other.query_selector_all(".turn.user")] == [
+        "What does cache_n count?", "And prompt_n?"]
+    assert [t.inner_text() for t in other.query_selector_all(".turn.assistant .content")] == answers
+    # the conversation goes on from where the other PC left it
+    bodies: list[dict[str, Any]] = []
+    other.on("request", lambda request: bodies.append(json.loads(request.post_data))
+             if request.url.endswith("/v1/chat/completions") else None)
+    other.fill("#max-tokens", "4")
+    other.fill("#message", "Thanks")
+    other.click("#send")
+    other.wait_for_function("document.querySelectorAll('.turn.assistant:not(.streaming)').length === 3")
+    assert [m["role"] for m in bodies[0]["messages"]] == ["user", "assistant"] * 2 + ["user"]
+    other.close()
+    # another student's page lists none of it, and the server refuses them the chat by its id
+    other_student = browser_context.new_page()
+    open_chat(other_student, server, KEYS["bob"])
+    assert all("cache_n" not in label for label in saved_chats(other_student, len(
+        httpx.get(server.url + "/chats", headers={"Authorization": f"Bearer {KEYS['bob']}"}).json()["data"])))
+    other_student.close()
+    assert httpx.get(f"{server.url}/chats/{chat_id}", headers={"Authorization": f"Bearer {KEYS['bob']}"}
+                     ).status_code == 404
+    # deleting it from the first PC removes it everywhere
+    page.wait_for_function("document.querySelector('#history').value !== ''")
+    page.click("#delete-chat")
+    saved_chats(page, 0)
+    assert page.query_selector_all(".turn") == []
 
 
 def test_thinking_toggle_sets_enable_thinking(page: Any, server: KineticServer) -> None:

@@ -56,8 +56,10 @@ def test_root_is_the_chat_page_for_browsers_and_ollama_text_for_the_rest() -> No
     assert client.get("/ui/chat.js").status_code == 200
     assert client.get("/ui/style.css").headers["content-type"].startswith("text/css")
     assert client.get("/ui/nothing.js").status_code == 404
-    assert client.get("/ui/config.json").json() == {"api_key_required": True, "admin_key_required": True}
-    assert app_client().get("/ui/config.json").json() == {"api_key_required": False, "admin_key_required": False}
+    assert client.get("/ui/config.json").json() == {"api_key_required": True, "admin_key_required": True,
+                                                    "chat_history": False}
+    assert app_client().get("/ui/config.json").json() == {"api_key_required": False, "admin_key_required": False,
+                                                          "chat_history": False}
     assert client.get("/ui/..%2Fsettings.py").status_code == 404
 
 

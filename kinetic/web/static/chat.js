@@ -5,8 +5,9 @@
 
 const $ = (id) => document.getElementById(id);
 const keyStore = kinetic.keyStore("kinetic.apiKey");
-// `images`: data: URLs attached to the next message (the model's projector reads them)
-const state = { model: "", messages: [], controller: null, images: [] };
+// `images`: data: URLs attached to the next message (the model's projector reads them); `chatId`: this
+// conversation's name on the server when it keeps chats (`history`: --chat-history is on)
+const state = { model: "", messages: [], controller: null, images: [], chatId: null, history: false };
 
 function setStatus(text) {
   $("status").textContent = text;
@@ -36,6 +37,7 @@ async function loadProps() {
     setStatus("this server needs an API key");
     await kinetic.askKey($("key-form"), keyStore, "This server needs an API key.");
   }
+  state.history = Boolean(config.chat_history);
   const props = await getJSON("/props");
   if (props.role === "router") {
     // several models (router mode): the student picks one; it loads on its first request
@@ -56,6 +58,7 @@ async function loadProps() {
   setStatus("ready");
   $("send").disabled = false;
   loadStanding().catch(() => {});
+  if (state.history) await refreshHistory();
 }
 
 // One line for the key's own standing (GET /v1/me): its name, tokens left and when they reset, why
@@ -75,6 +78,75 @@ async function loadStanding() {
   if (me.refused) parts.push(me.refused);
   $("standing").textContent = parts.join(" · ");
   $("standing").hidden = parts.length === 0;
+}
+
+// A chat's name on the server: random, and made without crypto.randomUUID, which a page served over plain
+// http from another machine (a lab PC) does not have.
+function newChatId() {
+  return Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function textOf(content) {
+  return typeof content === "string" ? content : content.filter((p) => p.type === "text").map((p) => p.text).join(" ");
+}
+
+async function refreshHistory() {
+  const chats = (await getJSON("/chats")).data;
+  const select = $("history");
+  const options = chats.map((chat) => {
+    const when = new Date(chat.updated * 1000).toLocaleString();
+    return new Option(`${chat.title || "(untitled)"} · ${chat.n_messages} messages · ${when}`, chat.id);
+  });
+  select.replaceChildren(new Option(`saved chats (${chats.length})`, ""), ...options);
+  select.value = state.chatId && chats.some((chat) => chat.id === state.chatId) ? state.chatId : "";
+  select.hidden = false;
+  $("delete-chat").hidden = !state.chatId;
+}
+
+async function saveChat() {
+  state.chatId ??= newChatId();
+  const firstQuestion = state.messages.find((m) => m.role === "user");
+  const body = { title: firstQuestion ? textOf(firstQuestion.content).slice(0, 80) : "", messages: state.messages };
+  const res = await fetch(`/chats/${state.chatId}`, {
+    method: "PUT",
+    headers: kinetic.headers(keyStore.get(), { "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw new Error(`chat not saved: ${await kinetic.errorText(res)}`);
+  await refreshHistory();
+}
+
+function showConversation(messages) {
+  $("log").replaceChildren();
+  for (const message of messages) {
+    if (message.role === "user") {
+      const images = typeof message.content === "string" ? []
+        : message.content.filter((p) => p.type === "image_url").map((p) => p.image_url.url);
+      addTurn("user", textOf(message.content), images);
+    } else if (message.role === "assistant") {
+      addTurn("assistant").querySelector(".content").textContent = textOf(message.content ?? "");
+    }
+  }
+}
+
+async function openChat(id) {
+  const chat = await getJSON(`/chats/${id}`);
+  state.chatId = chat.id;
+  state.messages = chat.messages;
+  showConversation(chat.messages);
+  $("delete-chat").hidden = false;
+  setStatus("ready");
+}
+
+function startNewChat() {
+  state.controller?.abort();
+  state.messages = [];
+  state.images = [];
+  state.chatId = null;
+  showAttachments();
+  $("log").replaceChildren();
+  if (state.history) $("history").value = "";
+  $("delete-chat").hidden = true;
 }
 
 function thumbnail(url) {
@@ -259,12 +331,14 @@ async function send(text) {
   } finally {
     turn.classList.remove("streaming");
     showNumbers(stats, numbers);
-    if (answer || numbers.note) state.messages.push({ role: "assistant", content: answer });
+    const answered = Boolean(answer || numbers.note);
+    if (answered) state.messages.push({ role: "assistant", content: answer });
     else state.messages.pop(); // nothing came back: the question is not part of the conversation
     state.controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
     loadStanding().catch(() => {});
+    if (answered && state.history) saveChat().catch((error) => setStatus(String(error.message ?? error)));
   }
 }
 
@@ -299,12 +373,20 @@ $("message").addEventListener("paste", (event) => {
 // Aborting the fetch closes the connection; the server sees the disconnect and frees the slot.
 $("stop").addEventListener("click", () => state.controller?.abort());
 
-$("new-chat").addEventListener("click", () => {
-  state.controller?.abort();
-  state.messages = [];
-  state.images = [];
-  showAttachments();
-  $("log").replaceChildren();
+$("new-chat").addEventListener("click", startNewChat);
+
+$("history").addEventListener("change", (event) => {
+  if (state.controller) { event.target.value = state.chatId ?? ""; return; } // mid-answer: finish first
+  if (!event.target.value) { startNewChat(); return; }
+  openChat(event.target.value).catch((error) => setStatus(String(error.message ?? error)));
+});
+
+$("delete-chat").addEventListener("click", async () => {
+  if (!state.chatId) return;
+  const res = await fetch(`/chats/${state.chatId}`, { method: "DELETE", headers: kinetic.headers(keyStore.get()) });
+  if (!res.ok) { setStatus(`not deleted: ${await kinetic.errorText(res)}`); return; }
+  startNewChat();
+  await refreshHistory();
 });
 
 loadProps().catch((error) => setStatus(String(error.message ?? error)));

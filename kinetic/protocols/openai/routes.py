@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.backends.base import embeddings_off, require
+from kinetic.classroom.identity import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.errors import InvalidRequestError
@@ -59,8 +60,7 @@ def running_completions(request: Request) -> RunningCompletions:
 
 def key_name(request: Request) -> str | None:
     """The caller's key name on a keyed server (the gate's), None on an open one."""
-    name = request.scope.get("state", {}).get("client_name")
-    return str(name) if name else None
+    return caller_of(request).name
 
 
 @router.post("/v1/chat/completions/input_tokens")

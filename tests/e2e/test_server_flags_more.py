@@ -80,7 +80,7 @@ def test_a_waiting_stream_gets_sse_pings(sleepy: tuple[KineticServer, Path]) -> 
     server, _ = sleepy
     greedy(server.url)  # awake
     long_one = threading.Thread(target=httpx.post, args=(server.url + "/completion",),
-                                kwargs={"json": {"prompt": PROMPT, "n_predict": 96, "ignore_eos": True},
+                                kwargs={"json": {"prompt": PROMPT, "n_predict": 400, "ignore_eos": True},
                                         "timeout": 120})
     long_one.start()  # -np 1: the stream below waits for the slot
     wait_until(lambda: httpx.get(server.url + "/slots").json()[0]["is_processing"], "the slot is busy")
@@ -91,6 +91,7 @@ def test_a_waiting_stream_gets_sse_pings(sleepy: tuple[KineticServer, Path]) -> 
         lines = [line for line in r.iter_lines() if line]
     long_one.join()
     first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    # 400 tokens hold the slot for seconds even on a fast machine (96 took under 1.5 s on CI's)
     assert time.monotonic() - started > 1.5 and ":" in lines[:first_data]  # a ping while it waited
     assert lines[-1] == "data: [DONE]" and set(lines[:first_data]) == {":"}
     client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)

@@ -83,7 +83,8 @@ class Chat:
         self.messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         self.prompt_tokens.append(body["usage"]["prompt_tokens"])
         after = {m["url"]: m["served"] for m in members(self.router)}
-        served = [url for url in after if after[url] != before[url]]
+        # the pool is listed once its model is loaded: before the first request it may not be yet
+        served = [url for url in after if after[url] != before.get(url, 0)]
         assert len(served) == 1, (before, after)
         return served[0], body["timings"]
 

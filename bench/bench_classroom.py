@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["on", "off"], help="run one setting instead of both")
     args = parser.parse_args()
     if not args.model:
-        from kinetic.models import bundled_model_path
+        from kinetic.backends.gguf_files import bundled_model_path
 
         args.model = str(bundled_model_path())
     from filelock import FileLock

@@ -22,8 +22,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout without an install
 
-from kinetic.launch import KineticServer, model_lock  # noqa: E402
-from kinetic.models import bundled_model_path  # noqa: E402
+from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.server.launch import KineticServer, model_lock  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
 CTX = 2048

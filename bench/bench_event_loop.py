@@ -25,7 +25,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout without an install
 
-from kinetic.launch import KineticServer, model_lock  # noqa: E402
+from kinetic.server.launch import KineticServer, model_lock  # noqa: E402
 
 
 def big_schema(n_properties: int) -> dict:

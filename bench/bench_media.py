@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load import Server, kinetic_server, llama_server, median, table  # noqa: E402
 
-from kinetic.models import bundled_model_path  # noqa: E402
+from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
 from tests.projector_model import png_image, tiny_projector  # noqa: E402
 
 QUESTION = "Describe the picture in one sentence."

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import LAB_SYSTEM, QUESTIONS, Server, kinetic_server, llama_server, percentile, table  # noqa: E402
 
-from kinetic.launch import model_lock  # noqa: E402
-from kinetic.models import bundled_model_path  # noqa: E402
+from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.server.launch import model_lock  # noqa: E402
 
 POLICIES = ("least-outstanding", "cache-aware")
 MODEL_ID = "gemma-up"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load import Server, kinetic_server, llama_server, table  # noqa: E402
 
-from kinetic.models import bundled_model_path  # noqa: E402
+from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
 
 SENTENCE = "The little robot walks to the old market and buys three red apples for its friend."
 REPETITIVE = {"prompt": " ".join([SENTENCE] * 6), "n_predict": 128, "temperature": 0, "ignore_eos": True}

@@ -63,7 +63,7 @@ def model_path(given: str | None) -> str:
         return str(tiny_model(given.removeprefix("tiny:")))
     if given:
         return given
-    from kinetic.models import bundled_model_path
+    from kinetic.backends.gguf_files import bundled_model_path
 
     return str(bundled_model_path())
 

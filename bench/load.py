@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from kinetic.launch import MODEL_LOCK_PATH, free_port, stop_process, wait_until_healthy  # noqa: F401  MODEL_LOCK_PATH: re-exported to the bench scripts
+from kinetic.server.launch import MODEL_LOCK_PATH, free_port, stop_process, wait_until_healthy  # noqa: F401  MODEL_LOCK_PATH: re-exported to the bench scripts
 
 LAB_SYSTEM = ("Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli "
               "linguistici: spieghi llama.cpp, llama-server, kinetic, i token, la cache KV, il time to first "

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
+from kinetic.config.args import InfoRequested, parse_serve_args
+from kinetic.config.flag_status import variable_warning, warning
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.errors import ModelLoadError
-from kinetic.flag_status import variable_warning, warning
-from kinetic.log_setup import LOG_FORMAT, configure_logging
-from kinetic.serve_args import InfoRequested, parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.server.log_setup import LOG_FORMAT, configure_logging
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -28,7 +28,7 @@ log = logging.getLogger("kinetic")
 
 def build_parser() -> argparse.ArgumentParser:
     """`kinetic --help`, `kinetic --version` and `kinetic grade`; `kinetic serve` has its own reader
-    (kinetic.serve_args, for the run and its --help alike) and is listed here for the overview only."""
+    (kinetic.config.args, for the run and its --help alike) and is listed here for the overview only."""
     parser = argparse.ArgumentParser(prog="kinetic", description="Serve a GGUF model the way llama-server does.")
     parser.add_argument("--version", action="version", version=f"kinetic {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -111,12 +111,12 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
 
 
 def serve(settings: ServerSettings) -> int:
-    from kinetic.api_prefix import ApiPrefix
-    from kinetic.app import create_app, error_response
-    from kinetic.deps import server_state
-    from kinetic.shutdown import DrainingServer
-    from kinetic.static_path import StaticPath
-    from kinetic.transport import TransportConfig, TransportLimits
+    from kinetic.model_registry.deps import server_state
+    from kinetic.server.api_prefix import ApiPrefix
+    from kinetic.server.app import create_app, error_response
+    from kinetic.server.shutdown import DrainingServer
+    from kinetic.server.static_path import StaticPath
+    from kinetic.server.transport import TransportConfig, TransportLimits
 
     for flag in settings.ignored_flags:
         print(warning(flag), file=sys.stderr)
@@ -200,12 +200,11 @@ def open_derived_models(registry: Any, settings: ServerSettings) -> None:
 
 def single_model(settings: ServerSettings) -> tuple[Any, str]:
     """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
-    from kinetic.backends.config import finds_projector
+    from kinetic.backends.gguf_files import resolve_model
+    from kinetic.backends.sources import ModelSpec
     from kinetic.engine.turns import DecodeTurns
-    from kinetic.model_registry.factory import backend_factory
+    from kinetic.model_registry.factory import backend_factory, finds_projector
     from kinetic.model_registry.registry import ModelRegistry
-    from kinetic.model_registry.sources import ModelSpec
-    from kinetic.models import resolve_model
 
     resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
                              token=settings.hf_token, mmproj=finds_projector(settings))
@@ -220,9 +219,9 @@ def single_model(settings: ServerSettings) -> tuple[Any, str]:
 
 def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     """Router mode: every model of the command line, folder and preset, loaded on demand."""
+    from kinetic.backends.sources import model_specs
     from kinetic.model_registry.factory import backend_factory
     from kinetic.model_registry.registry import ModelRegistry
-    from kinetic.model_registry.sources import model_specs
 
     specs, ignored = model_specs(settings)
     for key in ignored:

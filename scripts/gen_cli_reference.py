@@ -1,12 +1,12 @@
 """Rewrites the flag table in docs/reference/cli.md and the "ignored flags" rows of the differences table in
-docs/reference/http-llamacpp.md from kinetic/flag_status.py (which flags act, and why each other one is
+docs/reference/http-llamacpp.md from kinetic/config/flag_status.py (which flags act, and why each other one is
 ignored). tests/unit/test_flag_status.py fails when either page is stale."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kinetic.flag_status import TABLE_END, TABLE_START, difference_rows, reference_table
+from kinetic.config.flag_status import TABLE_END, TABLE_START, difference_rows, reference_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
 DIFFERENCES = Path(__file__).resolve().parents[1] / "docs" / "reference" / "http-llamacpp.md"

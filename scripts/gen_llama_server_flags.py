@@ -1,4 +1,4 @@
-"""Regenerate kinetic/llama_server_flags.json: llama-server's flag table, read from llama.cpp's source.
+"""Regenerate kinetic/config/llama_server_flags.json: llama-server's flag table, read from llama.cpp's source.
 
     python scripts/gen_llama_server_flags.py [SDIST_OR_ARG_CPP]
 

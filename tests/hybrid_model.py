@@ -222,7 +222,7 @@ def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path
 
 def tiny_model(architecture: str) -> Path:
     """The cached tiny model of `architecture` (written on first use from the bundled Gemma's tokenizer)."""
-    from kinetic.models import bundled_model_path
+    from kinetic.backends.gguf_files import bundled_model_path
 
     target = cache_dir() / f"kinetic-test-{architecture}-v{FORMAT_VERSION}.gguf"
     if target.is_file():

@@ -18,9 +18,8 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
-from kinetic.backends.config import model_config
 from kinetic.backends.local import LocalBackend
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.base import Generation
 from kinetic.engine.types import (
     EngineStats,
@@ -38,8 +37,9 @@ from kinetic.engine.types import (
     Usage,
 )
 from kinetic.errors import InvalidRequestError, KineticError, UnavailableError
+from kinetic.model_registry.factory import model_config
 from kinetic.model_registry.registry import ModelRegistry
-from kinetic.settings import ServerSettings
+from kinetic.server.app import create_app
 from tests.server import free_port
 
 # Step: a piece of text to emit, or an error to raise there.

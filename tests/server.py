@@ -1,4 +1,4 @@
-"""The tests' server helper is the package's (kinetic.launch), shared with bench/ and scripts/, and
+"""The tests' server helper is the package's (kinetic.server.launch), shared with bench/ and scripts/, and
 the one way tests wait for a server's state."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kinetic.launch import MODEL_LOCK_PATH, STARTUP_TIMEOUT_S, KineticServer, free_port
+from kinetic.server.launch import MODEL_LOCK_PATH, STARTUP_TIMEOUT_S, KineticServer, free_port
 
 __all__ = ["MODEL_LOCK_PATH", "STARTUP_TIMEOUT_S", "KineticServer", "free_port", "wait_until"]
 

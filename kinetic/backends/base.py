@@ -2,7 +2,7 @@
 behind the chat layer (local.py) or a remote OpenAI-compatible server (upstream/).
 
 Routes ask a backend, never an engine: they translate the wire request to a neutral one, hand it
-to the backend, and stream back what it yields (kinetic.streaming.respond). What a backend cannot
+to the backend, and stream back what it yields (kinetic.protocols.common.streaming.respond). What a backend cannot
 do is data (`Capabilities`), checked by the route, which answers 501 naming itself (`lacking`).
 """
 

@@ -20,6 +20,7 @@ from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat, resolve_prompt
 from kinetic.backends.model_file import ModelFile, read_model_file
+from kinetic.backends.prompt_log import write_prompt
 from kinetic.chat.infill import check_fim
 from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
@@ -36,7 +37,6 @@ from kinetic.engine.types import (
     SlotState,
 )
 from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError
-from kinetic.prompt_log import write_prompt
 
 FINGERPRINT = f"b{__version__}-kinetic"
 

@@ -41,7 +41,8 @@ from kinetic.errors import ContextOverflowError, InvalidRequestError, field_erro
 class ServerDefaults:
     """What a request gets for the fields it leaves out (the server's flags)."""
 
-    # --temp, --top-k... (kinetic.sampling_defaults): a request that sets no sampler field gets these, /props shows them
+    # --temp, --top-k... (kinetic.config.sampling_defaults): a request that sets no sampler field gets
+    # these, /props shows them
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()  # -r: the stop strings of a request that sends none
     n_predict: int = -1

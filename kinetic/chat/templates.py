@@ -41,7 +41,7 @@ ARCHITECTURE_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma"
 
 
 def builtin_template(name: str) -> str:
-    return resources.files("kinetic.templates").joinpath(f"{name}.jinja").read_text(encoding="utf-8")
+    return resources.files("kinetic.chat.template_files").joinpath(f"{name}.jinja").read_text(encoding="utf-8")
 
 
 def _raise_exception(message: str) -> None:

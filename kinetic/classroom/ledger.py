@@ -8,7 +8,7 @@ answer text and when the first one left. Rejected attempts (401) and other route
 their method, status and error. Prompt and answer text are written only with `--ledger-content`.
 
 The numbers come from the code that told them to the client: each protocol's encoder fills an
-`Outcome` (kinetic.protocols.common.outcome) as it writes the frames or the body, and the route's
+`Outcome` (kinetic.classroom.outcome) as it writes the frames or the body, and the route's
 request hands it over in the ASGI scope's state; the recorder never reads the response's bytes, so a
 new protocol is recorded whole or a test fails (tests/unit/test_ledger_catalog.py). The middleware hands
 each record to its sinks: the file writer (with `--ledger`), the dashboard's in-memory totals (always,
@@ -35,7 +35,7 @@ from kinetic.classroom.caller import Caller
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from kinetic.protocols.common.outcome import ErrorTold, Outcome
+    from kinetic.classroom.outcome import ErrorTold, Outcome
 
 MAX_KEPT_BODY = 4 * 1024 * 1024  # with --ledger-content, a request body larger than this is not kept
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class LedgerMiddleware:
     answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
     The request gate inside puts the Caller in `scope["state"]["caller"]`, and the route its outcomes
-    (kinetic.protocols.common.outcome); this reads both after the answer, so the state dict is created
+    (kinetic.classroom.outcome); this reads both after the answer, so the state dict is created
     here, before the gate runs. `content` keeps the prompt and answer text in the record
     (`--ledger-content`); it defaults to the writer's setting.
     """

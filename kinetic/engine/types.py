@@ -11,6 +11,28 @@ FinishReason = Literal["stop", "length"]
 # llama-server's default chain order (common_params_sampling.samplers), canonical names.
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+
+SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+                 "infill", "adaptive_p")
+# llama.cpp's alternative spellings (common_sampler_types_from_names) and one-letter codes
+SAMPLER_ALIASES = {
+    **{spelling: name for name in SAMPLER_NAMES
+       for spelling in (name, name.replace("_", "-"), name.replace("_", ""))},
+    "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical": "typ_p", "typical_p": "typ_p",
+    "typical-p": "typ_p", "typicalp": "typ_p",
+}
+SAMPLER_CODES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                 "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill", "a": "adaptive_p"}
+
+
+def sampler_order(raw: list[str] | str | None) -> tuple[str, ...] | None:
+    """`samplers` as canonical names in chain order: a list of names (any llama.cpp spelling, any case),
+    or a string of one-letter codes ("kt"). Unknown names are skipped, as llama-server does."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return tuple(SAMPLER_CODES[c] for c in raw if c in SAMPLER_CODES)
+    return tuple(SAMPLER_ALIASES[n.lower()] for n in raw if isinstance(n, str) and n.lower() in SAMPLER_ALIASES)
 StopType = Literal["eos", "word", "limit", "none"]
 MemoryKind = Literal["attention", "hybrid", "recurrent"]
 

@@ -14,34 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from kinetic.grading.deliverable import Deliverable
-
-if TYPE_CHECKING:
-    from kinetic.grading.ledger_view import StudentLedger
-    from kinetic.grading.live import LiveServer
+from kinetic.grading.ledger_view import StudentLedger
+from kinetic.grading.live import LiveServer
+from kinetic.grading.outcomes import Failure, Skip, Unchecked
 
 Status = Literal["pass", "fail", "skipped", "unchecked"]
 Needs = Literal["server", "ledger"]
 FACES = {"pass": ":)", "fail": ":(", "skipped": ":|", "unchecked": ":?"}
-
-
-class Failure(Exception):
-    """The deliverable does not meet the check: `rationale` says what, `help` what to do."""
-
-    def __init__(self, rationale: str, help: str = ""):
-        super().__init__(rationale)
-        self.rationale = rationale
-        self.help = help
-
-
-class Skip(Exception):
-    """The check cannot be judged: an output it needs is missing (and fails its own check)."""
-
-
-class Unchecked(Exception):
-    """The check could not run: the server failed or timed out, or the outputs come from another model."""
 
 
 @dataclass

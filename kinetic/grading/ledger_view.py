@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from kinetic.grading.deliverable import normalize_name
+from kinetic.grading.outcomes import Failure
 
 Record = LedgerRecord
 T = TypeVar("T")
@@ -89,7 +90,6 @@ class StudentLedger:
                    hint: str) -> str:
         """Each pasted output is one of this student's requests (each a different one): "matches ..." naming
         them, or a Failure for the first that is not, `missing(item)` saying what was looked for."""
-        from kinetic.grading.checks import Failure
 
         matched = []
         for item in pasted:
@@ -117,7 +117,6 @@ def whose(others: list[Record]) -> str:
 
 def author_ledger(ledger: StudentLedger | None) -> StudentLedger:
     """The deliverable author's part of the ledger; a Failure when the ledger knows no such student."""
-    from kinetic.grading.checks import Failure
 
     assert ledger is not None
     if ledger.name is None:

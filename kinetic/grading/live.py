@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from kinetic.grading.checks import Unchecked
+from kinetic.grading.outcomes import Unchecked
 
 TIMEOUT_S = 120.0
 # One request of the grader's own measures the server's speed; enough tokens to average a little.

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from kinetic.backends.gguf_files import cache_dir
 from kinetic.chat.types import SAMPLER_FIELDS, GenerationOptions, SamplingOptions
-from kinetic.models import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,7 @@ from typing import Any
 
 import anyio
 
-from kinetic.errors import InvalidRequestError, KineticError, ModelLoadError
-from kinetic.model_registry.events import ModelEvents
-from kinetic.models import (
+from kinetic.backends.gguf_files import (
     best_mmproj,
     cached_hf_file,
     hub_files,
@@ -34,7 +32,9 @@ from kinetic.models import (
     shard_names,
     split_hf_repo,
 )
-from kinetic.settings import ServerSettings
+from kinetic.config.settings import ServerSettings
+from kinetic.errors import InvalidRequestError, KineticError, ModelLoadError
+from kinetic.model_registry.events import ModelEvents
 
 log = logging.getLogger(__name__)
 

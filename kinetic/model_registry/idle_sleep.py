@@ -18,7 +18,9 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinetic.model_registry.registry import ModelEntry, ModelRegistry
+    from collections.abc import Mapping
+
+    from kinetic.model_registry.entry import ModelEntry
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +33,18 @@ def can_sleep(entry: ModelEntry) -> bool:
 
 
 class IdleSleep:
-    def __init__(self, registry: ModelRegistry, seconds: float):
-        self.registry = registry
+    def __init__(self, entries: Mapping[str, ModelEntry], seconds: float):
+        self.entries = entries  # the registry's own dict: a model added later is watched too
         self.seconds = seconds
         self._turn = asyncio.Lock()  # one fall asleep or wake-up at a time
 
     async def watch(self) -> None:
         """Runs for the server's life (a task of the app's lifespan)."""
-        for entry in self.registry.entries.values():
+        for entry in self.entries.values():
             entry.touch()  # llama-server counts the idle time from its start
         while True:
             await asyncio.sleep(min(MAX_POLL_S, self.seconds / 4))
-            for entry in list(self.registry.entries.values()):
+            for entry in list(self.entries.values()):
                 if not can_sleep(entry) or entry.sleeping:
                     continue
                 if entry.backend is not None and not entry.backend.ready:

@@ -15,20 +15,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from enum import Enum
 
 import anyio
 
 from kinetic.backends.base import ModelBackend
+from kinetic.backends.sources import ModelSpec
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.downloads import Download, Downloads
+from kinetic.model_registry.entry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelState
 from kinetic.model_registry.events import ModelEvents
 from kinetic.model_registry.idle_sleep import IdleSleep
-from kinetic.model_registry.sources import ModelSpec
-from kinetic.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,68 +36,6 @@ log = logging.getLogger(__name__)
 BackendFactory = Callable[[ModelSpec, DecodeLock], ModelBackend]
 IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model to unload
 ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
-
-
-class ModelState(str, Enum):  # noqa: UP042  StrEnum would change str() and format() of members
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-
-
-class ModelNotFoundError(NotFoundError):
-    """A `model` no entry has (router mode)."""
-
-    def __init__(self, name: str):
-        super().__init__(f"model '{name}' not found", param="model")
-        self.name = name
-
-
-class ModelMissingError(InvalidRequestError):
-    """A request without `model` (router mode)."""
-
-    def __init__(self) -> None:
-        super().__init__("model name is missing from the request", param="model")
-
-
-class ModelEntry:
-    """One model of the registry: its spec, its state and, once loaded, its backend."""
-
-    def __init__(self, spec: ModelSpec):
-        self.spec = spec
-        self.backend: ModelBackend | None = None
-        self.state = ModelState.UNLOADED
-        self.task: asyncio.Task[ModelBackend] | None = None
-        self.last_used = 0.0
-        self.leases = 0  # requests that resolved this model and have not finished
-        self.failure: str | None = None  # why the last load failed
-        # --models-max: a load waiting for this model's room "drains" it: new requests for it wait at
-        # `accepting` (outside the engine) until it has been unloaded, so its key's flood cannot hold the
-        # room forever; they then load it again in their turn. Cleared while it drains.
-        self.accepting = asyncio.Event()
-        self.accepting.set()
-
-    @property
-    def draining(self) -> bool:
-        return not self.accepting.is_set()
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def busy(self) -> bool:
-        """A request holds it, or its engine still has work (a stream outlives its route function)."""
-        if self.leases > 0:
-            return True
-        return self.backend is not None and self.backend.busy
-
-    @property
-    def sleeping(self) -> bool:
-        """Unloaded by --sleep-idle-seconds (idle_sleep.py) until a request wakes it."""
-        return self.backend is not None and self.backend.sleeping
-
-    def touch(self) -> None:
-        self.last_used = time.monotonic()
 
 
 class ModelRegistry:
@@ -119,7 +57,7 @@ class ModelRegistry:
         self.events = ModelEvents()  # GET /models/sse
         self.downloads = Downloads(settings, self.events, self._downloaded)  # POST /models, /api/pull
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
-        self.sleeper: IdleSleep | None = IdleSleep(self, settings.sleep_idle_seconds) \
+        self.sleeper: IdleSleep | None = IdleSleep(self.entries, settings.sleep_idle_seconds) \
             if settings.sleep_idle_seconds > 0 else None  # --sleep-idle-seconds: its watch runs in the app
 
     @classmethod

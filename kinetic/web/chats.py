@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kinetic.classroom.chats import MAX_TITLE_CHARS, ChatStore
 from kinetic.classroom.identity import caller_of
-from kinetic.deps import server_state
 from kinetic.errors import NotFoundError
+from kinetic.model_registry.deps import server_state
 
 router = APIRouter()
 

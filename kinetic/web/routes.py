@@ -21,8 +21,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, PlainTextResponse, Response
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.deps import CallerDep, RegistryDep, server_state
 from kinetic.errors import NotFoundError
+from kinetic.model_registry.deps import CallerDep, RegistryDep, server_state
 from kinetic.web.chats import router as chats_router
 
 router = APIRouter()

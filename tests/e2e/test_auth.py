@@ -12,8 +12,8 @@ import openai
 import pytest
 from fastapi.routing import APIRoute
 
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.llama import LlamaEngine
-from kinetic.settings import ServerSettings
 from tests.scripted import single_model_app
 from tests.server import KineticServer
 

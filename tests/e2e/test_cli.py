@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.models import bundled_model_path
+from kinetic.backends.gguf_files import bundled_model_path
 from tests.fake_hub import FakeHub
 from tests.server import KineticServer, free_port
 

@@ -17,7 +17,7 @@ import ollama
 import pytest
 from pydantic import BaseModel, Field
 
-from kinetic.models import bundled_model_path
+from kinetic.backends.gguf_files import bundled_model_path
 from tests.conftest import MODEL_ALIAS
 from tests.server import KineticServer
 

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from kinetic.backends.gguf_files import bundled_model_path
 from kinetic.classroom.ledger import read_ledger
-from kinetic.models import bundled_model_path
 from tests.server import KineticServer, free_port, wait_until
 
 pytestmark = pytest.mark.e2e

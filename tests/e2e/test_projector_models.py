@@ -135,7 +135,7 @@ class Case:
 
 
 def _bundled() -> Path:
-    from kinetic.models import bundled_model_path
+    from kinetic.backends.gguf_files import bundled_model_path
 
     return bundled_model_path()
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from kinetic.models import bundled_model_path
+from kinetic.backends.gguf_files import bundled_model_path
 from tests.server import KineticServer, wait_until
 
 N_EMBD_MINILM = 384

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kinetic.backends.gguf_files import bundled_model_path
 from kinetic.classroom.ledger import read_ledger
-from kinetic.models import bundled_model_path
 from tests.projector_model import png_image, tiny_projector
 from tests.server import KineticServer, free_port, wait_until
 

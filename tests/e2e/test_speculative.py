@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.models import bundled_model_path
+from kinetic.backends.gguf_files import bundled_model_path
 from tests.hybrid_model import tiny_model
 from tests.server import KineticServer
 

@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from kinetic.models import bundled_model_path
+from kinetic.backends.gguf_files import bundled_model_path
 from tests.server import KineticServer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "templates"

@@ -1,4 +1,4 @@
-"""Transport limits (kinetic/transport.py) on a live server started with small limits through the flags."""
+"""Transport limits (kinetic/server/transport.py) on a live server started with small limits through the flags."""
 
 from __future__ import annotations
 

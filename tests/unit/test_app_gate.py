@@ -4,8 +4,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.llama import LlamaEngine
-from kinetic.settings import ServerSettings
 from tests.scripted import single_model_app
 
 LOADING = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}

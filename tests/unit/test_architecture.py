@@ -47,7 +47,7 @@ def test_protocols_import_no_other_protocol(protocol: str) -> None:
 # events back, so it imports none of what holds a model: the llama engine, the chat layer's
 # preparation, the backends or the registry above the engines, or the app.
 NOT_FOR_TRANSLATORS = ("kinetic.engine.llama", "llama_cpp", "kinetic.chat.prepare", "kinetic.backends",
-                       "kinetic.model_registry", "kinetic.app", "kinetic.deps")
+                       "kinetic.model_registry", "kinetic.server.app", "kinetic.model_registry.deps")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -207,7 +207,7 @@ def imports_without_llama_cpp(names: list[str]) -> dict[str, Any]:
 
 def test_only_the_llama_backend_imports_llama_cpp_at_module_level() -> None:
     names = modules_outside_the_llama_engine()
-    assert "kinetic.app" in names and "kinetic.cli" in names and "kinetic.model_registry.factory" in names
+    assert "kinetic.server.app" in names and "kinetic.cli" in names and "kinetic.model_registry.factory" in names
     assert imports_without_llama_cpp(names) == {"failed": {}, "loaded": []}
 
 
@@ -262,12 +262,12 @@ def test_the_architecture_page_is_in_the_site_and_places_every_module() -> None:
 
 
 def test_the_page_check_catches_a_module_out_of_place() -> None:
-    table = "| Layer | Where | What |\n|---|---|---|\n| Engines | `kinetic/engine/`, `kinetic/app.py` | x |\n"
+    table = "| Layer | Where | What |\n|---|---|---|\n| Engines | `kinetic/engine/`, `kinetic/server/app.py` | x |\n"
     places = layer_places(table)
-    assert places == {"Engines": ["kinetic/engine/", "kinetic/app.py"]}
+    assert places == {"Engines": ["kinetic/engine/", "kinetic/server/app.py"]}
     unplaced = unplaced_modules(places)
-    assert "kinetic/gate.py" in unplaced and "kinetic/backends/base.py" in unplaced
-    assert not any(m.startswith("kinetic/engine/") or m == "kinetic/app.py" for m in unplaced)
+    assert "kinetic/server/gate.py" in unplaced and "kinetic/backends/base.py" in unplaced
+    assert not any(m.startswith("kinetic/engine/") or m == "kinetic/server/app.py" for m in unplaced)
 
 
 MAX_MODULE_LINES = 500

@@ -13,8 +13,8 @@ import pytest
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, LlamaBuiltinTemplate, choose_template, known_names
 from kinetic.chat.types import ChatRequest, Message, TextPart, ToolCall
+from kinetic.config.args import parse_serve_args
 from kinetic.errors import InvalidRequestError
-from kinetic.serve_args import parse_serve_args
 from tests.scripted import ScriptedEngine
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "templates"

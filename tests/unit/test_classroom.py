@@ -25,11 +25,11 @@ from kinetic.classroom.ledger import (
     ToolCallRecord,
     read_ledger,
 )
+from kinetic.classroom.outcome import Outcome, hand_over
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Finished, Timings, Usage
 from kinetic.errors import UnauthorizedError
-from kinetic.gate import refuse
-from kinetic.protocols.common.outcome import Outcome, hand_over
+from kinetic.server.gate import refuse
 
 TIMINGS = Timings(cache_n=2, prompt_n=7, prompt_ms=20.0, predicted_n=3, predicted_ms=30.0)
 FINISHED = Finished(finish_reason="length", stop_type="limit", stopping_word="", text="abc", tokens=[1, 2, 3],
@@ -122,7 +122,7 @@ async def chat(request):  # a route as the real ones: it answers and hands the l
 
 
 class NameGate:
-    """Stands in for kinetic.gate.RequestGate: puts the key's Caller in the scope, or answers 401."""
+    """Stands in for kinetic.server.gate.RequestGate: puts the key's Caller in the scope, or answers 401."""
 
     def __init__(self, app, ring: KeyRing):
         self.app, self.ring = app, ring
@@ -184,7 +184,7 @@ def test_ledger_content_keeps_prompt_and_answer(tmp_path: Path) -> None:
 
 
 def test_serve_flags_for_the_ledger() -> None:
-    from kinetic.serve_args import parse_serve_args
+    from kinetic.config.args import parse_serve_args
 
     settings = parse_serve_args(["--ledger", "class.jsonl", "--ledger-content"], environ={})
     assert settings.ledger == "class.jsonl" and settings.ledger_content

@@ -13,9 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # The modules the grader and its CLI load: these may only use the base dependencies.
-GRADER = ("kinetic/__init__.py", "kinetic/__main__.py", "kinetic/cli.py", "kinetic/settings.py", "kinetic/errors.py",
-          "kinetic/llama_flags.py",
-          "kinetic/grading/", "kinetic/classroom/keys.py", "kinetic/classroom/ledger.py", "kinetic/launch.py")
+GRADER = ("kinetic/__init__.py", "kinetic/__main__.py", "kinetic/cli.py", "kinetic/config/settings.py",
+          "kinetic/errors.py", "kinetic/config/llama_flags.py",
+          "kinetic/grading/", "kinetic/classroom/keys.py", "kinetic/classroom/ledger.py", "kinetic/server/launch.py")
 
 
 def dist_names(specs: list[str]) -> set[str]:

@@ -18,15 +18,15 @@ import pytest
 
 from kinetic.backends.config import EngineConfig, ModelConfig
 from kinetic.backends.model_file import read_model_file
+from kinetic.backends.sources import ModelSpec, UpstreamSpec
 from kinetic.backends.upstream.backend import ForwardRequest, UpstreamBackend
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import CALLER
 from kinetic.classroom.roles import Role
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.inflight import InFlight
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
-from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
-from kinetic.settings import ServerSettings
-from kinetic.streaming import merge_frames
+from kinetic.protocols.common.streaming import merge_frames
 from tests.scripted import ScriptedEngine, ScriptedServer, single_model_backend
 
 CHAT = [{"role": "user", "content": "hi"}]

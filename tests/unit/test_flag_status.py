@@ -1,4 +1,4 @@
-"""Every llama-server flag acts or is ignored for a reason with its row (kinetic/flag_status.py); the
+"""Every llama-server flag acts or is ignored for a reason with its row (kinetic/config/flag_status.py); the
 reference pages say so, and a flag documented as acting is wired to something kinetic reads."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kinetic.cli import main
-from kinetic.flag_status import (
+from kinetic.config.args import parse_serve_args
+from kinetic.config.flag_status import (
     CLI_ACTIONS,
     IGNORED,
     TABLE_END,
@@ -21,10 +22,9 @@ from kinetic.flag_status import (
     variable_warning,
     warning,
 )
-from kinetic.llama_flags import llama_server_flags
-from kinetic.sampling_defaults import FROM_SETTING
-from kinetic.serve_args import parse_serve_args
-from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.config.llama_flags import llama_server_flags
+from kinetic.config.sampling_defaults import FROM_SETTING
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"

@@ -14,9 +14,9 @@ import pytest
 from fastapi.routing import APIRoute
 
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.types import RankScore
 from kinetic.protocols.catalog import PROTOCOLS
-from kinetic.settings import ServerSettings
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 
 ASK = [{"role": "user", "content": "hi"}]

@@ -9,11 +9,11 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.engine.llama import devices, params
 from kinetic.engine.llama.params import context_params, model_params
 from kinetic.engine.options import CpuParams, EngineConfig, LlamaOptions, parse_cpu_mask, parse_kv_override
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
 
 
 def options(*argv: str) -> LlamaOptions:

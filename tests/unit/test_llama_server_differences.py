@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from kinetic.settings import ServerSettings
+from kinetic.config.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "http-llamacpp.md"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.llama_flags import by_spelling, llama_server_flags, table
+from kinetic.config.llama_flags import by_spelling, llama_server_flags, table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def sdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def test_table_matches_the_vendored_arg_cpp(sdist: Path) -> None:
     expected = gen.build_table(gen.read_arg_cpp(sdist), gen.pinned_version())
-    assert table() == expected, "kinetic/llama_server_flags.json is stale: run scripts/gen_llama_server_flags.py"
+    assert table() == expected, "kinetic/config/llama_server_flags.json is stale: run scripts/gen_llama_server_flags.py"
 
 
 def test_table_is_for_the_pinned_and_installed_llama_cpp_python() -> None:

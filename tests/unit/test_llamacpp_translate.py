@@ -9,6 +9,7 @@ import json
 import pytest
 
 from kinetic.chat.types import MediaPart
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.types import (
     EngineStats,
     Finished,
@@ -22,7 +23,6 @@ from kinetic.engine.types import (
 from kinetic.errors import InvalidRequestError
 from kinetic.protocols.llamacpp import metrics, server_state, tokens, translate
 from kinetic.protocols.llamacpp.types import CompletionRequest, TokenizeRequest
-from kinetic.settings import ServerSettings
 from tests.scripted import ScriptedEngine, single_model_backend
 
 

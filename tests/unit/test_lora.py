@@ -10,6 +10,8 @@ from typing import Any, cast
 import gguf
 import pytest
 
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import SettingsError
 from kinetic.engine.llama.adapter_turns import AdapterTurns
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.model import LoadedModel
@@ -23,8 +25,6 @@ from kinetic.protocols.llamacpp.translate import to_prompt_requests
 from kinetic.protocols.llamacpp.types import CompletionRequest
 from kinetic.protocols.openai.translate import to_chat_request
 from kinetic.protocols.openai.types import ChatCompletionRequest
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import SettingsError
 from tests.lora_model import write_lora
 
 

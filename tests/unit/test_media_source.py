@@ -17,12 +17,12 @@ import anyio
 import pytest
 
 from kinetic.backends import media_source
-from kinetic.backends.config import media_policy
 from kinetic.backends.media_source import MediaPolicy, is_public, load_media, resolve_chat, resolve_prompt
 from kinetic.chat.types import ChatRequest, MediaPart, Message, PromptRequest, TextPart
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.errors import InvalidRequestError
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.model_registry.factory import media_policy
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels" * 10
 PARAM = "messages[0].content[1].image_url.url"

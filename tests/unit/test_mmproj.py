@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.backends.config import model_config
+from kinetic.backends.gguf_files import best_mmproj, best_sibling, quant_bits, quant_tag, resolve_hf, resolve_model
+from kinetic.backends.sources import ModelSpec, model_specs, read_preset
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings
 from kinetic.errors import ModelLoadError
-from kinetic.model_registry.factory import engine_files
-from kinetic.model_registry.sources import ModelSpec, model_specs, read_preset
-from kinetic.models import best_mmproj, best_sibling, quant_bits, quant_tag, resolve_hf, resolve_model
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings
+from kinetic.model_registry.factory import engine_files, model_config
 from tests.fake_hub import FakeHub
 
 GGUF = b"GGUF" + b"\0" * 16

@@ -12,13 +12,13 @@ import pytest
 from huggingface_hub import constants
 
 from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart
+from kinetic.config.settings import ServerSettings
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
 from kinetic.model_registry.derived_backend import dressed, with_defaults
 from kinetic.model_registry.downloads import plan
 from kinetic.protocols.ollama import manage
 from kinetic.protocols.ollama.types import CreateRequest
-from kinetic.settings import ServerSettings
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 from tests.server import free_port
 

@@ -1,7 +1,7 @@
 import pytest
 
+from kinetic.backends.gguf_files import check_gguf, pick_gguf, shard_names, split_hf_repo
 from kinetic.errors import ModelLoadError
-from kinetic.models import check_gguf, pick_gguf, shard_names, split_hf_repo
 
 FILES = ["README.md", "model-Q8_0.gguf", "model-Q4_K_M.gguf", "mmproj-model-f16.gguf", "model-BF16.gguf"]
 

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from kinetic.chat.infill import CHUNK_SEPARATOR, check_fim, infill_tokens
-from kinetic.engine.types import EngineStats, GenerationRequest, SamplingParams
+from kinetic.engine.types import EngineStats, GenerationRequest, SamplingParams, sampler_order
 from kinetic.errors import InvalidRequestError, NotSupportedError
 from kinetic.protocols.common.native import LONG_ONLY
-from kinetic.protocols.common.translate import sampler_order, sampling_options
+from kinetic.protocols.common.translate import sampling_options
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp import metrics, server_state, translate
 

@@ -4,11 +4,11 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from kinetic.app import validation_message
 from kinetic.errors import InvalidRequestError
 from kinetic.protocols.common import translate as sampling
 from kinetic.protocols.openai.translate import to_chat_request, validate_chat
 from kinetic.protocols.openai.types import ChatCompletionRequest
+from kinetic.server.app import validation_message
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kinetic.backends.config import finds_projector, model_config
+from kinetic.config.args import parse_serve_args
+from kinetic.config.flag_status import reason_for
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.engine.llama import devices
 from kinetic.engine.options import ProjectorOptions
-from kinetic.flag_status import reason_for
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.model_registry.factory import finds_projector, model_config
 
 
 def projector(*argv: str, environ: dict[str, str] | None = None) -> ProjectorOptions:

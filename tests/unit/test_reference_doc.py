@@ -15,8 +15,8 @@ import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.llama import LlamaEngine
-from kinetic.settings import ServerSettings
 from tests.scripted import single_model_app
 
 ROOT = Path(__file__).resolve().parents[2]

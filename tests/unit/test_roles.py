@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.roles import ADMIN_ROUTES, Role, needs_admin, role_of
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.types import EngineStats, GenerationRequest, SlotState
 from kinetic.errors import InsufficientStorageError, InvalidRequestError
 from kinetic.protocols.llamacpp import metrics, server_state
-from kinetic.settings import ServerSettings
-from kinetic.slot_folder import check_room, slot_path
+from kinetic.protocols.llamacpp.slot_folder import check_room, slot_path
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
 
 ROUTES_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "routes.md"

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from kinetic.backends.base import ModelBackend
-from kinetic.backends.config import ModelConfig, model_config
+from kinetic.backends.config import ModelConfig
 from kinetic.backends.local import LocalBackend
+from kinetic.backends.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
 from kinetic.backends.upstream.backend import UpstreamBackend
 from kinetic.backends.upstream.body import chat_body
 from kinetic.backends.upstream.pool import upstream_error
@@ -28,6 +29,8 @@ from kinetic.chat.types import (
     ToolChoice,
     ToolSpec,
 )
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.engine.turns import DecodeTurns
 from kinetic.engine.types import StructuredCall, Timings, Usage
 from kinetic.errors import (
@@ -37,10 +40,8 @@ from kinetic.errors import (
     NotSupportedError,
     ServerError,
 )
+from kinetic.model_registry.factory import model_config
 from kinetic.model_registry.registry import ModelRegistry, ModelState
-from kinetic.model_registry.sources import ModelSpec, UpstreamSpec, model_specs, read_preset
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
 from tests.scripted import ScriptedEngine
 
 GGUF = b"GGUF" + b"\0" * 16

@@ -1,4 +1,4 @@
-"""The server's sampling flags become every request's defaults (kinetic.sampling_defaults), and the chat
+"""The server's sampling flags become every request's defaults (kinetic.config.sampling_defaults), and the chat
 layer lays a request's own fields over them, as llama-server's params_from_json does."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import pytest
 from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, builtin_template
 from kinetic.chat.types import SAMPLER_FIELDS, GenerationOptions, OutputConstraint, PromptRequest, SamplingOptions
-from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
-from kinetic.protocols.common.translate import sampling_options
-from kinetic.protocols.common.types import SamplingFields
-from kinetic.protocols.ollama import types as ollama
-from kinetic.sampling_defaults import (
+from kinetic.config.args import parse_serve_args
+from kinetic.config.sampling_defaults import (
     FROM_SETTING,
     NO_FLAG,
     SHAPED,
@@ -25,8 +22,11 @@ from kinetic.sampling_defaults import (
     parse_logit_bias,
     process_escapes,
 )
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.config.settings import ServerSettings, SettingsError
+from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
+from kinetic.protocols.common.translate import sampling_options
+from kinetic.protocols.common.types import SamplingFields
+from kinetic.protocols.ollama import types as ollama
 from tests.scripted import ScriptedEngine
 
 SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'

@@ -14,19 +14,19 @@ import gguf
 import numpy as np
 import pytest
 
+from kinetic.backends.prompt_log import write_prompt
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings, SettingsError
 from kinetic.engine.llama.control_vector import load_control_vectors
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import RankScore
 from kinetic.errors import InvalidRequestError, ModelLoadError
-from kinetic.log_setup import configure_logging
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.registry import ModelRegistry
-from kinetic.prompt_log import write_prompt
+from kinetic.protocols.common.sse_ping import PING, with_pings
 from kinetic.protocols.llamacpp.rerank import rerank_request, to_rerank_body
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings, SettingsError
-from kinetic.sse_ping import PING, with_pings
+from kinetic.server.log_setup import configure_logging
 from tests.control_vector_model import write_control_vector
 from tests.scripted import ScriptedEngine, single_model_backend
 

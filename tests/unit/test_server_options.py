@@ -9,10 +9,10 @@ import httpx
 import pytest
 from starlette.responses import JSONResponse
 
-from kinetic.api_prefix import ApiPrefix
-from kinetic.app import error_response
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import SettingsError
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import SettingsError
+from kinetic.server.api_prefix import ApiPrefix
+from kinetic.server.app import error_response
 
 
 async def echo_path(scope, receive, send) -> None:
@@ -197,7 +197,7 @@ def test_cors_methods_headers_and_credentials_reach_the_preflight() -> None:
 
 @pytest.mark.anyio
 async def test_path_serves_a_folder_ahead_of_the_routes(tmp_path: Path) -> None:
-    from kinetic.static_path import StaticPath
+    from kinetic.server.static_path import StaticPath
 
     (tmp_path / "index.html").write_text("<h1>my ui</h1>")
     (tmp_path / "app.js").write_text("console.log(1)")

@@ -6,10 +6,10 @@ import pytest
 
 from kinetic import __version__
 from kinetic.cli import main
-from kinetic.llama_flags import by_spelling, llama_server_flags
-from kinetic.serve_args import InfoRequested, help_text, parse_serve_args
-from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.config.args import InfoRequested, help_text, parse_serve_args
+from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.config.llama_flags import by_spelling, llama_server_flags
+from kinetic.config.settings import ServerSettings, SettingsError
 
 
 def flag_names() -> set[str]:

@@ -9,11 +9,11 @@ from typing import Any, cast
 import pytest
 
 from kinetic.cli import parse_serve_args
+from kinetic.config.settings import SettingsError
 from kinetic.engine.llama.slots import Job, Slot
 from kinetic.engine.llama.speculative import accept_drafts, draft_room, ngram_simple_draft
 from kinetic.engine.options import SpecOptions, parse_spec_types
 from kinetic.engine.types import GenerationRequest, Timings
-from kinetic.settings import SettingsError
 
 # ---------------------------------------------------------------- ngram-simple
 

@@ -1,4 +1,4 @@
-"""kinetic/transport.py without a model: uvicorn with LimitedH11Protocol in a thread, around a tiny app."""
+"""kinetic/server/transport.py without a model: uvicorn with LimitedH11Protocol in a thread, around a tiny app."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from kinetic.app import error_response
+from kinetic.config.args import parse_serve_args
+from kinetic.config.values import byte_size
 from kinetic.errors import PayloadTooLargeError
-from kinetic.serve_args import parse_serve_args
-from kinetic.setting_values import byte_size
-from kinetic.transport import TransportConfig, TransportLimits, raw_response
+from kinetic.server.app import error_response
+from kinetic.server.transport import TransportConfig, TransportLimits, raw_response
 from tests.rawhttp import exchange, read_response
 from tests.server import free_port
 

@@ -13,14 +13,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
 from kinetic.backends.config import ModelConfig
+from kinetic.backends.sources import ModelSpec, UpstreamSpec
 from kinetic.backends.upstream.backend import UpstreamBackend
 from kinetic.backends.upstream.stream import sse_chunks
+from kinetic.config.settings import ServerSettings
 from kinetic.errors import ServerError
 from kinetic.model_registry.registry import ModelRegistry
-from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
-from kinetic.settings import ServerSettings
+from kinetic.server.app import create_app
 
 CHAT = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

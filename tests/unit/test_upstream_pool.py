@@ -12,17 +12,17 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from kinetic.app import create_app
 from kinetic.backends.config import ModelConfig
+from kinetic.backends.sources import ModelSpec, UpstreamSpec
 from kinetic.backends.upstream.affinity import AffinityTable, PoolPolicy, prompt_print
 from kinetic.backends.upstream.backend import UpstreamBackend
 from kinetic.backends.upstream.load import from_metrics, from_slots
 from kinetic.backends.upstream.pool import UpstreamPool
+from kinetic.config.args import parse_serve_args
+from kinetic.config.settings import ServerSettings
 from kinetic.errors import UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
-from kinetic.model_registry.sources import ModelSpec, UpstreamSpec
-from kinetic.serve_args import parse_serve_args
-from kinetic.settings import ServerSettings
+from kinetic.server.app import create_app
 
 SYSTEM = {"role": "system", "content": "You are the lab's assistant. " * 20}
 AFFINE = PoolPolicy()
@@ -271,7 +271,7 @@ def test_the_policy_flags_reach_the_pool_with_vllm_routers_defaults() -> None:
                                  "--upstream-cache-threshold", "0.5", "--upstream-balance-abs-threshold", "8",
                                  "--upstream-balance-rel-threshold", "2", "--upstream-probe-interval", "0.5"],
                                 environ={})
-    from kinetic.backends.config import model_config
+    from kinetic.model_registry.factory import model_config
 
     assert model_config(settings).pool == PoolPolicy("least-outstanding", 0.5, 8, 2.0, 0.5)
 

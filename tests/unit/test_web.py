@@ -12,9 +12,9 @@ from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import LedgerRecord
 from kinetic.classroom.roles import require_admin
 from kinetic.classroom.stats import UNKNOWN, ClassStats, name_of
+from kinetic.config.settings import ServerSettings
 from kinetic.engine.llama import LlamaEngine
 from kinetic.errors import ForbiddenError, UnauthorizedError
-from kinetic.settings import ServerSettings
 from kinetic.web.routes import OLLAMA_TEXT, wants_html
 from tests.scripted import single_model_app
 
@@ -117,7 +117,7 @@ def test_dashboard_access_admin_by_flag_or_by_name(tmp_path: Path) -> None:
 
 
 def test_admin_key_flag() -> None:
-    from kinetic.serve_args import parse_serve_args
+    from kinetic.config.args import parse_serve_args
 
     assert parse_serve_args(["--admin-key", "sk-root"], environ={}).admin_key == "sk-root"
     assert parse_serve_args([], environ={"KINETIC_ADMIN_KEY": "sk-env"}).admin_key == "sk-env"

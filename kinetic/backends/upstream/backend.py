@@ -15,6 +15,7 @@ from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat
 from kinetic.backends.model_file import ModelFile
+from kinetic.backends.sources import ModelSpec
 from kinetic.backends.upstream.body import chat_body, prompt_body
 from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
@@ -34,7 +35,6 @@ from kinetic.engine.types import (
     SlotState,
 )
 from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError, ServerError, UnavailableError
-from kinetic.model_registry.sources import ModelSpec
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,

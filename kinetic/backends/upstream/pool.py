@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from kinetic.backends.sources import UpstreamSpec
 from kinetic.backends.upstream.affinity import AffinityTable, PoolPolicy, PromptPrint, Reason, prompt_print
 from kinetic.backends.upstream.load import LoadReading, read_load
 from kinetic.engine.types import Finished
@@ -30,7 +31,6 @@ from kinetic.errors import (
     UnauthorizedError,
     UnavailableError,
 )
-from kinetic.model_registry.sources import UpstreamSpec
 
 log = logging.getLogger(__name__)
 

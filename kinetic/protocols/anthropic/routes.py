@@ -7,10 +7,10 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.deps import BackendDep
+from kinetic.model_registry.deps import BackendDep
 from kinetic.protocols.anthropic import translate
 from kinetic.protocols.anthropic.types import CountTokensRequest, MessagesRequest
-from kinetic.streaming import respond
+from kinetic.protocols.common.streaming import respond
 
 router = APIRouter()
 

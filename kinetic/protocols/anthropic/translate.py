@@ -22,6 +22,7 @@ from kinetic.chat.types import (
     ToolSpec,
 )
 from kinetic.chat.types import Message as ChatMessage
+from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import (
     ForbiddenError,
@@ -49,8 +50,7 @@ from kinetic.protocols.anthropic.types import (
 )
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.common.outcome import Outcome
-from kinetic.streaming import sse_event
+from kinetic.protocols.common.streaming import sse_event
 
 STOP_REASONS = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
 # Anthropic's error type for each kind of kinetic error (the first class the error is an instance of).

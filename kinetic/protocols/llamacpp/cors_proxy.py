@@ -24,8 +24,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from kinetic.deps import RegistryDep
 from kinetic.errors import FeatureDisabledError, InvalidRequestError, ServerError
+from kinetic.model_registry.deps import RegistryDep
 
 router = APIRouter()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from kinetic.deps import RegistryDep
 from kinetic.errors import InvalidRequestError, NotFoundError
+from kinetic.model_registry.deps import RegistryDep
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.model_registry.removal import remove_model
 from kinetic.protocols.llamacpp.types import ModelActionRequest

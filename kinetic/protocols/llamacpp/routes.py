@@ -12,18 +12,28 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from kinetic import __version__, slot_folder
+from kinetic import __version__
 from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
 from kinetic.classroom.identity import caller_of
+from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
-from kinetic.deps import BackendDep, RegistryDep, model_backend
-from kinetic.deps import server_state as app_state
 from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
+from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
+from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.common.outcome import hand_over_count
-from kinetic.protocols.llamacpp import cors_proxy, metrics, model_routes, rerank, server_state, tokens, translate
+from kinetic.protocols.common.streaming import respond, respond_many
+from kinetic.protocols.llamacpp import (
+    cors_proxy,
+    metrics,
+    model_routes,
+    rerank,
+    server_state,
+    slot_folder,
+    tokens,
+    translate,
+)
 from kinetic.protocols.llamacpp.types import (
     ApplyTemplateRequest,
     CompletionRequest,
@@ -35,7 +45,6 @@ from kinetic.protocols.llamacpp.types import (
     SlotActionRequest,
     TokenizeRequest,
 )
-from kinetic.streaming import respond, respond_many
 
 router = APIRouter()
 router.include_router(cors_proxy.router)

@@ -10,6 +10,7 @@ from typing import Any
 
 from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, PromptInput, PromptRequest
 from kinetic.chat.types import InfillRequest as NeutralInfill
+from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import (
     Event,
     Finished,
@@ -23,7 +24,7 @@ from kinetic.errors import InvalidRequestError, KineticError
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
-from kinetic.protocols.common.outcome import Outcome
+from kinetic.protocols.common.streaming import sse_data
 from kinetic.protocols.common.translate import logprob_entry
 from kinetic.protocols.common.types import SamplingFields
 from kinetic.protocols.llamacpp.types import (
@@ -31,7 +32,6 @@ from kinetic.protocols.llamacpp.types import (
     EmbeddingRequest,
     InfillRequest,
 )
-from kinetic.streaming import sse_data
 
 
 def error_body(err: KineticError) -> dict[str, Any]:

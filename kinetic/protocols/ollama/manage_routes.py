@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kinetic.deps import RegistryDep
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, ServerError
+from kinetic.model_registry.deps import RegistryDep
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.downloads import Download
 from kinetic.model_registry.registry import ModelNotFoundError

@@ -14,12 +14,12 @@ from typing import Any, Literal
 from kinetic.chat import types as neutral
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.toolcalls import ParsedCall
+from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta, TokenLogprob
 from kinetic.errors import KineticError
-from kinetic.protocols.common.outcome import Outcome
+from kinetic.protocols.common.streaming import ndjson_line
 from kinetic.protocols.ollama.model_facts import timestamp
 from kinetic.protocols.ollama.types import ChatRequest, GenerateRequest
-from kinetic.streaming import ndjson_line
 
 
 def error_body(err: KineticError) -> dict[str, str]:

@@ -13,16 +13,16 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import ModelBackend, embeddings_off
 from kinetic.chat.types import PreparedChat
-from kinetic.deps import CallerDep, RegistryDep, backend_dependency
+from kinetic.classroom.outcome import hand_over_count
 from kinetic.engine.types import GenerationRequest
+from kinetic.model_registry.deps import CallerDep, RegistryDep, backend_dependency
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
-from kinetic.protocols.common.outcome import hand_over_count
+from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.ollama import manage_routes, translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
-from kinetic.streaming import respond
 
 router = APIRouter()
 router.include_router(manage_routes.router)

@@ -40,7 +40,7 @@ from kinetic.protocols.ollama.types import (
     Think,
 )
 
-# The `X as X` imports above are re-exports: kinetic.protocols.ollama.routes and kinetic.app take the
+# The `X as X` imports above are re-exports: kinetic.protocols.ollama.routes and kinetic.server.app take the
 # model facts and the replies from this module.
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # format "json": Ollama's JSON grammar has an object at its root

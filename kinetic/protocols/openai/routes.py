@@ -11,11 +11,12 @@ from fastapi.responses import Response
 
 from kinetic.backends.base import embeddings_off, require
 from kinetic.classroom.identity import caller_of
+from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
-from kinetic.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
-from kinetic.protocols.common.outcome import hand_over_count
+from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
+from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.control import REASONING_END, RunningCompletion, RunningCompletions, control
 from kinetic.protocols.openai.types import (
@@ -24,7 +25,6 @@ from kinetic.protocols.openai.types import (
     ControlRequest,
     EmbeddingRequest,
 )
-from kinetic.streaming import respond
 
 router = APIRouter()
 

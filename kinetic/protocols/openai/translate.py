@@ -16,13 +16,13 @@ from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
+from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, GenerationRequest, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
-from kinetic.protocols.common.outcome import Outcome
+from kinetic.protocols.common.streaming import sse_data, sse_done
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat
-from kinetic.streaming import sse_data, sse_done
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kinetic.backends.base import require
-from kinetic.deps import BackendDep
+from kinetic.model_registry.deps import BackendDep
+from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.responses import translate
 from kinetic.protocols.responses.types import InputTokensRequest, ResponsesRequest
-from kinetic.streaming import respond
 
 router = APIRouter()
 

@@ -31,11 +31,12 @@ from kinetic.chat.types import (
     ToolChoice,
     ToolSpec,
 )
+from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.common.outcome import Outcome
+from kinetic.protocols.common.streaming import sse_event
 from kinetic.protocols.responses.types import (
     ContentPart,
     FunctionCallItem,
@@ -51,7 +52,6 @@ from kinetic.protocols.responses.types import (
     ResponsesRequest,
     TextFormat,
 )
-from kinetic.streaming import sse_event
 
 TEXT_FORMAT_TYPES = ("text", "json_object", "json_schema")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}

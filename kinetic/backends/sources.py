@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kinetic.backends.gguf_files import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj
+from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING
+from kinetic.config.settings import TRUE_WORDS, ServerSettings
 from kinetic.errors import ModelLoadError
-from kinetic.models import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj
-from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING
-from kinetic.settings import TRUE_WORDS, ServerSettings
 
 # Preset keys that say what the model is rather than how to run it.
 PATH_KEYS = frozenset({"model", "m"})

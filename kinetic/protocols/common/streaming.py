@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from kinetic.classroom.outcome import Outcome, hand_over
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
-from kinetic.protocols.common.outcome import Outcome, hand_over
-from kinetic.sse_ping import with_pings
+from kinetic.protocols.common.sse_ping import with_pings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

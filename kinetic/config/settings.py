@@ -1,7 +1,7 @@
 """Server settings: every setting of `kinetic serve`, its type, default and checks, in one validated model.
 
-The flags and variables that fill it are in kinetic.serve_flags, read by kinetic.serve_args; the kinds
-of value (files, sizes, JSON...) and their checks are in kinetic.setting_values. Whatever the source,
+The flags and variables that fill it are in kinetic.config.flags, read by kinetic.config.args; the kinds
+of value (files, sizes, JSON...) and their checks are in kinetic.config.values. Whatever the source,
 the value goes through `ServerSettings` (pydantic-settings), and a bad one is a `SettingsError`
 naming the flag or variable.
 """
@@ -17,17 +17,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kinetic.classroom.keys import KeyRing
-from kinetic.engine.options import (
-    CpuParams,
-    LlamaOptions,
-    LongContext,
-    SpecOptions,
-    parse_cpu_mask,
-    parse_cpu_range,
-    parse_kv_override,
-    parse_spec_types,
-)
-from kinetic.setting_values import (
+from kinetic.config.values import (
     SWITCH_TYPES,
     ByteSize,
     CpuMask,
@@ -65,7 +55,17 @@ from kinetic.setting_values import (
     json_object_text,
     switch_word,
 )
-from kinetic.setting_values import TRUE_WORDS as TRUE_WORDS
+from kinetic.config.values import TRUE_WORDS as TRUE_WORDS
+from kinetic.engine.options import (
+    CpuParams,
+    LlamaOptions,
+    LongContext,
+    SpecOptions,
+    parse_cpu_mask,
+    parse_cpu_range,
+    parse_kv_override,
+    parse_spec_types,
+)
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
@@ -87,7 +87,7 @@ class SettingsError(ValueError):
 
 
 class ServerSettings(BaseSettings):
-    """Every setting of `kinetic serve`. kinetic.serve_args.parse_serve_args builds it from flags and variables."""
+    """Every setting of `kinetic serve`. kinetic.config.args.parse_serve_args builds it from flags and variables."""
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -318,7 +318,7 @@ class ServerSettings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource,
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
         # ServerSettings(...) takes only its arguments, so tests and apps built in code are not steered
-        # by the environment; kinetic.serve_args.load_settings() adds the variables explicitly.
+        # by the environment; kinetic.config.args.load_settings() adds the variables explicitly.
         return (init_settings,)
 
     @field_validator("*", mode="before")

@@ -1,6 +1,6 @@
 """The kinds of value a server setting takes, each checked where it is declared on ServerSettings.
 
-A check raises ValueError with the reason; kinetic.serve_args puts the flag or variable in front of it.
+A check raises ValueError with the reason; kinetic.config.args puts the flag or variable in front of it.
 Files and folders a flag names are checked now, so a typo stops the start before the model loads.
 """
 

@@ -1,6 +1,6 @@
 """`kinetic serve`'s flags: each setting's spellings (llama-server's where it has the flag), help and
-variables. The table is read by the one command-line reader (kinetic.serve_args) for the run and for
-`--help`, by the router's presets (kinetic.model_registry.sources) and by the generated docs (kinetic.flag_status).
+variables. The table is read by the one command-line reader (kinetic.config.args) for the run and for
+`--help`, by the router's presets (kinetic.backends.sources) and by the generated docs (kinetic.config.flag_status).
 A flag's type and default live on ServerSettings, whose field is named by the flag's `dest`.
 """
 
@@ -11,9 +11,9 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from kinetic.chat.reasoning import REASONING_FORMATS
+from kinetic.config.llama_flags import LlamaFlag, by_spelling
+from kinetic.config.values import SWITCH_TYPES
 from kinetic.engine.options import KV_CACHE_TYPES
-from kinetic.llama_flags import LlamaFlag, by_spelling
-from kinetic.setting_values import SWITCH_TYPES
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 @cache
 def _setting(dest: str) -> FieldInfo:
-    # imported here: kinetic.settings re-exports this table, so it cannot be imported at module level
-    from kinetic.settings import ServerSettings
+    # imported here: kinetic.config.settings re-exports this table, so it cannot be imported at module level
+    from kinetic.config.settings import ServerSettings
 
     return ServerSettings.model_fields[dest]
 

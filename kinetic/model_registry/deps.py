@@ -44,7 +44,7 @@ class ServerState:
 
 def server_state(app: Starlette) -> ServerState:
     state = app.state.server
-    assert isinstance(state, ServerState), "an app made by kinetic.app.create_app"
+    assert isinstance(state, ServerState), "an app made by kinetic.server.app.create_app"
     return state
 
 

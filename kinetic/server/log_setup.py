@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinetic.settings import ServerSettings
+    from kinetic.config.settings import ServerSettings
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 # llama.cpp's verbosity threshold -> the lowest level that logs

@@ -13,11 +13,11 @@ from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.limits import Limits
+from kinetic.classroom.outcome import note_error
 from kinetic.classroom.roles import needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import error_response
-from kinetic.protocols.common.outcome import note_error
 from kinetic.web.routes import is_public_page
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})

@@ -1,6 +1,6 @@
 """The one reader of a `kinetic serve` command line: the run, `--help` and the tests all go through
-`parse_serve_args`, which reads kinetic's flag table (kinetic.serve_flags) beside llama-server's whole
-table (kinetic.llama_flags).
+`parse_serve_args`, which reads kinetic's flag table (kinetic.config.flags) beside llama-server's whole
+table (kinetic.config.llama_flags).
 
 As llama-server does, a flag reads exactly the values its table row says (a switch none, so `-kvu`
 never swallows the next argument; a value flag the next argument whatever it looks like) and `_` in a
@@ -24,10 +24,10 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource
 
 from kinetic import __version__
-from kinetic.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags
-from kinetic.llama_flags import LlamaFlag, by_spelling, llama_server_flags
-from kinetic.serve_flags import FLAGS, FLAGS_BY_SPELLING, Flag
-from kinetic.settings import ServerSettings, SettingsError
+from kinetic.config.flag_status import DIFFERENCES_PAGE, IGNORED, acting_flags
+from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING, Flag
+from kinetic.config.llama_flags import LlamaFlag, by_spelling, llama_server_flags
+from kinetic.config.settings import ServerSettings, SettingsError
 
 HELP_FLAGS = ("-h", "--help", "--usage")
 VERSION_FLAG = "--version"
@@ -237,7 +237,7 @@ class FlagEnvSource(PydanticBaseSettingsSource):
 
 # KINETIC_* variables that are not server settings (read where they are used).
 OTHER_KINETIC_VARIABLES = frozenset({
-    "KINETIC_CACHE_DIR",  # kinetic.models.cache_dir(): where the bundled model is assembled
+    "KINETIC_CACHE_DIR",  # kinetic.backends.gguf_files.cache_dir(): where the bundled model is assembled
     "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
     "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
     "KINETIC_TEST_MODELS",  # tests: where the router tests' embedding GGUF is cached

@@ -44,7 +44,7 @@ class LlamaFlag:
 
 @lru_cache(maxsize=1)
 def table() -> dict:
-    text = resources.files("kinetic").joinpath("llama_server_flags.json").read_text(encoding="utf-8")
+    text = resources.files("kinetic.config").joinpath("llama_server_flags.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

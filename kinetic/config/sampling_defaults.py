@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams
-from kinetic.protocols.common.translate import sampler_order
-from kinetic.setting_values import LOGIT_BIAS_ENTRY, schema_grammar_or_error
-from kinetic.settings import ServerSettings
+from kinetic.config.settings import ServerSettings
+from kinetic.config.values import LOGIT_BIAS_ENTRY, schema_grammar_or_error
+from kinetic.engine.types import DEFAULT_DRY_BREAKERS, DEFAULT_SAMPLERS, SamplingParams, sampler_order
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
 

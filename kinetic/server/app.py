@@ -17,14 +17,14 @@ from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
 from kinetic.classroom.stats import ClassStats
-from kinetic.deps import ServerState, server_state
-from kinetic.error_funnel import install_error_funnel, validation_message
 from kinetic.errors import ServerError, UnavailableError
-from kinetic.gate import RequestGate
 from kinetic.model_registry import idle_sleep
+from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
 from kinetic.protocols.openai.control import RunningCompletions
+from kinetic.server.error_funnel import install_error_funnel, validation_message
+from kinetic.server.gate import RequestGate
 from kinetic.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     state = server_parts(registry)
     app.state.server = state
     app.state.running_completions = RunningCompletions()  # for /v1/chat/completions/control
-    app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.streaming
+    app.state.sse_ping_interval = registry.settings.sse_ping_interval  # read by kinetic.protocols.common.streaming
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.model_file import ModelFile
 from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.templates import ChatTemplate
-from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.chat.types import (
+    AnswerFormat,
+    ChatRequest,
+    InfillRequest,
+    Message,
+    PreparedRequest,
+    PromptInput,
+    PromptRequest,
+)
 from kinetic.engine.base import Generation
 from kinetic.engine.types import (
     EngineStats,
-    GenerationRequest,
     Modalities,
     ModelInfo,
     RankScore,
@@ -78,8 +85,15 @@ def lacking(name: str, route: str, why: str) -> NotSupportedError:
     return NotSupportedError(f"model '{name}' cannot serve {route}: {why}")
 
 
-class ModelBackend(Protocol):
-    """One model, served. Built unloaded by the registry's factory from a ModelConfig."""
+# What one kind of backend prepares and starts: a local model's GenerationRequest (prompt tokens for its
+# engine), an upstream pool's ForwardRequest (the route and body it sends). A backend starts only its own.
+RequestT = TypeVar("RequestT", bound=PreparedRequest)
+
+
+class ModelBackend(Protocol[RequestT]):
+    """One model, served. Built unloaded by the registry's factory from a ModelConfig. Routes hold it as
+    ModelBackend[Any]: what `prepare_*` gave them goes back to the same backend's `start`, unopened but for
+    what every prepared request shows (PreparedRequest)."""
 
     name: str
     aliases: tuple[str, ...]
@@ -117,15 +131,15 @@ class ModelBackend(Protocol):
         """The GGUF's digest, size and time (Ollama's /api/tags and /api/show); a remote model has none."""
 
     # generation
-    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]: ...
+    async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]: ...
 
-    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest: ...
+    async def prepare_prompt(self, req: PromptRequest) -> RequestT: ...
 
-    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest: ...
+    async def prepare_infill(self, req: InfillRequest) -> RequestT: ...
 
-    async def start(self, request: GenerationRequest) -> Generation: ...
+    async def start(self, request: RequestT) -> Generation: ...
 
-    async def start_together(self, requests: list[GenerationRequest]) -> list[Generation]: ...
+    async def start_together(self, requests: list[RequestT]) -> list[Generation]: ...
 
     # token-level work
     async def count_chat_tokens(self, req: ChatRequest) -> int: ...
@@ -144,7 +158,7 @@ class ModelBackend(Protocol):
     async def detokenize(self, tokens: list[int]) -> str:
         """The text of the valid tokens among `tokens`, special tokens written out."""
 
-    def prompt_text(self, request: GenerationRequest) -> str: ...
+    def prompt_text(self, request: RequestT) -> str: ...
 
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -169,7 +183,7 @@ class ModelBackend(Protocol):
         """Takes one server of its pool out of rotation (its requests finish) or puts it back: its status."""
 
 
-def require(capable: bool, backend: ModelBackend, route: str, why: str) -> None:
+def require(capable: bool, backend: ModelBackend[Any], route: str, why: str) -> None:
     """Raises the 501 naming `route` unless the backend has the capability (`capable`)."""
     if not capable:
         raise lacking(backend.name, route, why)

@@ -25,7 +25,7 @@ from kinetic.chat.infill import check_fim
 from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import choose_template
-from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.identity import CALLER, note_media
 from kinetic.engine.base import Engine, Generation
 from kinetic.engine.types import (
@@ -136,14 +136,14 @@ class LocalBackend:
             raise InvalidRequestError(f"model '{self.name}' is an embedding model and does not generate "
                                       "text: use /v1/embeddings with it", param="model")
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, AnswerFormat]:
         self._require_generation()
         # files named by URL are loaded first (the chat layer reads bytes only); no URL, no work. A file the model
         # cannot read is refused before anything is fetched for it.
         check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
-        generation, prepared = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
-        return self._made(generation), prepared
+        generation, answer_format = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+        return self._made(generation), answer_format
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         self._require_generation()
@@ -176,8 +176,8 @@ class LocalBackend:
 
     async def count_chat_tokens(self, req: ChatRequest) -> int:
         """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
-        _, prepared = await self.prepare_chat(req)
-        return prepared.prompt_tokens
+        generation, _ = await self.prepare_chat(req)
+        return generation.n_prompt_tokens
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,

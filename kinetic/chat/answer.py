@@ -21,7 +21,7 @@ from kinetic.chat.toolcalls import (
     parse_tool_calls,
     split_arguments,
 )
-from kinetic.chat.types import PreparedChat
+from kinetic.chat.types import AnswerFormat
 from kinetic.engine.types import StructuredCall
 
 
@@ -32,15 +32,15 @@ class Answer:
     calls: list[ParsedCall] = field(default_factory=list)
 
 
-def forced_in_json(prepared: PreparedChat) -> bool:
+def forced_in_json(answer_format: AnswerFormat) -> bool:
     """Whether a forced call is kinetic's JSON shape (streamed as it is written) rather than the
     template's own format (read when the answer ends)."""
-    return prepared.tool_mode == "forced" and prepared.call_format == JSON
+    return answer_format.tool_mode == "forced" and answer_format.call_format == JSON
 
 
-def reasoning_splitter(prepared: PreparedChat) -> ReasoningSplitter:
-    enders = reasoning_enders(prepared.call_format) if prepared.tool_mode != "none" else ()
-    return ReasoningSplitter(prepared.reasoning_format, starts_inside=prepared.starts_in_reasoning,
+def reasoning_splitter(answer_format: AnswerFormat) -> ReasoningSplitter:
+    enders = reasoning_enders(answer_format.call_format) if answer_format.tool_mode != "none" else ()
+    return ReasoningSplitter(answer_format.reasoning_format, starts_inside=answer_format.starts_in_reasoning,
                              also_ends=enders)
 
 
@@ -49,22 +49,22 @@ def given_calls(calls: tuple[StructuredCall, ...]) -> list[ParsedCall]:
     return [ParsedCall(name=call.name, arguments=call.arguments, id=call.id or new_call_id()) for call in calls]
 
 
-def parse_answer(text: str, prepared: PreparedChat, given: tuple[StructuredCall, ...] = ()) -> Answer:
+def parse_answer(text: str, answer_format: AnswerFormat, given: tuple[StructuredCall, ...] = ()) -> Answer:
     """`given`: tool calls that came as structure beside the text, which then holds none."""
-    splitter = reasoning_splitter(prepared)
+    splitter = reasoning_splitter(answer_format)
     reasoning, content = splitter.push(text)
     tail_reasoning, tail_content = splitter.flush()
     content += tail_content
     reasoning += tail_reasoning
     if given:
         return Answer(reasoning, content or None, given_calls(given))
-    if forced_in_json(prepared):
+    if forced_in_json(answer_format):
         calls = parse_forced_calls(content)
         if calls is not None:  # None: cut short by the token limit, what was generated is text
             return Answer(reasoning, None, calls)
-    elif prepared.tool_mode != "none":
-        reply = parse_tool_calls(content, prepared.tool_names, call_format=prepared.call_format,
-                                 parameters=dict(prepared.tool_parameters))
+    elif answer_format.tool_mode != "none":
+        reply = parse_tool_calls(content, answer_format.tool_names, call_format=answer_format.call_format,
+                                 parameters=dict(answer_format.tool_parameters))
         if reply.calls:
             return Answer(reasoning, reply.content or None, reply.calls)
     return Answer(reasoning, content)
@@ -85,13 +85,14 @@ class AnswerStream:
     the end. `deepseek-legacy` streams keep the thoughts inside the content, so no reasoning pieces
     are given for it."""
 
-    def __init__(self, prepared: PreparedChat):
-        self.legacy = prepared.reasoning_format == "deepseek-legacy"
-        self.splitter = reasoning_splitter(prepared)
-        self.forced = ForcedCallStreamer() if forced_in_json(prepared) else None
+    def __init__(self, answer_format: AnswerFormat):
+        self.legacy = answer_format.reasoning_format == "deepseek-legacy"
+        self.splitter = reasoning_splitter(answer_format)
+        self.forced = ForcedCallStreamer() if forced_in_json(answer_format) else None
         self.forced_text = ""  # forced output, returned as text if it never became a call
-        self.auto = None if self.forced is not None or prepared.tool_mode == "none" else AutoCallStream(
-            prepared.tool_names, call_format=prepared.call_format, parameters=dict(prepared.tool_parameters))
+        self.auto = None if self.forced is not None or answer_format.tool_mode == "none" else AutoCallStream(
+            answer_format.tool_names, call_format=answer_format.call_format,
+            parameters=dict(answer_format.tool_parameters))
         self.n_calls = 0
 
     def push(self, text: str) -> AnswerPiece:

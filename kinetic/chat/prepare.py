@@ -20,12 +20,12 @@ from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
 from kinetic.chat.reasoning_control import preserve_variables, pure_content, reasoning_budget
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.types import (
+    AnswerFormat,
     ChatRequest,
     GenerationOptions,
     InfillRequest,
     MediaPart,
     Message,
-    PreparedChat,
     PromptInput,
     PromptRequest,
     SamplingOptions,
@@ -284,7 +284,7 @@ class ChatLayer:
 
     # ------------------------------------------------------------------ requests
 
-    def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+    def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, AnswerFormat]:
         if not req.messages and not req.allow_empty:
             raise field_error("messages", "must contain at least one message, but got an empty list")
         constraints = chat_constraints(req, self.template.call_format)
@@ -306,14 +306,13 @@ class ChatLayer:
                                   starts_inside=rendered.starts_in_reasoning,
                                   constrained=constraints.grammar is not None)
         engine_request = replace(engine_request, reasoning_budget=budget)
-        prepared = PreparedChat(prompt=rendered.prompt, prompt_tokens=rendered.n_tokens,
-                                starts_in_reasoning=rendered.starts_in_reasoning,
-                                reasoning_format="none" if self.defaults.skip_chat_parsing
-                                else req.reasoning_format or self.defaults.reasoning_format,
-                                tool_mode=constraints.tool_mode, tool_names=constraints.tool_names,
-                                call_format=constraints.call_format,
-                                tool_parameters=tuple((tool.name, tool.parameters or {}) for tool in req.tools))
-        return engine_request, prepared
+        answer_format = AnswerFormat(starts_in_reasoning=rendered.starts_in_reasoning,
+                                     reasoning_format="none" if self.defaults.skip_chat_parsing
+                                     else req.reasoning_format or self.defaults.reasoning_format,
+                                     tool_mode=constraints.tool_mode, tool_names=constraints.tool_names,
+                                     call_format=constraints.call_format,
+                                     tool_parameters=tuple((tool.name, tool.parameters or {}) for tool in req.tools))
+        return engine_request, answer_format
 
     def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
         if req.media:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kinetic.engine.types import SamplingParams
 
@@ -205,15 +205,43 @@ ToolMode = Literal["forced", "auto", "none"]
 
 
 @dataclass(frozen=True)
-class PreparedChat:
-    """A ChatRequest made ready for the engine, with what the outward translation needs to know."""
+class AnswerFormat:
+    """How the outward translation reads a chat answer's text: where its reasoning starts and ends, and
+    which tool calls it may hold in which format. An answer that arrives already split (an upstream
+    server's) has nothing to read out of its text: the defaults."""
 
-    prompt: str
-    prompt_tokens: int
-    starts_in_reasoning: bool
-    reasoning_format: str
-    tool_mode: ToolMode
-    tool_names: tuple[str, ...]
+    reasoning_format: str = "none"
+    starts_in_reasoning: bool = False
+    tool_mode: ToolMode = "none"
+    tool_names: tuple[str, ...] = ()
     call_format: str = "json"  # the template's tool-call format (kinetic.chat.callformats)
     tool_parameters: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, parameters schema): types values
+
+
+class PreparedRequest(Protocol):
+    """What the protocols read of any backend's prepared request (a local GenerationRequest, an upstream
+    ForwardRequest), to echo it: llama-server's generation_settings and `__verbose`, Ollama's `context`."""
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def stop(self) -> tuple[str, ...]: ...
+    @property
+    def n_probs(self) -> int: ...
+    @property
+    def n_keep(self) -> int: ...
+    @property
+    def n_discard(self) -> int: ...
+    @property
+    def post_sampling_probs(self) -> bool: ...
+    @property
+    def lora(self) -> tuple[tuple[int, float], ...] | None: ...
+    @property
+    def n_prompt_tokens(self) -> int:
+        """The prompt's tokens as kinetic counted them (media stand-ins included; 0 where it never saw them)."""
+    @property
+    def text_tokens(self) -> list[int]:
+        """The prompt's text tokens, as a client may be given them (none where kinetic never saw them)."""
 

@@ -157,6 +157,10 @@ class GenerationRequest:
     lora: tuple[tuple[int, float], ...] | None = None
 
     @property
+    def n_prompt_tokens(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
     def text_tokens(self) -> list[int]:
         """The prompt without its media stand-ins: the tokens a sampler or a client may be given."""
         if not self.media:

@@ -11,22 +11,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic
 
-from kinetic.backends.base import Capabilities, Description, Embeddings, ModelBackend
+from kinetic.backends.base import Capabilities, Description, Embeddings, ModelBackend, RequestT
 from kinetic.backends.model_file import ModelFile
 from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.types import (
+    AnswerFormat,
     ChatRequest,
     InfillRequest,
     Message,
-    PreparedChat,
     PromptInput,
     PromptRequest,
     TextPart,
 )
 from kinetic.engine.base import Generation
-from kinetic.engine.types import EngineStats, GenerationRequest, RankScore, SlotFileResult, SlotState
+from kinetic.engine.types import EngineStats, RankScore, SlotFileResult, SlotState
 from kinetic.model_registry.derived import DerivedModel, with_defaults
 
 
@@ -41,10 +41,11 @@ def dressed(req: ChatRequest, model: DerivedModel) -> ChatRequest:
     return replace(req, messages=system + leading + turns + rest, options=with_defaults(req.options, model.options))
 
 
-class DerivedBackend:
-    """Satisfies ModelBackend by handing every call to the base model's backend."""
+class DerivedBackend(Generic[RequestT]):
+    """Satisfies ModelBackend by handing every call to the base model's backend: it prepares and starts
+    what its base does."""
 
-    def __init__(self, base: ModelBackend, model: DerivedModel):
+    def __init__(self, base: ModelBackend[RequestT], model: DerivedModel):
         self.base = base
         self.model = model
         self.name = model.name
@@ -60,10 +61,10 @@ class DerivedBackend:
     def describe(self) -> Description:
         return replace(self.base.describe(), name=self.name, aliases=self.aliases)
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+    async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]:
         return await self.base.prepare_chat(self._chat(req))
 
-    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+    async def prepare_prompt(self, req: PromptRequest) -> RequestT:
         return await self.base.prepare_prompt(replace(req, options=with_defaults(req.options, self.model.options)))
 
     async def count_chat_tokens(self, req: ChatRequest) -> int:
@@ -109,13 +110,13 @@ class DerivedBackend:
     async def model_file(self) -> ModelFile:
         return await self.base.model_file()
 
-    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+    async def prepare_infill(self, req: InfillRequest) -> RequestT:
         return await self.base.prepare_infill(replace(req, options=with_defaults(req.options, self.model.options)))
 
-    async def start(self, request: GenerationRequest) -> Generation:
+    async def start(self, request: RequestT) -> Generation:
         return await self.base.start(request)
 
-    async def start_together(self, requests: list[GenerationRequest]) -> list[Generation]:
+    async def start_together(self, requests: list[RequestT]) -> list[Generation]:
         return await self.base.start_together(requests)
 
     async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
@@ -127,7 +128,7 @@ class DerivedBackend:
     async def detokenize(self, tokens: list[int]) -> str:
         return await self.base.detokenize(tokens)
 
-    def prompt_text(self, request: GenerationRequest) -> str:
+    def prompt_text(self, request: RequestT) -> str:
         return self.base.prompt_text(request)
 
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:

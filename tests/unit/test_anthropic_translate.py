@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall, ToolChoice
+from kinetic.chat.types import AnswerFormat, MediaPart, TextPart, ToolCall, ToolChoice
 from kinetic.engine.types import Finished, TextDelta, Timings, Usage
 from kinetic.errors import (
     ContextOverflowError,
@@ -38,8 +38,8 @@ def finished(text: str) -> Finished:
                     id_slot=0, tokens_cached=0, truncated=False)
 
 
-def prepared(mode: str = "none") -> PreparedChat:
-    return PreparedChat(prompt="p", prompt_tokens=10, starts_in_reasoning=False, reasoning_format="auto",
+def answer_format(mode: str = "none") -> AnswerFormat:
+    return AnswerFormat(starts_in_reasoning=False, reasoning_format="auto",
                         tool_mode=mode, tool_names=("get_weather",) if mode != "none" else ())  # type: ignore[arg-type]
 
 
@@ -150,7 +150,7 @@ def test_thinking_switches_the_template() -> None:
 
 
 def test_forced_call_comes_back_as_a_tool_use_block() -> None:
-    ctx = translate.message_context(messages(), prepared("forced"))
+    ctx = translate.message_context(messages(), answer_format("forced"))
     body = translate.to_message([], finished('{"name": "get_weather", "arguments": {"city": "Rome"}}'), ctx)
     assert body["stop_reason"] == "tool_use"
     (block,) = body["content"]
@@ -169,7 +169,7 @@ def events(frames: list[bytes]) -> list[tuple[str, dict]]:
 
 
 def test_streamed_forced_call_is_input_json_deltas() -> None:
-    encoder = translate.EventEncoder(translate.message_context(messages(), prepared("forced")))
+    encoder = translate.EventEncoder(translate.message_context(messages(), answer_format("forced")))
     frames = []
     for piece in ['{"name": "get_weather", ', '"arguments": {"ci', 'ty": "Rome"}}']:
         frames += encoder.encode(TextDelta(text=piece, token_id=0))

@@ -19,15 +19,16 @@ from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate
 from kinetic.chat.toolcalls import parse_tool_calls
 from kinetic.chat.types import (
+    AnswerFormat,
     ChatRequest,
     Message,
     OutputConstraint,
-    PreparedChat,
     TextPart,
     ToolCall,
     ToolChoice,
     ToolSpec,
 )
+from kinetic.engine.types import GenerationRequest
 from kinetic.protocols.openai.translate import call_delta
 from tests.gbnf import accepts
 from tests.scripted import ScriptedEngine
@@ -40,6 +41,11 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 TIME = {"type": "function", "function": {"name": "get_time"}}
 PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "get_time": {}}
 CALL = FoundCall("get_weather", {"city": "Rome", "days": 3})
+
+
+def rendered_prompt(generation: GenerationRequest) -> str:
+    """The prompt prepare_chat rendered: the scripted engine's tokens are its bytes."""
+    return bytes(generation.prompt_tokens).decode()
 
 
 def compile_schema(schema: dict) -> str:
@@ -198,13 +204,13 @@ def test_a_plain_answer_in_a_known_format_stays_content() -> None:
 # ------------------------------------------------------------------------------ streaming
 
 
-def prepared(call_format: str, mode: str = "auto", *, in_reasoning: bool = False) -> PreparedChat:
-    return PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=in_reasoning, reasoning_format="auto",
+def answer_format(call_format: str, mode: str = "auto", *, in_reasoning: bool = False) -> AnswerFormat:
+    return AnswerFormat(starts_in_reasoning=in_reasoning, reasoning_format="auto",
                         tool_mode=mode, tool_names=("get_weather", "get_time"),  # type: ignore[arg-type]
                         call_format=call_format, tool_parameters=tuple(PARAMETERS.items()))
 
 
-def streamed(prepared_chat: PreparedChat, text: str, step: int) -> tuple[str, str, dict[int, dict[str, str]]]:
+def streamed(prepared_chat: AnswerFormat, text: str, step: int) -> tuple[str, str, dict[int, dict[str, str]]]:
     stream = AnswerStream(prepared_chat)
     pieces = [stream.push(text[i:i + step]) for i in range(0, len(text), step)] + stream.finish()
     calls: dict[int, dict[str, str]] = {}
@@ -227,11 +233,11 @@ LFM_ANSWER = 'One moment.<|tool_call_start|>[get_weather(city="Paris")]<|tool_ca
                                                              ("lfm2", LFM_ANSWER, False)])
 def test_a_call_in_the_format_streams_as_deltas_after_the_content_and_reasoning(
         step: int, call_format: str, text: str, in_reasoning: bool) -> None:
-    reasoning, content, calls = streamed(prepared(call_format, in_reasoning=in_reasoning), text, step)
+    reasoning, content, calls = streamed(answer_format(call_format, in_reasoning=in_reasoning), text, step)
     assert reasoning == ("I should look it up.\n" if in_reasoning else "")
     assert content == "One moment."
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
-    whole = parse_answer(text, prepared(call_format, in_reasoning=in_reasoning))
+    whole = parse_answer(text, answer_format(call_format, in_reasoning=in_reasoning))
     assert whole.content == "One moment." and [c.name for c in whole.calls] == ["get_weather"]
 
 
@@ -239,21 +245,21 @@ def test_a_call_in_the_format_streams_as_deltas_after_the_content_and_reasoning(
 def test_a_qwen_call_started_inside_an_open_think_block_ends_the_reasoning(step: int) -> None:
     text = "I need the weather.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n" \
            "</function>\n</tool_call>"
-    reasoning, content, calls = streamed(prepared("qwen-xml", in_reasoning=True), text, step)
+    reasoning, content, calls = streamed(answer_format("qwen-xml", in_reasoning=True), text, step)
     assert reasoning.strip() == "I need the weather." and content == ""
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Rome"})]
-    whole = parse_answer(text, prepared("qwen-xml", in_reasoning=True))
+    whole = parse_answer(text, answer_format("qwen-xml", in_reasoning=True))
     assert whole.reasoning.strip() == "I need the weather." and [c.name for c in whole.calls] == ["get_weather"]
-    plain = parse_answer(text, prepared("qwen-xml", "none", in_reasoning=True))  # no tools: all of it is thought
+    plain = parse_answer(text, answer_format("qwen-xml", "none", in_reasoning=True))  # no tools: all of it is thought
     assert plain.calls == [] and "<tool_call>" in plain.reasoning
 
 
 def test_a_forced_call_in_the_format_comes_back_as_a_call() -> None:
     text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"
-    answer = parse_answer(text, prepared("qwen-xml", "forced"))
+    answer = parse_answer(text, answer_format("qwen-xml", "forced"))
     assert answer.content is None and [(c.name, json.loads(c.arguments)) for c in answer.calls] == [
         ("get_weather", {"city": "Rome"})]
-    _, content, calls = streamed(prepared("qwen-xml", "forced"), text, 3)
+    _, content, calls = streamed(answer_format("qwen-xml", "forced"), text, 3)
     assert content == "" and [c["name"] for c in calls.values()] == ["get_weather"]
 
 
@@ -283,9 +289,9 @@ HISTORY = (user("Weather in Rome?"),
 def test_a_past_call_survives_a_template_that_ignores_tool_calls(template: str) -> None:
     layer = layer_for(template)
     assert layer.template.renders_tool_calls is False
-    _, chat = layer.prepare_chat(ChatRequest(messages=HISTORY, tools=(WEATHER_SPEC,)))
+    generation, chat = layer.prepare_chat(ChatRequest(messages=HISTORY, tools=(WEATHER_SPEC,)))
     assert '<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Rome")]<|tool_call_end|><|im_end|>' \
-        in chat.prompt
+        in rendered_prompt(generation)
 
 
 @pytest.mark.parametrize("template", sorted(path.stem for path in TEMPLATES.glob("*.jinja")))
@@ -297,9 +303,10 @@ def test_a_past_call_survives_every_template(template: str) -> None:
                        tool_calls=(ToolCall("get_weather", {"city": "Zanzibar"}, "call00001"),)),
                Message(role="tool", parts=(TextPart("sunny"),), tool_call_id="call00001", name="get_weather"))
     tool = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
-    _, chat = layer_for(template).prepare_chat(ChatRequest(messages=history, tools=(tool,)))
-    assert chat.prompt.count("Zanzibar") == 1
-    assert chat.prompt.rindex("Weather?") < chat.prompt.index("Zanzibar") < chat.prompt.index("sunny")
+    generation, chat = layer_for(template).prepare_chat(ChatRequest(messages=history, tools=(tool,)))
+    assert rendered_prompt(generation).count("Zanzibar") == 1
+    prompt = rendered_prompt(generation)
+    assert prompt.rindex("Weather?") < prompt.index("Zanzibar") < prompt.index("sunny")
 
 
 @pytest.mark.parametrize("template, written", [
@@ -311,8 +318,8 @@ def test_a_past_call_survives_every_template(template: str) -> None:
 def test_templates_that_render_calls_render_them_once(template: str, written: str) -> None:
     layer = layer_for(template)
     assert layer.template.renders_tool_calls is True
-    _, chat = layer.prepare_chat(ChatRequest(messages=HISTORY, tools=(WEATHER_SPEC,)))
-    assert chat.prompt.count(written) == 1
+    generation, chat = layer.prepare_chat(ChatRequest(messages=HISTORY, tools=(WEATHER_SPEC,)))
+    assert rendered_prompt(generation).count(written) == 1
 
 
 SCHEMA = OutputConstraint(schema={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
@@ -330,19 +337,19 @@ def test_constrained_output_on_a_thinking_template_starts_after_a_closed_think_b
         template: str, request_: ChatRequest) -> None:
     layer = layer_for(template)
     generation, chat = layer.prepare_chat(request_)
-    assert chat.prompt.endswith("<think>\n\n</think>\n\n") and chat.starts_in_reasoning is False
+    assert rendered_prompt(generation).endswith("<think>\n\n</think>\n\n") and chat.starts_in_reasoning is False
     assert generation.sampling.grammar is not None
     free, open_chat = layer.prepare_chat(ChatRequest(messages=(user("Weather?"),)))
-    assert open_chat.prompt.endswith("<think>\n") and open_chat.starts_in_reasoning is True
+    assert rendered_prompt(free).endswith("<think>\n") and open_chat.starts_in_reasoning is True
     assert free.sampling.grammar is None
 
 
 def test_thinking_off_is_not_closed_twice() -> None:
     layer = layer_for("Qwen3.5-4B")
-    _, chat = layer.prepare_chat(ChatRequest(messages=(user("Weather?"),), output=SCHEMA,
+    generation, chat = layer.prepare_chat(ChatRequest(messages=(user("Weather?"),), output=SCHEMA,
                                              template_kwargs={"enable_thinking": False}))
-    assert chat.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    assert chat.prompt.count("</think>") == 1
+    assert rendered_prompt(generation).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert rendered_prompt(generation).count("</think>") == 1
 
 
 @pytest.mark.parametrize("template, call", [

@@ -43,11 +43,12 @@ def user(text: str) -> Message:
 
 
 def test_defaults_fill_what_the_request_leaves_out(layer: ChatLayer) -> None:
-    generation, prepared = layer.prepare_chat(ChatRequest(messages=(user("hi"),)))
+    generation, answer_format = layer.prepare_chat(ChatRequest(messages=(user("hi"),)))
     assert generation.sampling.temperature == 0.3 and generation.sampling.seed == 5
     assert generation.max_tokens == 77 and generation.sampling.grammar is None
-    assert prepared.prompt.endswith("<start_of_turn>model\n") and prepared.tool_mode == "none"
-    assert generation.prompt_tokens == list(prepared.prompt.encode()) and prepared.prompt_tokens == len(prepared.prompt)
+    prompt = bytes(generation.prompt_tokens).decode()  # the scripted engine's tokens are the text's bytes
+    assert prompt.endswith("<start_of_turn>model\n") and answer_format.tool_mode == "none"
+    assert generation.n_prompt_tokens == len(prompt)
 
 
 def test_request_values_win_and_text_bias_keys_are_tokenized(layer: ChatLayer) -> None:
@@ -59,13 +60,14 @@ def test_request_values_win_and_text_bias_keys_are_tokenized(layer: ChatLayer) -
 
 
 def test_tools_are_rendered_for_auto_not_for_none_and_forced_gets_a_grammar(layer: ChatLayer) -> None:
-    _, auto = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,)))
-    assert auto.tool_mode == "auto" and "get_weather" in auto.prompt
-    _, none = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,), tool_choice=ToolChoice("none")))
-    assert none.tool_mode == "none" and "get_weather" not in none.prompt
-    forced, prepared = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,),
+    auto_request, auto = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,)))
+    assert auto.tool_mode == "auto" and "get_weather" in bytes(auto_request.prompt_tokens).decode()
+    none_request, none = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,),
+                                                        tool_choice=ToolChoice("none")))
+    assert none.tool_mode == "none" and "get_weather" not in bytes(none_request.prompt_tokens).decode()
+    forced, answer_format = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,),
                                                       tool_choice=ToolChoice("required", "get_weather")))
-    assert prepared.tool_mode == "forced" and "get_weather" in (forced.sampling.grammar or "")
+    assert answer_format.tool_mode == "forced" and "get_weather" in (forced.sampling.grammar or "")
 
 
 def test_tool_calls_and_results_reach_the_prompt(layer: ChatLayer) -> None:
@@ -73,8 +75,8 @@ def test_tool_calls_and_results_reach_the_prompt(layer: ChatLayer) -> None:
                 Message(role="assistant",
                         tool_calls=(ToolCall(name="get_weather", arguments={"city": "Rome"}, id="c1"),)),
                 Message(role="tool", parts=(TextPart("sunny and 31 degrees"),), tool_call_id="c1"))
-    _, prepared = layer.prepare_chat(ChatRequest(messages=messages))
-    assert "sunny and 31 degrees" in prepared.prompt
+    generation, _ = layer.prepare_chat(ChatRequest(messages=messages))
+    assert "sunny and 31 degrees" in bytes(generation.prompt_tokens).decode()
 
 
 @pytest.mark.parametrize("request_, param", [

@@ -14,6 +14,7 @@ from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, LlamaBuiltinTemplate, choose_template, known_names
 from kinetic.chat.types import ChatRequest, Message, TextPart, ToolCall
 from kinetic.config.args import parse_serve_args
+from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError
 from tests.scripted import ScriptedEngine
 
@@ -22,6 +23,11 @@ TOOL = {"type": "function", "function": {"name": "ipython", "description": "Runs
                                          "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
                                                         "required": ["code"]}}}
 QUESTION = [{"role": "user", "content": "What is today?"}]
+
+
+def rendered_prompt(generation: GenerationRequest) -> str:
+    """The prompt prepare_chat rendered: the scripted engine's tokens are its bytes."""
+    return bytes(generation.prompt_tokens).decode()
 
 
 def template(name: str) -> ChatTemplate:
@@ -162,8 +168,8 @@ HEADER = ("<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eo
 def test_a_last_assistant_message_is_continued(prefill: tuple[str, ...], expected: str) -> None:
     request = ChatRequest(messages=(Message(role="system", parts=(TextPart("Book"),)), user("What is the best book"),
                                     assistant(*prefill)))
-    _, prepared = layer(LLAMA31).prepare_chat(request)
-    assert prepared.prompt.endswith(HEADER + expected)
+    generation, answer_format = layer(LLAMA31).prepare_chat(request)
+    assert rendered_prompt(generation).endswith(HEADER + expected)
 
 
 def test_continue_final_message_asks_for_the_same_prompt() -> None:

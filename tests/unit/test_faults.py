@@ -19,7 +19,8 @@ import pytest
 from kinetic.backends.config import EngineConfig, ModelConfig
 from kinetic.backends.model_file import read_model_file
 from kinetic.backends.sources import ModelSpec, UpstreamSpec
-from kinetic.backends.upstream.backend import ForwardRequest, UpstreamBackend
+from kinetic.backends.upstream.backend import UpstreamBackend
+from kinetic.backends.upstream.body import ForwardRequest
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import CALLER
 from kinetic.classroom.roles import Role
@@ -208,8 +209,8 @@ def upstream_backend(url: str, *, connections: int = 4, in_flight: InFlight | No
 
 
 def forward(client: str) -> ForwardRequest:
-    return ForwardRequest(prompt_tokens=[], client=client,
-                          payload={"model": "m", "messages": CHAT, "stream": True})
+    return ForwardRequest.of("/chat/completions", {"model": "m", "messages": CHAT, "stream": True}, client=client,
+                             priority=0)
 
 
 def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str) -> None:

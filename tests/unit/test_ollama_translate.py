@@ -12,7 +12,7 @@ import pytest
 
 from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.chat.toolcalls import ParsedCall
-from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall
+from kinetic.chat.types import AnswerFormat, MediaPart, TextPart, ToolCall
 from kinetic.engine.types import (
     Finished,
     ModelInfo,
@@ -49,13 +49,14 @@ def finished(text: str, reason: str = "stop", tokens: list[int] | None = None) -
                     id_slot=0, tokens_cached=0, truncated=False)
 
 
-def prepared(mode: str = "none", reasoning_format: str = "auto") -> PreparedChat:
-    return PreparedChat(prompt="p", prompt_tokens=10, starts_in_reasoning=False, reasoning_format=reasoning_format,
+def answer_format(mode: str = "none", reasoning_format: str = "auto") -> AnswerFormat:
+    return AnswerFormat(starts_in_reasoning=False, reasoning_format=reasoning_format,
                         tool_mode=mode, tool_names=("get_weather",) if mode != "none" else ())  # type: ignore[arg-type]
 
 
 def context(kind: str = "chat", mode: str = "none", **fields: Any) -> replies.ReplyContext:
-    return replies.ReplyContext(model="tiny:latest", prepared=prepared(mode), started_ns=0, kind=kind, **fields)
+    return replies.ReplyContext(model="tiny:latest", answer_format=answer_format(mode), started_ns=0, kind=kind,
+                                **fields)
 
 
 def lines(encoder: replies.LineEncoder, pieces: list[str], done: Finished) -> list[dict[str, Any]]:
@@ -274,7 +275,7 @@ def test_generate_lines_carry_response_and_the_final_context() -> None:
 
 
 def test_thinking_streams_apart_from_content() -> None:
-    ctx = replies.ReplyContext(model="m", prepared=prepared(reasoning_format="deepseek"), started_ns=0)
+    ctx = replies.ReplyContext(model="m", answer_format=answer_format(reasoning_format="deepseek"), started_ns=0)
     out = lines(replies.LineEncoder(ctx), ["<think>hm", "m</think>", "Yes"], finished("<think>hmm</think>Yes"))
     thinking = "".join(o["message"].get("thinking", "") for o in out)
     content = "".join(o["message"]["content"] for o in out)

@@ -10,7 +10,7 @@ import pytest
 from kinetic.engine.types import GenerationRequest, SamplingParams
 from kinetic.protocols.common.translate import continuation
 from kinetic.protocols.openai import translate
-from tests.unit.test_openai_translate import chat, finished, prepared
+from tests.unit.test_openai_translate import answer_format, chat, finished
 
 
 @pytest.mark.parametrize("raw, expected", [(True, "auto"), ("content", "content"),
@@ -38,8 +38,8 @@ GENERATION = GenerationRequest(prompt_tokens=[1, 2, 3], sampling=SamplingParams(
 @pytest.mark.parametrize("field, server, shown", [(None, False, False), (True, False, True), (None, True, True),
                                                   (False, True, False)])
 def test_verbose_adds_the_native_result(field: bool | None, server: bool, shown: bool) -> None:
-    ctx = translate.chat_context(chat(verbose=field), prepared(prompt="<bos>Book"), model="m", fingerprint="b",
-                                 generation=GENERATION, verbose=server)
+    ctx = translate.chat_context(chat(verbose=field), answer_format(), model="m", fingerprint="b",
+                                 generation=GENERATION, verbose=server, prompt_text=lambda: "<bos>Book")
     body = translate.to_chat_completion([], finished("Hello"), ctx)
     assert ("__verbose" in body) is shown
     if shown:
@@ -50,8 +50,8 @@ def test_verbose_adds_the_native_result(field: bool | None, server: bool, shown:
 
 
 def test_verbose_rides_on_the_finishing_chunk_of_a_stream() -> None:
-    ctx = translate.chat_context(chat(verbose=True, stream=True), prepared(prompt="P"), model="m", fingerprint="b",
-                                 generation=GENERATION)
+    ctx = translate.chat_context(chat(verbose=True, stream=True), answer_format(), model="m", fingerprint="b",
+                                 generation=GENERATION, prompt_text=lambda: "P")
     encoder = translate.ChunkEncoder(ctx)
     frames = [f for event in (finished("x"),) for f in encoder.encode(event)]
     chunks = [json.loads(f.decode()[len("data: "):]) for f in frames if f.startswith(b"data: {")]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kinetic.chat.types import PreparedChat
+from kinetic.chat.types import AnswerFormat
 from kinetic.engine.types import Finished, TextDelta, Timings, Usage
 from kinetic.protocols.openai.translate import ChatContext, ChunkEncoder, to_chat_completion
 
 
 def context(mode: str) -> ChatContext:
-    prepared = PreparedChat(prompt="", prompt_tokens=5, starts_in_reasoning=False, reasoning_format="none",
+    answer_format = AnswerFormat(starts_in_reasoning=False, reasoning_format="none",
                             tool_mode=mode, tool_names=("get_weather",))  # type: ignore[arg-type]
-    return ChatContext(id="chatcmpl-x", created=0, model="m", prepared=prepared, top_logprobs=None,
+    return ChatContext(id="chatcmpl-x", created=0, model="m", answer_format=answer_format, top_logprobs=None,
                        include_usage=False, fingerprint="b0")
 
 

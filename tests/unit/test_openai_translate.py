@@ -10,7 +10,7 @@ import struct
 import pytest
 from pydantic import ValidationError
 
-from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall, ToolChoice
+from kinetic.chat.types import AnswerFormat, MediaPart, TextPart, ToolCall, ToolChoice
 from kinetic.engine.types import Finished, TextDelta, Timings, TokenLogprob, Usage
 from kinetic.errors import ContextOverflowError, InvalidRequestError, UnauthorizedError
 from kinetic.protocols.openai import translate
@@ -30,10 +30,9 @@ def finished(text: str, *, reason: str = "stop", stop_type: str = "eos") -> Fini
                     id_slot=0, tokens_cached=9, truncated=False)
 
 
-def prepared(**fields: object) -> PreparedChat:
-    values: dict = {"prompt": "p", "prompt_tokens": 7, "starts_in_reasoning": False, "reasoning_format": "auto",
-                    "tool_mode": "none", "tool_names": ()}
-    return PreparedChat(**{**values, **fields})
+def answer_format(**fields: object) -> AnswerFormat:
+    values: dict = {"starts_in_reasoning": False, "reasoning_format": "auto", "tool_mode": "none", "tool_names": ()}
+    return AnswerFormat(**{**values, **fields})
 
 
 def test_to_chat_request_maps_messages_with_parts_and_calls() -> None:
@@ -108,7 +107,7 @@ def test_to_embeddings_base64_is_little_endian_float32() -> None:
 
 
 def test_to_chat_completion_splits_reasoning_and_reports_timings() -> None:
-    ctx = translate.chat_context(chat(), prepared(starts_in_reasoning=True), model="m", fingerprint="b")
+    ctx = translate.chat_context(chat(), answer_format(starts_in_reasoning=True), model="m", fingerprint="b")
     body = translate.to_chat_completion([], finished("thoughts</think>\n\nanswer"), ctx)
     message = body["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "answer", "reasoning_content": "thoughts"}
@@ -119,7 +118,7 @@ def test_to_chat_completion_splits_reasoning_and_reports_timings() -> None:
 
 def test_chunk_encoder_stream_shape_with_logprobs_and_usage() -> None:
     ctx = translate.chat_context(chat(logprobs=True, top_logprobs=1, stream_options={"include_usage": True}),
-                                 prepared(), model="m", fingerprint="b")
+                                 answer_format(), model="m", fingerprint="b")
     encoder = translate.ChunkEncoder(ctx)
     logprob = TokenLogprob(id=5, token="Hi", bytes=[72, 105], logprob=-0.1, top_logprobs=[])
     frames = encoder.encode(TextDelta(text="Hi", token_id=5, logprob=logprob)) + encoder.encode(finished("Hi"))
@@ -134,7 +133,7 @@ def test_chunk_encoder_stream_shape_with_logprobs_and_usage() -> None:
 
 
 def test_stream_error_ends_with_done() -> None:
-    encoder = translate.ChunkEncoder(translate.chat_context(chat(), prepared(), model="m", fingerprint="b"))
+    encoder = translate.ChunkEncoder(translate.chat_context(chat(), answer_format(), model="m", fingerprint="b"))
     frames = encoder.error(ContextOverflowError(10, 5))
     assert frames[-1] == b"data: [DONE]\n\n"
     body = json.loads(frames[0].decode().removeprefix("data: "))

@@ -150,11 +150,11 @@ def layer(**defaults: Any) -> ChatLayer:
 
 def test_preserve_reasoning_reaches_the_template_as_llama_cpp_names_it() -> None:
     assert preserve_variables({"preserve_reasoning": False, "clear_thinking": False})["clear_thinking"] is False
-    kept = layer(template_kwargs={"preserve_reasoning": True}).prepare_chat(ChatRequest(messages=(user("hi"),)))[1]
-    assert "preserve=True,clear=False,drop=False" in kept.prompt
+    kept = layer(template_kwargs={"preserve_reasoning": True}).prepare_chat(ChatRequest(messages=(user("hi"),)))[0]
+    assert "preserve=True,clear=False,drop=False" in bytes(kept.prompt_tokens).decode()  # the scripted tokens: bytes
     dropped = layer(template_kwargs={"preserve_reasoning": False}).prepare_chat(
-        ChatRequest(messages=(user("hi"),)))[1]
-    assert "preserve=False,clear=True,drop=True" in dropped.prompt
+        ChatRequest(messages=(user("hi"),)))[0]
+    assert "preserve=False,clear=True,drop=True" in bytes(dropped.prompt_tokens).decode()
 
 
 WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
@@ -162,11 +162,11 @@ WEATHER = ToolSpec(name="get_weather", parameters={"type": "object", "properties
 
 def test_skip_chat_parsing_reads_nothing_out_of_the_answer() -> None:
     request = ChatRequest(messages=(user("hi"),), tools=(WEATHER,), tool_choice=ToolChoice("required"))
-    generation, prepared = layer(reasoning_budget=4, skip_chat_parsing=True).prepare_chat(request)
-    assert prepared.reasoning_format == "none" and prepared.tool_mode == "none"
+    generation, answer_format = layer(reasoning_budget=4, skip_chat_parsing=True).prepare_chat(request)
+    assert answer_format.reasoning_format == "none" and answer_format.tool_mode == "none"
     assert generation.sampling.grammar is None and generation.reasoning_budget is None
-    generation, prepared = layer(reasoning_budget=4).prepare_chat(ChatRequest(messages=(user("hi"),)))
-    assert prepared.starts_in_reasoning and generation.reasoning_budget == ReasoningBudget(tokens=4,
+    generation, answer_format = layer(reasoning_budget=4).prepare_chat(ChatRequest(messages=(user("hi"),)))
+    assert answer_format.starts_in_reasoning and generation.reasoning_budget == ReasoningBudget(tokens=4,
                                                                                           starts_inside=True)
     schema = OutputConstraint(schema={"type": "object"}, param="response_format")
     constrained, _ = layer(reasoning_budget=4, skip_chat_parsing=True).prepare_chat(

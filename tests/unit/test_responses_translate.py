@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kinetic.chat.types import MediaPart, PreparedChat, TextPart, ToolCall, ToolChoice
+from kinetic.chat.types import AnswerFormat, MediaPart, TextPart, ToolCall, ToolChoice
 from kinetic.engine.types import Finished, TextDelta, Timings, Usage
 from kinetic.errors import InvalidRequestError, ServerError
 from kinetic.protocols.responses import translate
@@ -29,12 +29,12 @@ def finished(text: str, reason: str = "stop") -> Finished:
                     id_slot=0, tokens_cached=0, truncated=False)
 
 
-def prepared(mode: str = "none", reasoning: bool = False) -> PreparedChat:
-    return PreparedChat(prompt="p", prompt_tokens=10, starts_in_reasoning=reasoning, reasoning_format="auto",
+def answer_format(mode: str = "none", reasoning: bool = False) -> AnswerFormat:
+    return AnswerFormat(starts_in_reasoning=reasoning, reasoning_format="auto",
                         tool_mode=mode, tool_names=("get_weather",) if mode != "none" else ())  # type: ignore[arg-type]
 
 
-def context(req: ResponsesRequest, prep: PreparedChat) -> translate.ResponseContext:
+def context(req: ResponsesRequest, prep: AnswerFormat) -> translate.ResponseContext:
     return translate.response_context(req, prep, model="served")
 
 
@@ -161,7 +161,7 @@ def test_bad_fields_are_named(fields: dict, param: str) -> None:
 
 
 def test_text_answer_is_a_message_item_with_usage_and_timings() -> None:
-    ctx = context(request(max_output_tokens=4), prepared())
+    ctx = context(request(max_output_tokens=4), answer_format())
     body = translate.to_response([], finished("Hello"), ctx)
     assert body["id"].startswith("resp_") and len(body["id"]) == 5 + 32
     assert body["object"] == "response" and body["status"] == "completed" and body["model"] == "served"
@@ -175,12 +175,12 @@ def test_text_answer_is_a_message_item_with_usage_and_timings() -> None:
 
 
 def test_the_token_limit_is_said_in_incomplete_details() -> None:
-    body = translate.to_response([], finished("Hel", "length"), context(request(), prepared()))
+    body = translate.to_response([], finished("Hel", "length"), context(request(), answer_format()))
     assert body["status"] == "completed" and body["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
 def test_forced_call_is_a_function_call_item() -> None:
-    ctx = context(request(tools=[TOOL], tool_choice="required"), prepared("forced"))
+    ctx = context(request(tools=[TOOL], tool_choice="required"), answer_format("forced"))
     body = translate.to_response([], finished('{"name": "get_weather", "arguments": {"city": "Rome"}}'), ctx)
     (item,) = body["output"]
     assert item["type"] == "function_call" and item["name"] == "get_weather" and item["status"] == "completed"
@@ -191,7 +191,7 @@ def test_forced_call_is_a_function_call_item() -> None:
 
 def test_reasoning_comes_first_as_its_own_item() -> None:
     body = translate.to_response([], finished("why</think>Paris"),
-                                 context(request(), prepared(reasoning=True)))
+                                 context(request(), answer_format(reasoning=True)))
     assert [i["type"] for i in body["output"]] == ["reasoning", "message"]
     assert body["output"][0]["content"] == [{"type": "reasoning_text", "text": "why"}]
 
@@ -216,7 +216,7 @@ def stream(ctx: translate.ResponseContext, pieces: list[str], last: Finished) ->
 
 
 def test_streamed_text_events_in_order() -> None:
-    seen = stream(context(request(), prepared()), ["Hel", "lo"], finished("Hello"))
+    seen = stream(context(request(), answer_format()), ["Hel", "lo"], finished("Hello"))
     assert [name for name, _ in seen] == [
         "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
         "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
@@ -233,7 +233,7 @@ def test_streamed_text_events_in_order() -> None:
 
 def test_streamed_forced_call_is_argument_deltas() -> None:
     text = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
-    seen = stream(context(request(tools=[TOOL], tool_choice="required"), prepared("forced")),
+    seen = stream(context(request(tools=[TOOL], tool_choice="required"), answer_format("forced")),
                   ['{"name": "get_weather", ', '"arguments": {"ci', 'ty": "Rome"}}'], finished(text))
     names = [name for name, _ in seen]
     assert names[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
@@ -248,7 +248,7 @@ def test_streamed_forced_call_is_argument_deltas() -> None:
 
 
 def test_streamed_reasoning_is_its_own_item_before_the_message() -> None:
-    seen = stream(context(request(), prepared(reasoning=True)), ["why", "</think>", "Paris"],
+    seen = stream(context(request(), answer_format(reasoning=True)), ["why", "</think>", "Paris"],
                   finished("why</think>Paris"))
     items = [(name, data["item"]["type"]) for name, data in seen if name.startswith("response.output_item.")]
     assert items == [("response.output_item.added", "reasoning"), ("response.output_item.done", "reasoning"),
@@ -260,7 +260,7 @@ def test_streamed_reasoning_is_its_own_item_before_the_message() -> None:
 
 
 def test_a_failure_midway_is_an_error_event() -> None:
-    encoder = translate.EventEncoder(context(request(), prepared()))
+    encoder = translate.EventEncoder(context(request(), answer_format()))
     frames = encoder.encode(TextDelta(text="Hi", token_id=0))
     ((name, data),) = events(encoder.error(ServerError("llama_decode failed")))
     assert name == "error" and data["code"] == "server_error" and data["message"] == "llama_decode failed"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,12 @@ from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat
 from kinetic.backends.model_file import ModelFile
 from kinetic.backends.sources import ModelSpec
-from kinetic.backends.upstream.body import chat_body, prompt_body
+from kinetic.backends.upstream.body import ForwardRequest, chat_body, prompt_body
 from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
 from kinetic.backends.upstream.stream import read_events
 from kinetic.chat.prepare import RenderedChat
-from kinetic.chat.types import ChatRequest, InfillRequest, Message, PreparedChat, PromptInput, PromptRequest
+from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.identity import CALLER
 from kinetic.engine.base import Generation
 from kinetic.engine.inflight import InFlight
@@ -29,26 +28,16 @@ from kinetic.engine.types import (
     EngineStats,
     Event,
     Finished,
-    GenerationRequest,
     RankScore,
     SlotFileResult,
     SlotState,
 )
-from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,
                             forwards_token_routes=True, slots=False, lora=False, pool=True)
 NO_TOKENIZER = "kinetic has no tokenizer or chat template for it: the server behind it has them"
-
-
-@dataclass(frozen=True)
-class ForwardRequest(GenerationRequest):
-    """What an upstream model starts: the OpenAI route and body to send. It has no prompt tokens (the
-    upstream tokenizes); the fields it inherits carry the request's limits for the protocols' echo."""
-
-    route: str = "/chat/completions"
-    payload: dict[str, Any] = field(default_factory=dict)
 
 
 class UpstreamBackend:
@@ -136,32 +125,25 @@ class UpstreamBackend:
 
     # ------------------------------------------------------------------ generation
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, PreparedChat]:
+    async def prepare_chat(self, req: ChatRequest) -> tuple[ForwardRequest, AnswerFormat]:
         req = await resolve_chat(req, self.config.media)  # URLs loaded under kinetic's rules, sent inline
         body = chat_body(req, self.upstream_model, self.config.defaults.n_predict)
-        # the upstream's calls come back as structure (stream.py): nothing is parsed from the text
-        prepared = PreparedChat(prompt="", prompt_tokens=0, starts_in_reasoning=False,
-                                reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format,
-                                tool_mode="none", tool_names=())
         caller = CALLER.get()
-        return ForwardRequest(prompt_tokens=[], payload=body, client=caller.queue_name,
-                              priority=caller.priority), prepared
+        # the upstream's reasoning and calls come back as structure (stream.py): nothing is read from the text
+        return (ForwardRequest.of("/chat/completions", body, client=caller.queue_name, priority=caller.priority),
+                AnswerFormat(reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format))
 
-    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+    async def prepare_prompt(self, req: PromptRequest) -> ForwardRequest:
         caller = CALLER.get()
-        return ForwardRequest(prompt_tokens=[], route="/completions", client=caller.queue_name,
-                              priority=caller.priority,
-                              payload=prompt_body(req, self.upstream_model, self.config.defaults.n_predict))
+        body = prompt_body(req, self.upstream_model, self.config.defaults.n_predict)
+        return ForwardRequest.of("/completions", body, client=caller.queue_name, priority=caller.priority)
 
-    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+    async def prepare_infill(self, req: InfillRequest) -> ForwardRequest:
         raise lacking(self.name, "/infill", "its upstream is reached by OpenAI routes, which have no infill")
 
-    async def start(self, request: GenerationRequest) -> Generation:
+    async def start(self, request: ForwardRequest) -> Generation:
         """Waits for a turn, then sends the request to a pool member; an upstream 4xx is raised here
         (before any byte goes to the client), a member that is down is skipped."""
-        if not isinstance(request, ForwardRequest):
-            raise NotSupportedError(f"model '{self.name}' is served by an upstream server: it takes messages or "
-                                    "text, not token prompts")
         client = request.client
         self.line.count(client)
         try:
@@ -209,7 +191,7 @@ class UpstreamBackend:
 
         return Generation(queue, cancel)
 
-    async def start_together(self, requests: list[GenerationRequest]) -> list[Generation]:
+    async def start_together(self, requests: list[ForwardRequest]) -> list[Generation]:
         generations: list[Generation] = []
         try:
             for request in requests:
@@ -253,7 +235,7 @@ class UpstreamBackend:
     async def detokenize(self, tokens: list[int]) -> str:
         raise lacking(self.name, "detokenizing", NO_TOKENIZER)
 
-    def prompt_text(self, request: GenerationRequest) -> str:
+    def prompt_text(self, request: ForwardRequest) -> str:
         return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text
 
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,13 +1,16 @@
-"""The neutral request as an OpenAI body: what an upstream is sent instead of a token prompt."""
+"""The neutral request as an OpenAI body: what an upstream is sent instead of a token prompt, and the
+ForwardRequest that carries it to the upstream backend's start."""
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.constraints import template_tools, tool_plan
 from kinetic.chat.types import ChatRequest, MediaPart, Message, OutputConstraint, PromptInput, PromptRequest, TextPart
+from kinetic.engine.types import SamplingParams
 from kinetic.errors import InvalidRequestError
 
 # the first bytes of the files a projector reads, for the data: URL's type the upstream is sent
@@ -18,6 +21,37 @@ SIGNATURES = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF
 
 # The sampler fields an OpenAI-compatible server takes, which kinetic's SamplingParams names the same way
 OPENAI_SAMPLERS = frozenset(("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed"))
+
+
+@dataclass(frozen=True)
+class ForwardRequest:
+    """What an upstream model starts: the OpenAI route and body to send, and who asked (the waiting line
+    serves by client and priority). The rest is what the protocols echo of any prepared request: the
+    limits the body asks for, the server's sampler defaults (the upstream applies its own), and no prompt
+    tokens, which only the upstream sees."""
+
+    route: str
+    payload: dict[str, Any]
+    client: str = ""
+    priority: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = -1
+    stop: tuple[str, ...] = ()
+    n_probs: int = 0
+    n_keep: int = 0
+    n_discard: int = 0
+    post_sampling_probs: bool = False
+    lora: tuple[tuple[int, float], ...] | None = None
+    n_prompt_tokens: int = 0
+
+    @property
+    def text_tokens(self) -> list[int]:
+        return []
+
+    @classmethod
+    def of(cls, route: str, payload: dict[str, Any], *, client: str, priority: int) -> ForwardRequest:
+        return cls(route=route, payload=payload, client=client, priority=priority,
+                   max_tokens=payload.get("max_tokens", -1), stop=tuple(payload.get("stop", ())))
 
 
 def file_type(part: MediaPart) -> str:

@@ -17,8 +17,8 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.message_context(body, prepared)
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.message_context(body, answer_format, generation_request.n_prompt_tokens)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_message, ctx=ctx))

@@ -12,10 +12,10 @@ from typing import Any
 
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.types import (
+    AnswerFormat,
     ChatRequest,
     GenerationOptions,
     MediaPart,
-    PreparedChat,
     TextPart,
     ToolCall,
     ToolChoice,
@@ -235,15 +235,17 @@ def count_tokens_request(req: CountTokensRequest) -> ChatRequest:
 class MessageContext:
     id: str
     model: str
-    prepared: PreparedChat
+    answer_format: AnswerFormat
+    n_prompt_tokens: int = 0  # message_start's input_tokens, before the answer's usage is known
     outcome: Outcome = field(default_factory=Outcome)
 
     def __post_init__(self) -> None:
         self.outcome.id, self.outcome.model = self.id, self.model
 
 
-def message_context(req: MessagesRequest, prepared: PreparedChat) -> MessageContext:
-    return MessageContext(id=message_id(), model=req.model, prepared=prepared)
+def message_context(req: MessagesRequest, answer_format: AnswerFormat, n_prompt_tokens: int = 0) -> MessageContext:
+    return MessageContext(id=message_id(), model=req.model, answer_format=answer_format,
+                          n_prompt_tokens=n_prompt_tokens)
 
 
 def _usage(finished: Finished) -> dict[str, int]:
@@ -269,7 +271,7 @@ def _input(arguments: str) -> Any:
 
 
 def to_message(deltas: list[TextDelta], finished: Finished, ctx: MessageContext) -> dict[str, Any]:
-    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
+    answer = parse_answer(finished.text, ctx.answer_format, finished.calls)
     content: list[dict[str, Any]] = []
     if answer.reasoning:
         content.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
@@ -305,7 +307,7 @@ class EventEncoder:
     answer: AnswerStream = field(init=False)
 
     def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.prepared)
+        self.answer = AnswerStream(self.ctx.answer_format)
 
     @property
     def outcome(self) -> Outcome:
@@ -315,7 +317,7 @@ class EventEncoder:
         self.started = True
         message: dict[str, Any] = {"id": self.ctx.id, "type": "message", "role": "assistant",
                                    "model": self.ctx.model, "content": [], "stop_reason": None, "stop_sequence": None,
-                                   "usage": {"input_tokens": self.ctx.prepared.prompt_tokens, "output_tokens": 0}}
+                                   "usage": {"input_tokens": self.ctx.n_prompt_tokens, "output_tokens": 0}}
         return [sse_event("message_start", {"type": "message_start", "message": message}),
                 sse_event("ping", {"type": "ping"})]
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kinetic.engine.types import Finished, GenerationRequest
+from kinetic.chat.types import PreparedRequest
+from kinetic.engine.types import Finished
 
 # generation_settings keys the short form (/props, /slots) leaves out
 LONG_ONLY = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
              "preserved_tokens")
 
 
-def generation_settings(request: GenerationRequest, *, stream: bool = False, timings_per_token: bool = False,
+def generation_settings(request: PreparedRequest, *, stream: bool = False, timings_per_token: bool = False,
                         short: bool = False, speculative: tuple[str, ...] = ()) -> dict[str, Any]:
     """llama-server's task_params::to_json: the long form in /completion results, the short one
     (`short`) in /props and /slots; `speculative` is the kinds the server's slots draft with."""

@@ -14,10 +14,10 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__
 from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
+from kinetic.chat.types import PreparedRequest
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
-from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
@@ -207,7 +207,7 @@ async def infill(body: InfillRequest, request: Request, backend: BackendDep) -> 
     return await _generate(body, [generation_request], request, backend, several=False)
 
 
-async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[GenerationRequest],
+async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[PreparedRequest],
                     request: Request, backend: ModelBackend, *, several: bool) -> Response:
     speculative = backend.describe().speculative_types
     contexts = [translate.native_context(body, g, model=backend.name, index=i, prompt_text=backend.prompt_text(g),

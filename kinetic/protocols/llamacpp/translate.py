@@ -8,13 +8,19 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kinetic.chat.types import GenerationOptions, MediaPart, OutputConstraint, PromptInput, PromptRequest
+from kinetic.chat.types import (
+    GenerationOptions,
+    MediaPart,
+    OutputConstraint,
+    PreparedRequest,
+    PromptInput,
+    PromptRequest,
+)
 from kinetic.chat.types import InfillRequest as NeutralInfill
 from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import (
     Event,
     Finished,
-    GenerationRequest,
     PromptProgress,
     TextDelta,
     Timings,
@@ -163,11 +169,11 @@ def to_infill_request(req: InfillRequest) -> NeutralInfill:
                          prompt=req.prompt or "", options=_options(req, req.n_probs), output=_output(req))
 
 
-def native_context(req: CompletionRequest | InfillRequest, generation: GenerationRequest, *, model: str,
+def native_context(req: CompletionRequest | InfillRequest, generation: PreparedRequest, *, model: str,
                    prompt_text: str, index: int = 0, speculative: tuple[str, ...] = ()) -> NativeContext:
     timings_per_token = bool(req.timings_per_token)
     return NativeContext(model=model, n_probs=generation.n_probs, return_tokens=bool(req.return_tokens),
-                         prompt_text=prompt_text, index=index, n_prompt_tokens=len(generation.prompt_tokens),
+                         prompt_text=prompt_text, index=index, n_prompt_tokens=generation.n_prompt_tokens,
                          post_sampling_probs=generation.post_sampling_probs, timings_per_token=timings_per_token,
                          generation_settings=generation_settings(generation, stream=bool(req.stream),
                                                                  timings_per_token=timings_per_token,

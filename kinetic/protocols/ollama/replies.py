@@ -31,7 +31,7 @@ class ReplyContext:
     """What the outward translation needs to know about the request it answers."""
 
     model: str  # as the client wrote it: Ollama echoes the requested name
-    prepared: neutral.PreparedChat
+    answer_format: neutral.AnswerFormat
     started_ns: int  # time.monotonic_ns() when the request arrived
     kind: Literal["chat", "generate"] = "chat"  # `message` objects, or `response` text
     n_probs: int = 0
@@ -42,12 +42,12 @@ class ReplyContext:
         self.outcome.model = self.model
 
 
-def reply_context(body: ChatRequest | GenerateRequest, prepared: neutral.PreparedChat, *, started_ns: int,
+def reply_context(body: ChatRequest | GenerateRequest, answer_format: neutral.AnswerFormat, *, started_ns: int,
                   prompt_tokens: list[int] | None = None) -> ReplyContext:
     n_probs = max(body.top_logprobs or 0, 1) if body.logprobs else 0
     if isinstance(body, ChatRequest):
-        return ReplyContext(model=body.model, prepared=prepared, started_ns=started_ns, n_probs=n_probs)
-    return ReplyContext(model=body.model, prepared=prepared, started_ns=started_ns, kind="generate",
+        return ReplyContext(model=body.model, answer_format=answer_format, started_ns=started_ns, n_probs=n_probs)
+    return ReplyContext(model=body.model, answer_format=answer_format, started_ns=started_ns, kind="generate",
                         n_probs=n_probs, context=None if body.raw else list(prompt_tokens or []))
 
 
@@ -109,7 +109,7 @@ def _final(body: dict[str, Any], finished: Finished, ctx: ReplyContext) -> dict[
 
 def to_response(deltas: list[TextDelta], finished: Finished, ctx: ReplyContext) -> dict[str, Any]:
     """The whole answer as one object (`stream: false`)."""
-    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
+    answer = parse_answer(finished.text, ctx.answer_format, finished.calls)
     calls = [tool_call(call, index) for index, call in enumerate(answer.calls)]
     _note_calls(ctx.outcome, calls)
     ctx.outcome.finished(finished, finished.finish_reason, answer=answer.content or "")
@@ -142,7 +142,7 @@ class LineEncoder:
     calls: dict[int, _PendingCall] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.prepared)
+        self.answer = AnswerStream(self.ctx.answer_format)
 
     @property
     def outcome(self) -> Outcome:

@@ -12,9 +12,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import ModelBackend, embeddings_off
-from kinetic.chat.types import PreparedChat
+from kinetic.chat.types import AnswerFormat, PreparedRequest
 from kinetic.classroom.outcome import hand_over_count
-from kinetic.engine.types import GenerationRequest
 from kinetic.model_registry.deps import CallerDep, RegistryDep, backend_dependency
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.derived_backend import DerivedBackend
@@ -96,19 +95,19 @@ async def chat(body: ChatRequest, request: Request, backend: OllamaBackendDep) -
     started, model = time.monotonic_ns(), served_model(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body, model))
-    ctx = translate.reply_context(body, prepared, started_ns=started)
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body, model))
+    ctx = translate.reply_context(body, answer_format, started_ns=started)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)
 
 
 async def _prepare_generate(body: GenerateRequest, backend: ModelBackend,
-                            model: translate.ServedModel) -> tuple[GenerationRequest, PreparedChat]:
+                            model: translate.ServedModel) -> tuple[PreparedRequest, AnswerFormat]:
     """`raw` prompts go to the model verbatim; others through the chat template."""
     if body.raw:
-        generation_request = await backend.prepare_prompt(translate.to_prompt_request(body, model))
-        return generation_request, translate.raw_prepared(generation_request)
+        # no template: every generated character is the response
+        return await backend.prepare_prompt(translate.to_prompt_request(body, model)), AnswerFormat()
     return await backend.prepare_chat(translate.to_generate_chat(body, model))
 
 
@@ -117,9 +116,9 @@ async def generate(body: GenerateRequest, request: Request, backend: OllamaBacke
     started, model = time.monotonic_ns(), served_model(backend)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, prepared = await _prepare_generate(body, backend, model)
+    generation_request, answer_format = await _prepare_generate(body, backend, model)
     # an image's stand-ins are no tokens a client could send back as `context`: left out
-    ctx = translate.reply_context(body, prepared, started_ns=started, prompt_tokens=generation_request.text_tokens)
+    ctx = translate.reply_context(body, answer_format, started_ns=started, prompt_tokens=generation_request.text_tokens)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from kinetic.chat import types as neutral
-from kinetic.engine.types import GenerationRequest
 from kinetic.errors import InvalidRequestError, field_error
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
@@ -193,12 +192,6 @@ def to_prompt_request(body: GenerateRequest, served: ServedModel) -> neutral.Pro
         prompt=body.prompt or "",
         options=runtime_options(body.options, logprobs=body.logprobs, top_logprobs=body.top_logprobs),
         output=output_constraint(body.format), media=_images(body.images, "images"))
-
-
-def raw_prepared(generation: GenerationRequest) -> neutral.PreparedChat:
-    """A raw prompt seen as a chat with no template: every generated character is the response."""
-    return neutral.PreparedChat(prompt="", prompt_tokens=len(generation.prompt_tokens), starts_in_reasoning=False,
-                                reasoning_format="none", tool_mode="none", tool_names=())
 
 
 def embed_inputs(body: EmbedRequest, served: ServedModel) -> tuple[list[neutral.PromptInput], list[str]]:

@@ -32,11 +32,12 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
     described = backend.describe()
-    ctx = translate.chat_context(body, prepared, model=backend.name, fingerprint=described.fingerprint,
+    ctx = translate.chat_context(body, answer_format, model=backend.name, fingerprint=described.fingerprint,
                                  generation=generation_request, verbose=backend.config.switches.verbose,
-                                 speculative=described.speculative_types)
+                                 speculative=described.speculative_types,
+                                 prompt_text=partial(backend.prompt_text, generation_request))
     generation = await backend.start(generation_request)
     running_completions(request).add(ctx.id, RunningCompletion(owner=key_name(request), generation=generation,
                                                                armed=body.reasoning_control is True))

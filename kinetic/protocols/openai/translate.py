@@ -9,15 +9,24 @@ from __future__ import annotations
 import base64
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
-from kinetic.chat.types import ChatRequest, OutputConstraint, PreparedChat, PromptInput, PromptRequest, ToolChoice
+from kinetic.chat.types import (
+    AnswerFormat,
+    ChatRequest,
+    OutputConstraint,
+    PreparedRequest,
+    PromptInput,
+    PromptRequest,
+    ToolChoice,
+)
 from kinetic.classroom.outcome import Outcome
-from kinetic.engine.types import Event, Finished, GenerationRequest, PromptProgress, TextDelta
+from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.native import generation_settings, native_result
@@ -169,39 +178,42 @@ class ChatContext:
     id: str
     created: int
     model: str
-    prepared: PreparedChat
+    answer_format: AnswerFormat
     top_logprobs: int | None  # None: logprobs not requested
     include_usage: bool
     fingerprint: str
     verbose_settings: dict[str, Any] | None = None  # generation_settings for `__verbose`; None: not asked
+    verbose_prompt: str = ""  # the prompt's text for `__verbose` (as the model read it, special tokens written)
     outcome: Outcome = field(default_factory=Outcome)
 
     def __post_init__(self) -> None:
         self.outcome.id, self.outcome.model = self.id, self.model
 
 
-def chat_context(req: ChatCompletionRequest, prepared: PreparedChat, *, model: str, fingerprint: str,
-                 generation: GenerationRequest | None = None, verbose: bool = False,
-                 speculative: tuple[str, ...] = ()) -> ChatContext:
-    """`verbose` is the server's --verbose; the request's `verbose` field overrides it."""
-    wants_verbose = req.verbose if req.verbose is not None else verbose
+def chat_context(req: ChatCompletionRequest, answer_format: AnswerFormat, *, model: str, fingerprint: str,
+                 generation: PreparedRequest | None = None, verbose: bool = False,
+                 speculative: tuple[str, ...] = (), prompt_text: Callable[[], str] = str) -> ChatContext:
+    """`verbose` is the server's --verbose; the request's `verbose` field overrides it. `prompt_text` gives
+    the prompt's text, asked only for `__verbose`."""
+    wants_verbose = (req.verbose if req.verbose is not None else verbose) and generation is not None
     return ChatContext(
         id=completion_id(),
         created=int(time.time()),
         model=model,
-        prepared=prepared,
+        answer_format=answer_format,
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         fingerprint=fingerprint,
         verbose_settings=generation_settings(generation, stream=bool(req.stream), speculative=speculative)
         if wants_verbose and generation is not None else None,
+        verbose_prompt=prompt_text() if wants_verbose else "",
     )
 
 
 def verbose_body(finished: Finished, ctx: ChatContext) -> dict[str, Any]:
     """llama-server's `__verbose`: the native /completion result of this request, its prompt text included."""
     assert ctx.verbose_settings is not None
-    return native_result(finished, model=ctx.model, prompt=ctx.prepared.prompt, settings=ctx.verbose_settings,
+    return native_result(finished, model=ctx.model, prompt=ctx.verbose_prompt, settings=ctx.verbose_settings,
                          content=finished.text, tokens=[])
 
 
@@ -213,7 +225,7 @@ def finish_reason(finished: Finished, has_calls: bool) -> str:
 
 
 def to_chat_completion(deltas: list[TextDelta], finished: Finished, ctx: ChatContext) -> dict[str, Any]:
-    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
+    answer = parse_answer(finished.text, ctx.answer_format, finished.calls)
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     reason = finish_reason(finished, bool(answer.calls))
     ctx.outcome.finished(finished, reason, answer=answer.content)
@@ -258,7 +270,7 @@ class ChunkEncoder:
 
     def __init__(self, ctx: ChatContext):
         self.ctx = ctx
-        self.answer = AnswerStream(ctx.prepared)
+        self.answer = AnswerStream(ctx.answer_format)
         self.started = False
 
     @property

@@ -20,8 +20,8 @@ router = APIRouter()
 @router.post("/v1/responses")
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, prepared = await backend.prepare_chat(translate.to_chat_request(body))
-    ctx = translate.response_context(body, prepared, model=backend.name)
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
+    ctx = translate.response_context(body, answer_format, model=backend.name)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx))

@@ -21,11 +21,11 @@ from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import (
+    AnswerFormat,
     ChatRequest,
     MediaPart,
     Message,
     OutputConstraint,
-    PreparedChat,
     TextPart,
     ToolCall,
     ToolChoice,
@@ -234,7 +234,7 @@ class ResponseContext:
     id: str
     created_at: int
     model: str
-    prepared: PreparedChat
+    answer_format: AnswerFormat
     echo: dict[str, Any]  # request settings a response object repeats
     outcome: Outcome = field(default_factory=Outcome)
 
@@ -242,7 +242,7 @@ class ResponseContext:
         self.outcome.id, self.outcome.model = self.id, self.model
 
 
-def response_context(req: ResponsesRequest, prepared: PreparedChat, *, model: str) -> ResponseContext:
+def response_context(req: ResponsesRequest, answer_format: AnswerFormat, *, model: str) -> ResponseContext:
     fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
     echo = {
         "instructions": req.instructions,
@@ -256,7 +256,8 @@ def response_context(req: ResponsesRequest, prepared: PreparedChat, *, model: st
         "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or ()],
         "top_p": req.top_p,
     }
-    return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, prepared=prepared, echo=echo)
+    return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, answer_format=answer_format,
+                           echo=echo)
 
 
 def usage_dict(finished: Finished) -> dict[str, Any]:
@@ -315,7 +316,7 @@ def function_call_item(call_id: str, name: str, arguments: str, status: str) -> 
 def to_response(deltas: list[TextDelta], finished: Finished, ctx: ResponseContext) -> dict[str, Any]:
     """The non-streamed response: reasoning, message and function_call items, each only if there is
     one, then usage and (kinetic's extra, as on the chat route) llama-server's timings."""
-    answer = parse_answer(finished.text, ctx.prepared, finished.calls)
+    answer = parse_answer(finished.text, ctx.answer_format, finished.calls)
     output: list[dict[str, Any]] = []
     if answer.reasoning:
         output.append(reasoning_item(common.random_id("rs_", 32), answer.reasoning, "completed"))
@@ -357,7 +358,7 @@ class EventEncoder:
     answer: AnswerStream = field(init=False)
 
     def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.prepared)
+        self.answer = AnswerStream(self.ctx.answer_format)
 
     @property
     def outcome(self) -> Outcome:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from kinetic.engine.base import Tokenizer
+from tests.unit.test_import_layers import RANK
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kinetic"
 PROTOCOLS = sorted(p.name for p in (PACKAGE / "protocols").iterdir() if p.is_dir() and p.name != "__pycache__")
@@ -246,9 +247,23 @@ def unplaced_modules(places: dict[str, list[str]]) -> list[str]:
     return sorted(m for m in modules if not any(m == p or (p.endswith("/") and m.startswith(p)) for p in held))
 
 
+def rows_out_of_layer_order(places: dict[str, list[str]]) -> list[str]:
+    """The table's rows whose places sit above an earlier row's in the import layers (test_import_layers),
+    and the layers no row names: the page draws the layers top-down, as the imports run."""
+    ranks = {layer: [RANK[p.split("/")[1].removesuffix(".py")] for p in paths] for layer, paths in places.items()}
+    wrong, lowest = [], 0
+    for layer, row in ranks.items():
+        if row and min(row) < lowest:
+            wrong.append(layer)
+        lowest = max([lowest, *row])
+    named = {p.split("/")[1].removesuffix(".py") for paths in places.values() for p in paths}
+    return wrong + sorted(set(RANK) - named - {"__main__", "__init__"})
+
+
 def test_the_architecture_page_is_in_the_site_and_places_every_module() -> None:
     """The page is in the site's navigation; its layer table holds every module of kinetic/ in a layer, each
-    place it names exists, and it names every protocol (a module that moves, or a new layer, fails here)."""
+    place it names exists, its rows run down the import layers, and it names every protocol (a module that
+    moves, or a new layer, fails here)."""
     root = PACKAGE.parent
     page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
     site = yaml.load((root / "mkdocs.yml").read_text(encoding="utf-8"), Loader=MkdocsLoader)  # noqa: S506
@@ -257,6 +272,7 @@ def test_the_architecture_page_is_in_the_site_and_places_every_module() -> None:
     assert len(places) >= 6, places
     missing = [p for paths in places.values() for p in paths if not (root / p).exists()]
     assert missing == [] and unplaced_modules(places) == []
+    assert rows_out_of_layer_order(places) == []
     for protocol in PROTOCOLS:
         assert f"`{protocol}`" in page or f"protocols/{protocol}/" in page, protocol
 
@@ -267,6 +283,9 @@ def test_the_page_check_catches_a_module_out_of_place() -> None:
     assert places == {"Engines": ["kinetic/engine/", "kinetic/server/app.py"]}
     unplaced = unplaced_modules(places)
     assert "kinetic/server/gate.py" in unplaced and "kinetic/backends/base.py" in unplaced
+    upside_down = layer_places("| Layer | Where | What |\n|---|---|---|\n| Engines | `kinetic/engine/` | x |\n"
+                               "| Server | `kinetic/server/` | y |\n")
+    assert rows_out_of_layer_order(upside_down)[0] == "Server"
     assert not any(m.startswith("kinetic/engine/") or m == "kinetic/server/app.py" for m in unplaced)
 
 

@@ -10,10 +10,12 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import anyio
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -112,9 +114,24 @@ def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-str
     return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=headers)
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """What every protocol's streams share, kept on the app's state by create_app."""
+
+    ping_interval_s: float = -1  # --sse-ping-interval (-1: no pings)
+
+    def install(self, app: Starlette) -> None:
+        app.state.streams = self
+
+    @staticmethod
+    def of(app: Starlette) -> StreamSettings:
+        settings = app.state.streams
+        assert isinstance(settings, StreamSettings), "an app made by kinetic.server.app.create_app"
+        return settings
+
+
 def ping_interval(request: Request) -> float:
-    """--sse-ping-interval, which create_app keeps on the app's state (-1: no pings)."""
-    return float(request.app.state.sse_ping_interval)
+    return StreamSettings.of(request.app).ping_interval_s
 
 
 class ClientDisconnected(Exception):

@@ -56,7 +56,7 @@ async def control_chat_completion(body: ControlRequest, request: Request) -> dic
 
 
 def running_completions(request: Request) -> RunningCompletions:
-    return request.app.state.running_completions
+    return RunningCompletions.of(request.app)
 
 
 def key_name(request: Request) -> str | None:

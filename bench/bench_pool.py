@@ -10,7 +10,12 @@ Printed per policy: TTFT p50/p95 (every turn, and follow-up turns alone), the sh
 the servers' caches answered (`cache_n`), the follow-up turns that hit their server's cache (cache_n
 covers the whole previous prompt), and the requests each server served.
 
-    python bench/bench_pool.py [--students 10] [--tokens 32] [-np 4] [--upstream kinetic|llama-server]
+    python bench/bench_pool.py [--students 10] [--tokens 32] [-np 4] [--rounds 2]
+                               [--upstream kinetic|llama-server] [--upstream-args "-sps 0"] [--dump FILE]
+
+Give llama-server members `-sps 0` (docs/router.md: with its default slot choice a new conversation
+takes the slot of another student's history, and about half the follow-ups miss however they are routed).
+`--rounds N` runs both policies N times, their order reversed each round, and pools the turns.
 
 It holds the machine's model lock while it runs (do not wrap it in `flock` on the same lock).
 """
@@ -18,10 +23,12 @@ It holds the machine's model lock while it runs (do not wrap it in `flock` on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import random
+import shlex
 import sys
 import tempfile
 import threading
@@ -41,6 +48,11 @@ from kinetic.server.launch import model_lock  # noqa: E402
 
 POLICIES = ("least-outstanding", "cache-aware")
 MODEL_ID = "gemma-up"
+# A follow-up hits when the cache held the turn before's whole prompt but for its last few tokens: the
+# bundled Gemma has no chat template, so llama-server's fallback chatml ends the prompt on ordinary text
+# pieces ("assistant\n") that tokenize otherwise once the answer follows them (measured: 5 tokens short
+# on every hit). A miss finds at most the shared system prompt, a whole question (12+ tokens) short.
+BOUNDARY_TOKENS = 8
 
 
 @dataclass
@@ -51,10 +63,11 @@ class Turn:
     prompt_tokens: int = 0
     cache_n: int = 0
     previous_prompt: int = 0  # the turn before's whole prompt, which a hit finds in the cache
+    sent_at: float = 0.0  # seconds since the class began
 
     @property
     def hit(self) -> bool:
-        return self.ok and self.index > 0 and self.cache_n >= self.previous_prompt
+        return self.ok and self.index > 0 and self.cache_n >= self.previous_prompt - BOUNDARY_TOKENS
 
 
 @dataclass
@@ -98,14 +111,15 @@ def ask(url: str, key: str, messages: list[dict[str, Any]], tokens: int) -> tupl
                 cache_n=int(timings.get("cache_n", 0))), "".join(pieces)
 
 
-def run_conversation(url: str, chat: Conversation, tokens: int) -> None:
+def run_conversation(url: str, chat: Conversation, tokens: int, begin: float) -> None:
     time.sleep(chat.offset)
     messages: list[dict[str, Any]] = [{"role": "system", "content": LAB_SYSTEM}]
     previous = 0
     for index in range(chat.turns):
         messages.append({"role": "user", "content": chat.questions[index]})
+        sent_at = time.perf_counter() - begin
         turn, answer = ask(url, chat.key, messages, tokens)
-        turn.index, turn.previous_prompt = index, previous
+        turn.index, turn.previous_prompt, turn.sent_at = index, previous, sent_at
         chat.results.append(turn)
         previous = turn.prompt_tokens
         messages.append({"role": "assistant", "content": answer})
@@ -131,7 +145,8 @@ def upstream(kind: str, binary: str | None, model: str, flags: list[str]) -> Ser
 
 
 def one_policy(args: argparse.Namespace, policy: str, keys: Path) -> dict[str, Any]:
-    flags = ["-t", "1", "-np", str(args.parallel), "-c", str(args.ctx), "-a", MODEL_ID, "--metrics"]
+    flags = ["-t", "1", "-np", str(args.parallel), "-c", str(args.ctx), "-a", MODEL_ID, "--metrics",
+             *shlex.split(args.upstream_args)]
     with upstream(args.upstream, args.llama_server, args.model, flags) as first, \
             upstream(args.upstream, args.llama_server, args.model, flags) as second:
         router = Server("router", [sys.executable, "-m", "kinetic", "serve", "--api-key-file", str(keys),
@@ -140,9 +155,9 @@ def one_policy(args: argparse.Namespace, policy: str, keys: Path) -> dict[str, A
                                    "--upstream", f"class={second.url},model={MODEL_ID}"])
         with router:
             chats = schedule(args.students, args.seed)
-            threads = [threading.Thread(target=run_conversation, args=(router.url, chat, args.tokens))
-                       for chat in chats]
             begin = time.perf_counter()
+            threads = [threading.Thread(target=run_conversation, args=(router.url, chat, args.tokens, begin))
+                       for chat in chats]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -153,6 +168,13 @@ def one_policy(args: argparse.Namespace, policy: str, keys: Path) -> dict[str, A
             members = next(row for row in rows if row["id"] == "class")["status"]["upstreams"]
     turns = [turn for chat in chats for turn in chat.results]
     return {"policy": policy, "turns": turns, "wall": wall, "served": [m["served"] for m in members]}
+
+
+def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's rounds as one: every turn, the wall time summed, the requests per server summed."""
+    return {"policy": runs[0]["policy"], "turns": [t for run in runs for t in run["turns"]],
+            "wall": sum(run["wall"] for run in runs),
+            "served": [sum(n) for n in zip(*(r["served"] for r in runs), strict=True)]}
 
 
 def row_of(result: dict[str, Any]) -> list[Any]:
@@ -174,25 +196,40 @@ def main() -> None:
     parser.add_argument("-np", "--parallel", type=int, default=4, help="slots of each upstream server")
     parser.add_argument("-c", "--ctx", type=int, default=8192, help="context of each upstream server")
     parser.add_argument("--upstream", choices=("kinetic", "llama-server"), default="kinetic")
+    parser.add_argument("--upstream-args", default="", help="more flags for each upstream server (one string)")
     parser.add_argument("--llama-server", help="the llama-server binary (default: PATH, /tmp/lsbuild/bin)")
     parser.add_argument("--model", default=str(bundled_model_path()))
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of both policies, in turn order reversed each round (the machine drifts)")
+    parser.add_argument("--dump", type=Path, help="write every turn here (JSON lines) to look at")
     args = parser.parse_args()
     handle = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
     handle.write("".join(f"sk-student-{i:02d} student{i:02d}\n" for i in range(args.students)))
     handle.close()
     try:
         with model_lock():
-            results = [one_policy(args, policy, Path(handle.name)) for policy in POLICIES]
+            runs = [one_policy(args, policy, Path(handle.name))
+                    for round_ in range(args.rounds) for policy in (POLICIES if round_ % 2 == 0 else POLICIES[::-1])]
     finally:
         os.unlink(handle.name)
+    results = [merged([run for run in runs if run["policy"] == policy]) for policy in POLICIES]
+    if args.dump:
+        args.dump.write_text("".join(json.dumps({"policy": run["policy"], "round": number // len(POLICIES),
+                                                 **dataclasses.asdict(turn)}) + "\n"
+                                     for number, run in enumerate(runs) for turn in run["turns"]))
     print(f"\n{args.students} students, 3-5 turns each, thinking 2-5 s, {args.tokens} tokens an answer; "
-          f"two {args.upstream} servers, -t 1 -np {args.parallel} -c {args.ctx} each\n")
+          f"two {args.upstream} servers, -t 1 -np {args.parallel} -c {args.ctx} {args.upstream_args} each, "
+          f"{args.rounds} round(s)\n")
     print(table(["policy", "turns ok", "TTFT p50 ms", "TTFT p95 ms", "follow-up TTFT p95 ms", "cache_n share",
                  "follow-ups hitting their cache", "requests per server", "wall s"],
                 [row_of(result) for result in results]))
     least, affine = (percentile([t.ttft for t in r["turns"] if t.ok], 0.95) for r in results)
-    print(f"\np95 TTFT cache-aware / least-outstanding: {affine / least:.2f}")
+    least_f, affine_f = (percentile([t.ttft for t in r["turns"] if t.ok and t.index > 0], 0.95) for r in results)
+    # first turns are new conversations, placed by load under either policy, and the first on each fresh
+    # server (each slot, on llama-server) reads the system prompt cold: routing changes only the follow-ups
+    print(f"\np95 TTFT cache-aware / least-outstanding: {affine / least:.2f} (every turn), "
+          f"{affine_f / least_f:.2f} (follow-up turns)")
 
 
 if __name__ == "__main__":

@@ -106,8 +106,9 @@ def test_a_conversation_stays_on_its_server_and_reads_its_cache(router: KineticS
     assert view[0]["reported"]["source"] == "metrics" and view[1]["reported"]["source"] == "slots"
     assert members(router, auth("alice")) == []  # the servers' addresses and load are the admin's
     stats = httpx.get(router.url + "/dashboard/stats", headers=ADMIN, timeout=30).json()
-    assert [(u["model"], u["url"], u["served"]) for u in stats["upstreams"]] == \
-        [("class", m["url"], m["served"]) for m in view]
+    shown = ("url", "state", "load", "served", "affine", "cache_hit_rate")  # the dashboard's columns
+    assert [(u["model"], *(u[f] for f in shown)) for u in stats["upstreams"]] == \
+        [("class", *(m[f] for f in shown)) for m in view]
 
 
 def stream_directly(server: KineticServer, done: list[int]) -> threading.Thread:

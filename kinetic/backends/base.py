@@ -127,6 +127,9 @@ class ModelBackend(Protocol):
 
     async def start_together(self, requests: list[GenerationRequest]) -> list[Generation]: ...
 
+    def with_template(self, template: str) -> ModelBackend:
+        """This backend, rendering chats with the Jinja `template` instead of its own (a derived model's)."""
+
     # token-level work
     async def count_chat_tokens(self, req: ChatRequest) -> int: ...
 

@@ -60,6 +60,7 @@ from kinetic.engine.options import (
     CpuParams,
     LlamaOptions,
     LongContext,
+    NgramMapOptions,
     SpecOptions,
     parse_cpu_mask,
     parse_cpu_range,
@@ -211,6 +212,15 @@ class ServerSettings(BaseSettings):
     draft_p_min: float = 0.0
     spec_ngram_simple_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
     spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
+    spec_ngram_map_k_size_n: Annotated[int, Field(ge=1, le=1024)] = 12  # the ranges arg.cpp checks
+    spec_ngram_map_k_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
+    spec_ngram_map_k_min_hits: Annotated[int, Field(ge=1)] = 1
+    spec_ngram_map_k4v_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
+    spec_ngram_map_k4v_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
+    spec_ngram_map_k4v_min_hits: Annotated[int, Field(ge=1)] = 1
+    spec_ngram_mod_n_match: Annotated[int, Field(ge=1, le=1024)] = 24
+    spec_ngram_mod_n_min: Annotated[int, Field(ge=0, le=1024)] = 48
+    spec_ngram_mod_n_max: Annotated[int, Field(ge=0, le=1024)] = 64
     control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
     control_vector_scaled: ScaledLoraFiles = ()
     control_vector_layer_range: LayerRange | None = None  # "START END", as the command line gives the two values
@@ -472,7 +482,15 @@ class ServerSettings(BaseSettings):
                            else None, n_max=self.draft_max if self.draft_max_old is None else self.draft_max_old,
                            n_min=self.draft_min if self.draft_min_old is None else self.draft_min_old,
                            p_min=self.draft_p_min,
-                           ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m)
+                           ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m,
+                           map_k=NgramMapOptions(size_n=self.spec_ngram_map_k_size_n,
+                                                 size_m=self.spec_ngram_map_k_size_m,
+                                                 min_hits=self.spec_ngram_map_k_min_hits),
+                           map_k4v=NgramMapOptions(size_n=self.spec_ngram_map_k4v_size_n,
+                                                   size_m=self.spec_ngram_map_k4v_size_m,
+                                                   min_hits=self.spec_ngram_map_k4v_min_hits),
+                           mod_n_match=self.spec_ngram_mod_n_match, mod_n_min=self.spec_ngram_mod_n_min,
+                           mod_n_max=self.spec_ngram_mod_n_max)
 
     def template_kwargs(self) -> dict[str, Any]:
         """--chat-template-kwargs over --reasoning-effort and --reasoning-preserve: the variables every chat

@@ -1,6 +1,7 @@
 """Speculative decoding: generation tokens/s with and without it, kinetic beside llama-server, same flags.
 
-Three settings on each server: none; `--spec-type ngram-simple` (drafts from the slot's own history);
+Seven settings on each server: none; `--spec-type ngram-simple` (drafts from the slot's own history) and the
+other n-gram kinds (ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), each with llama-server's default sizes;
 `-md MODEL --spec-type draft-simple` (the bundled model as its own draft, llama-server's default 3 tokens a
 step). Two requests: a repetitive output (a base-model completion that repeats one sentence, greedy, where
 drafts are accepted) and the lab's request (lab 04-02's chat.py: its system and user message, 80 tokens;
@@ -43,8 +44,9 @@ COMMON = ["-c", "4096", "-np", "1", "--no-repack", "--chat-template", "gemma"]
 
 
 def settings(model: str) -> dict[str, list[str]]:
-    return {"none": [], "ngram-simple": ["--spec-type", "ngram-simple"],
-            "draft-simple (-md itself)": ["-md", model, "--spec-type", "draft-simple"]}
+    kinds = {"none": [], "ngram-simple": ["--spec-type", "ngram-simple"]}
+    kinds |= {kind: ["--spec-type", kind] for kind in ("ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")}
+    return kinds | {"draft-simple (-md itself)": ["-md", model, "--spec-type", "draft-simple"]}
 
 
 def measure(server: Server, rounds: int) -> dict[str, dict[str, float]]:

@@ -141,6 +141,9 @@ class ModelBackend(Protocol[RequestT]):
 
     async def start_together(self, requests: list[RequestT]) -> list[Generation]: ...
 
+    def with_template(self, template: str) -> ModelBackend[RequestT]:
+        """This backend, rendering chats with the Jinja `template` instead of its own (a derived model's)."""
+
     # token-level work
     async def count_chat_tokens(self, req: ChatRequest) -> int: ...
 

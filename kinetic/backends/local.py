@@ -7,6 +7,7 @@ schema never stalls the streams other clients are reading.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from dataclasses import replace
 from functools import partial
@@ -24,7 +25,7 @@ from kinetic.backends.prompt_log import write_prompt
 from kinetic.chat.infill import check_fim
 from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
-from kinetic.chat.templates import choose_template
+from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.identity import CALLER, note_media
 from kinetic.engine.base import Engine, Generation
@@ -50,6 +51,8 @@ class LocalBackend:
         self.started = int(time.time())
         self.chat: ChatLayer | None = None
         self._model_file: asyncio.Future[ModelFile] | None = None
+        self._template: str | None = None  # a view's own template (with_template); None: the model's
+        self._layers: dict[str, ChatLayer] = {}  # shared by the views: each template compiled once
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -104,7 +107,7 @@ class LocalBackend:
 
     def describe(self) -> Description:
         return Description(name=self.name, aliases=self.aliases, info=self.info, n_ctx=self.engine.slot_n_ctx,
-                           n_slots=self.engine.n_slots, template=self.chat.template if self.chat else None,
+                           n_slots=self.engine.n_slots, template=self._chat().template if self.ready else None,
                            pooling=self.engine.embedding_pooling, fingerprint=FINGERPRINT,
                            speculative_types=self.engine.speculative_types, modalities=self.engine.modalities,
                            media_marker=self.engine.media_marker)
@@ -128,7 +131,21 @@ class LocalBackend:
     def _chat(self) -> ChatLayer:
         self.engine.require_ready()
         assert self.chat is not None
-        return self.chat
+        if self._template is None:
+            return self.chat
+        layer = self._layers.get(self._template)
+        if layer is None:
+            info = self.info
+            template = ChatTemplate(self._template, "/api/create", bos_token=info.bos_token, eos_token=info.eos_token)
+            layer = self._layers[self._template] = ChatLayer(self.engine, template, self.config.defaults)
+        return layer
+
+    def with_template(self, template: str) -> LocalBackend:
+        """A view over the same engine whose chat layer renders `template`: a derived model's requests go
+        through it, everything else the view shares with this backend."""
+        view = copy.copy(self)
+        view._template = template
+        return view
 
     def _require_generation(self) -> None:
         """A clear 400 for a generation route sent to an embedding-only model (router mode)."""

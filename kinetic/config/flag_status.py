@@ -31,17 +31,14 @@ IGNORED: tuple[Ignored, ...] = (
             "finds); video split into frames with ffmpeg (--video-*) and the limit on image tokens encoded in one "
             "batch (--mtmd-batch-max-tokens) are not implemented",
             ("--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir")),
-    Ignored("ignored flags: n-gram drafting sizes and lookup cache files",
+    Ignored("ignored flags: lookup cache files, ngram-simple's min hits, --spec-default",
             "kinetic runs every n-gram kind of --spec-type (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
-            "ngram-cache) and draft-simple; map-k, k4v and mod draft with llama-server's default sizes, whatever "
-            "these flags say, and ngram-cache counts the slot's own tokens only (no static or dynamic cache "
-            "files); --spec-default (ngram-mod with its sizes) is not read; the draft heads (draft-eagle3, "
-            "draft-mtp, draft-dflash, draft-dspark) are accepted by --spec-type with a warning and not run; "
-            "--spec-ngram-simple-min-hits does nothing in llama-server's ngram-simple either",
-            ("-lcs", "-lcd", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-match",
-             "--spec-ngram-simple-min-hits", "--spec-ngram-map-k-size-n", "--spec-ngram-map-k-size-m",
-             "--spec-ngram-map-k-min-hits", "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
-             "--spec-ngram-map-k4v-min-hits", "--spec-default")),
+            "ngram-cache) and draft-simple, each with the --spec-ngram-* sizes given; ngram-cache counts the "
+            "slot's own tokens only (no static or dynamic cache files, -lcs/-lcd); --spec-default (ngram-mod with "
+            "its sizes) is not read; the draft heads (draft-eagle3, draft-mtp, draft-dflash, draft-dspark) are "
+            "accepted by --spec-type with a warning and not run; --spec-ngram-simple-min-hits does nothing in "
+            "llama-server's ngram-simple either",
+            ("-lcs", "-lcd", "--spec-ngram-simple-min-hits", "--spec-default")),
     Ignored("ignored flags: draft model placement",
             "the draft model (-md) runs on the CPU with the main model's threads and KV cache types, sampled in "
             "Python, in the same decode thread; -hfd downloads are not offered (give -md a file); the synthetic "

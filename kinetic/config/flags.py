@@ -267,6 +267,22 @@ FLAGS: tuple[Flag, ...] = (
          "in the slot's tokens", metavar="N"),
     Flag("spec_ngram_simple_size_m", ("--spec-ngram-simple-size-m",), "ngram-simple: most tokens drafted after a "
          "match", metavar="N"),
+    Flag("spec_ngram_map_k_size_n", ("--spec-ngram-map-k-size-n",), "ngram-map-k: length of the n-gram looked up",
+         metavar="N"),
+    Flag("spec_ngram_map_k_size_m", ("--spec-ngram-map-k-size-m",), "ngram-map-k: length of the m-gram drafted "
+         "after it", metavar="N"),
+    Flag("spec_ngram_map_k_min_hits", ("--spec-ngram-map-k-min-hits",), "ngram-map-k: times a key must have been "
+         "seen before it drafts", metavar="N"),
+    Flag("spec_ngram_map_k4v_size_n", ("--spec-ngram-map-k4v-size-n",), "ngram-map-k4v: length of the n-gram "
+         "looked up", metavar="N"),
+    Flag("spec_ngram_map_k4v_size_m", ("--spec-ngram-map-k4v-size-m",), "ngram-map-k4v: length of the m-gram "
+         "drafted after it", metavar="N"),
+    Flag("spec_ngram_map_k4v_min_hits", ("--spec-ngram-map-k4v-min-hits",), "ngram-map-k4v: times a key must have "
+         "been seen before it drafts", metavar="N"),
+    Flag("spec_ngram_mod_n_match", ("--spec-ngram-mod-n-match",), "ngram-mod: length of the n-gram hashed",
+         metavar="N"),
+    Flag("spec_ngram_mod_n_min", ("--spec-ngram-mod-n-min",), "ngram-mod: a shorter draft is dropped", metavar="N"),
+    Flag("spec_ngram_mod_n_max", ("--spec-ngram-mod-n-max",), "ngram-mod: most tokens drafted", metavar="N"),
     Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",
          metavar="FNAME"),
     Flag("control_vector_scaled", ("--control-vector-scaled",), "control vector with its scale, FNAME:SCALE (comma "

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kinetic.classroom.keys import KeyRing
+from kinetic.config.speculation import SpeculationSettings
 from kinetic.config.values import (
     SWITCH_TYPES,
     ByteSize,
@@ -46,7 +47,6 @@ from kinetic.config.values import (
     Repeated,
     ScaledLoraFiles,
     SlotCount,
-    SpecTypes,
     TemplateName,
     TemplateVariables,
     TensorOverrides,
@@ -60,11 +60,9 @@ from kinetic.engine.options import (
     CpuParams,
     LlamaOptions,
     LongContext,
-    SpecOptions,
     parse_cpu_mask,
     parse_cpu_range,
     parse_kv_override,
-    parse_spec_types,
 )
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -86,7 +84,7 @@ class SettingsError(ValueError):
     """A bad flag or variable value; the message is the one line the user sees."""
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(SpeculationSettings):
     """Every setting of `kinetic serve`. kinetic.config.args.parse_serve_args builds it from flags and variables."""
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
@@ -202,15 +200,6 @@ class ServerSettings(BaseSettings):
     lora: LoraFiles = ()
     lora_scaled: ScaledLoraFiles = ()
     lora_init_without_apply: bool = False
-    draft_model: ExistingFile | None = None
-    spec_type: SpecTypes | None = None
-    draft_max: Annotated[int, Field(ge=0)] = 3  # llama-server's defaults (common/common.h)
-    draft_min: int = 0
-    draft_max_old: Annotated[int, Field(ge=0)] | None = None
-    draft_min_old: int | None = None
-    draft_p_min: float = 0.0
-    spec_ngram_simple_size_n: Annotated[int, Field(ge=1, le=1024)] = 12
-    spec_ngram_simple_size_m: Annotated[int, Field(ge=1, le=1024)] = 48
     control_vector: LoraFiles = ()  # FNAME and FNAME:SCALE lists, checked as --lora's are
     control_vector_scaled: ScaledLoraFiles = ()
     control_vector_layer_range: LayerRange | None = None  # "START END", as the command line gives the two values
@@ -460,19 +449,6 @@ class ServerSettings(BaseSettings):
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,
             yarn_ext_factor=self.yarn_ext_factor, yarn_attn_factor=self.yarn_attn_factor,
             yarn_beta_slow=self.yarn_beta_slow, yarn_beta_fast=self.yarn_beta_fast)
-
-    def spec_options(self) -> SpecOptions:
-        """What the speculative decoding flags ask; -md without --spec-type means draft-simple (as on
-        llama-server before --spec-type, and what a model card's `-md X --draft-max N` expects)."""
-        if self.spec_type is not None:
-            types = parse_spec_types(self.spec_type)
-        else:
-            types = ("draft-simple",) if self.draft_model else ()
-        return SpecOptions(types=types, draft_model=str(Path(self.draft_model).expanduser()) if self.draft_model
-                           else None, n_max=self.draft_max if self.draft_max_old is None else self.draft_max_old,
-                           n_min=self.draft_min if self.draft_min_old is None else self.draft_min_old,
-                           p_min=self.draft_p_min,
-                           ngram_size_n=self.spec_ngram_simple_size_n, ngram_size_m=self.spec_ngram_simple_size_m)
 
     def template_kwargs(self) -> dict[str, Any]:
         """--chat-template-kwargs over --reasoning-effort and --reasoning-preserve: the variables every chat

@@ -1,5 +1,6 @@
-"""Derived models: a served model under another name, with a system prompt, earlier turns and sampler
-defaults of its own (Ollama's /api/create `from` + `system`/`messages`/`parameters`, and /api/copy).
+"""Derived models: a served model under another name, with a system prompt, earlier turns, sampler
+defaults and a chat template of its own (Ollama's /api/create `from` + `system`/`messages`/`parameters`/
+`template`, and /api/copy).
 
 An instructor makes a "lab tutor" from the class model with the lab's instructions baked in; every
 protocol then serves it by name, through the base model's backend (derived_backend.py): no second copy of
@@ -34,18 +35,19 @@ class DerivedModel:
     messages: tuple[tuple[str, str], ...] = ()  # (role, text) turns that come before the request's own
     options: GenerationOptions = field(default_factory=GenerationOptions)
     created: float = 0.0  # seconds since the epoch
+    template: str | None = None  # Jinja chat template rendered instead of the base model's (None: the base's)
 
     def renamed(self, name: str) -> DerivedModel:
         return replace(self, name=name)
 
     def derive(self, name: str, *, system: str | None, messages: tuple[tuple[str, str], ...] | None,
-               options: GenerationOptions | None, created: float) -> DerivedModel:
+               options: GenerationOptions | None, created: float, template: str | None = None) -> DerivedModel:
         """A model made from this one (/api/create `from` it): what is given replaces its own, and given
         options go over its own, field by field."""
         return DerivedModel(name=name, base=self.base, system=self.system if system is None else system,
                             messages=self.messages if messages is None else messages,
                             options=self.options if options is None else with_defaults(options, self.options),
-                            created=created)
+                            created=created, template=self.template if template is None else template)
 
     def to_json(self) -> dict[str, Any]:
         sampling = {k: v for k, v in self.options.sampling.chosen.items() if v is not None}
@@ -56,7 +58,7 @@ class DerivedModel:
             options["context_limit"] = self.options.context_limit
         return {"format": FORMAT, "name": self.name, "from": self.base, "system": self.system,
                 "messages": [{"role": role, "content": text} for role, text in self.messages],
-                "options": options, "created": self.created}
+                "options": options, "created": self.created, "template": self.template}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DerivedModel:
@@ -70,7 +72,7 @@ class DerivedModel:
                                              max_tokens=options.get("max_tokens"),
                                              stop=tuple(options.get("stop") or ()),
                                              context_limit=options.get("context_limit")),
-                   created=float(data.get("created") or 0.0))
+                   created=float(data.get("created") or 0.0), template=data.get("template"))
 
 
 def with_defaults(asked: GenerationOptions, defaults: GenerationOptions) -> GenerationOptions:

@@ -1,5 +1,6 @@
 """A derived model's backend: its base model's, with the derived model's name, system prompt, earlier turns
-and sampler defaults put on each request before the base model's chat layer sees it.
+and sampler defaults put on each request before the base model's chat layer sees it; a derived model with a
+template of its own renders its chats through a view of the base backend with that template (with_template).
 
 As Ollama's: the derived system prompt stands where the request has none (a request's own system message
 replaces it), the derived turns go before the request's, and a sampler field the request leaves unset takes
@@ -48,6 +49,7 @@ class DerivedBackend(Generic[RequestT]):
     def __init__(self, base: ModelBackend[RequestT], model: DerivedModel):
         self.base = base
         self.model = model
+        self.chatting = base if model.template is None else base.with_template(model.template)  # renders chats
         self.name = model.name
         self.aliases: tuple[str, ...] = (model.name,)
         self.config = base.config
@@ -59,25 +61,28 @@ class DerivedBackend(Generic[RequestT]):
         return dressed(req, self.model)
 
     def describe(self) -> Description:
-        return replace(self.base.describe(), name=self.name, aliases=self.aliases)
+        return replace(self.chatting.describe(), name=self.name, aliases=self.aliases)
 
     async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]:
-        return await self.base.prepare_chat(self._chat(req))
+        return await self.chatting.prepare_chat(self._chat(req))
 
     async def prepare_prompt(self, req: PromptRequest) -> RequestT:
         return await self.base.prepare_prompt(replace(req, options=with_defaults(req.options, self.model.options)))
 
     async def count_chat_tokens(self, req: ChatRequest) -> int:
-        return await self.base.count_chat_tokens(self._chat(req))
+        return await self.chatting.count_chat_tokens(self._chat(req))
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                      continue_final_message: str | None = None) -> RenderedChat:
-        return await self.base.render(self._chat(ChatRequest(messages=messages)).messages, tools=tools,
+        return await self.chatting.render(self._chat(ChatRequest(messages=messages)).messages, tools=tools,
                                       template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt,
                                       continue_final_message=continue_final_message)
 
     # ------------------------------------------------------------------ the base model's, as they are
+
+    def with_template(self, template: str) -> DerivedBackend[RequestT]:
+        return DerivedBackend(self.base, replace(self.model, template=template))
 
     @property
     def ready(self) -> bool:

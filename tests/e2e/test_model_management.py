@@ -215,6 +215,32 @@ def prompt_tokens(server: KineticServer, model: str) -> dict[str, int]:
             "ollama_answer": chat.eval_count or 0}
 
 
+TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}: {{ m.content }}\n{% endfor %}MODEL:"
+GO_TEMPLATE = "{{ if .System }}SYSTEM: {{ .System }}\n{{ end }}USER: {{ .Prompt }}\nMODEL:"
+
+
+def rendered(server: KineticServer, model: str) -> str:
+    return admin(server).post("/apply-template", json={"model": model, "messages": HELLO}).json()["prompt"]
+
+
+def test_ollama_create_with_a_jinja_template_renders_every_protocols_chats_with_it(server: KineticServer) -> None:
+    """/api/create `template` (issue 35 part 2): the derived model's prompts are its template's, whichever
+    protocol asks; a Go template is a 400 naming `template`."""
+    client = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert client.create(model="plain-tutor", from_="gemma", system="Be brief.", template=TEMPLATE).status == "success"
+    assert rendered(server, "plain-tutor") == "<bos>SYSTEM: Be brief.\nUSER: Say hello.\nMODEL:"
+    assert "USER:" not in rendered(server, "gemma")  # the base model keeps its own template
+    assert client.show("plain-tutor").template == TEMPLATE
+    base, tutor = prompt_tokens(server, "gemma"), prompt_tokens(server, "plain-tutor")
+    counted = {tutor[p] for p in ("ollama", "openai", "anthropic")}
+    want = len(admin(server).post("/tokenize", json={"model": "plain-tutor", "content": rendered(
+        server, "plain-tutor"), "add_special": False, "parse_special": True}).json()["tokens"])
+    assert counted == {want} and want != base["openai"], (base, tutor, want)
+    with pytest.raises(ollama.ResponseError) as go:
+        client.create(model="go-tutor", from_="gemma", template=GO_TEMPLATE)
+    assert go.value.status_code == 400 and "template" in go.value.error and "Jinja" in go.value.error
+
+
 def test_ollama_create_makes_a_model_every_protocol_serves_and_a_restart_keeps(
         server: KineticServer, folders: dict[str, Path]) -> None:
     client = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {ADMIN}"})
@@ -244,4 +270,6 @@ def test_ollama_create_makes_a_model_every_protocol_serves_and_a_restart_keeps(
     assert "tutor" in [m["id"] for m in httpx.get(server.url + "/v1/models", headers={
         "Authorization": f"Bearer {STUDENT}"}).json()["data"]]
     assert prompt_tokens(server, "tutor")["openai"] == tutor["openai"]
-    assert [p.name for p in (folders["models"] / "derived-models").iterdir()] == ["tutor.json"]
+    assert rendered(server, "plain-tutor") == "<bos>SYSTEM: Be brief.\nUSER: Say hello.\nMODEL:"  # its template kept
+    assert sorted(p.name for p in (folders["models"] / "derived-models").iterdir()) == ["plain-tutor.json",
+                                                                                       "tutor.json"]

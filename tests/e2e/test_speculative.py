@@ -133,6 +133,25 @@ def test_the_other_ngram_kinds_draft_and_keep_greedy_output(kind: str, reference
     assert got["timings"]["draft_n"] >= got["timings"]["draft_n_accepted"] > 0
 
 
+SIZES = {"ngram-map-k": ("--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "4"),
+         "ngram-mod": ("--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "2", "--spec-ngram-mod-n-max", "5")}
+
+
+@pytest.mark.parametrize("kind", list(SIZES))
+def test_the_ngram_size_flags_change_the_drafts_not_the_output(kind: str, reference: dict[str, dict[str, Any]],
+                                                               model_lock: None) -> None:
+    """--spec-ngram-map-k-* and --spec-ngram-mod-* act: other drafts than the default sizes' (shorter, so
+    more steps draft), greedy output still token for token the non-speculating server's."""
+    drafted = {}
+    for name, sizes in (("default", ()), ("sized", SIZES[kind])):
+        with KineticServer(*SERVER, "--spec-type", kind, *sizes) as server:
+            got = complete(server.url, COUNTING)
+        same_answer(got, reference["counting"])
+        drafted[name] = (got["timings"]["draft_n"], got["timings"]["draft_n_accepted"])
+    assert drafted["sized"] != drafted["default"]
+    assert drafted["sized"][1] > 0
+
+
 def test_a_hybrid_model_does_not_speculate_and_says_so(model_lock: None) -> None:
     flags = ("-c", "1024", "-np", "1", "--spec-type", "ngram-simple")
     with KineticServer("-m", str(tiny_model("lfm2")), *flags) as server:

@@ -90,14 +90,60 @@ def test_create_takes_from_system_messages_and_parameters_and_names_what_it_cann
     assert (copied.base, copied.system, copied.messages) == ("gemma", "T", made.messages)
     # over the base's
     assert copied.options.sampling.get("top_k") == 3 and copied.options.sampling.get("temperature") == 0.1
-    for fields, param in (({"files": {"a.gguf": "sha256:0"}}, "files"), ({"template": "{{ .Prompt }}"}, "template"),
-                          ({"from": None}, "from")):
+    for fields, param in (({"files": {"a.gguf": "sha256:0"}}, "files"), ({"from": None}, "from")):
         with pytest.raises(InvalidRequestError) as refused:
             manage.check_create(CreateRequest.model_validate({"model": "t", "from": "gemma", **fields}))
         assert refused.value.param == param
     with pytest.raises(InvalidRequestError) as bad:
         create({"parameters": {"top_p": 2}}, made)
     assert bad.value.param == "parameters.top_p"
+
+
+JINJA = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}<model>"
+GO_TEMPLATES = [  # as Ollama's Modelfiles write them: the legacy form, the messages form, a tools check
+    "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}<|im_start|>user\n{{ .Prompt }}",
+    "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n",
+    "{{- if $.Tools }}tools{{ end }}{{ .Response }}"]
+
+
+@pytest.mark.parametrize("template", GO_TEMPLATES)
+def test_a_go_template_is_a_400_naming_template_that_says_to_send_jinja(template: str) -> None:
+    with pytest.raises(InvalidRequestError) as refused:
+        manage.chat_template(CreateRequest.model_validate({"model": "t", "from": "gemma", "template": template}))
+    assert refused.value.param == "template" and "Jinja" in refused.value.message
+
+
+def test_a_jinja_template_is_taken_kept_by_what_derives_from_it_and_stored() -> None:
+    body = CreateRequest.model_validate({"model": "t", "from": "gemma", "template": JINJA})
+    assert manage.chat_template(body) == JINJA
+    made = DerivedModel(name="gemma", base="gemma").derive("t", system=None, messages=None, options=None,
+                                                           created=1.0, template=JINJA)
+    assert made.derive("t2", system="S", messages=None, options=None, created=2.0).template == JINJA
+    assert DerivedModel.from_json(made.to_json()) == made
+    with pytest.raises(InvalidRequestError) as broken:
+        manage.chat_template(CreateRequest.model_validate({"model": "t", "from": "gemma",
+                                                           "template": "{% for m in messages %}"}))
+    assert broken.value.param == "template" and "invalid chat template" in broken.value.message
+
+
+def test_a_derived_model_with_a_template_renders_its_chats_with_it_and_the_base_keeps_its_own() -> None:
+    loaded = threading.Event()
+    loaded.set()
+    engine = ScriptedEngine(["hi", "hi", "hi"], loaded=loaded)
+    with ReadyClient(single_model_app(ServerSettings(), engine, "scripted")) as client:
+        made = client.post("/api/create", json={"model": "tagged", "from": "scripted", "template": JINJA,
+                                                "system": "Be brief.", "stream": False})
+        assert made.json() == {"status": "success"}
+        for model in ("tagged", "scripted"):
+            reply = client.post("/v1/chat/completions", json={"model": model, "messages": HELLO})
+            assert reply.status_code == 200, reply.text
+        shown = client.post("/api/show", json={"model": "tagged"}).json()
+        refused = client.post("/api/create", json={"model": "x", "from": "scripted", "template": GO_TEMPLATES[0]})
+    tagged, plain = (bytes(r.prompt_tokens).decode() for r in engine.requests)
+    assert tagged == "<system>Be brief.</system><user>Say hello.</user><model>"
+    assert "<user>" not in plain and "Say hello." in plain
+    assert shown["template"] == JINJA
+    assert refused.status_code == 400 and "template" in refused.json()["error"]
 
 
 def test_a_download_offline_is_a_one_line_400() -> None:

@@ -4,6 +4,7 @@ e2e side (tests/e2e/test_speculative.py) checks that the output stays the non-sp
 
 from __future__ import annotations
 
+from kinetic.config.args import parse_serve_args
 from kinetic.engine.llama.ngram_drafts import NgramCache, NgramMap, NgramMod, make_drafters
 from kinetic.engine.llama.speculative import Speculator
 from kinetic.engine.options import NgramMapOptions, SpecOptions
@@ -76,3 +77,30 @@ def test_a_slot_gets_the_first_kind_with_a_draft_and_that_kind_hears_how_it_went
     speculator.accepted(0, 1)
     mapk = speculator.drafters["ngram-map-k"]
     assert isinstance(mapk, NgramMap) and mapk.last[0] is not None and mapk.last[0][2] == 1
+
+
+def _drafts_for(args: list[str]) -> dict[str, list[int]]:
+    """Each kind's first draft on one periodic history, the drafters built from a command line."""
+    options = parse_serve_args(["-m", "m.gguf", "--spec-type", "ngram-map-k,ngram-map-k4v,ngram-mod", *args],
+                               environ={}).spec_options()
+    history = periodic(200)
+    drafts = {}
+    for kind, drafter in make_drafters(options).items():
+        drafter.begin(0, history[:100])
+        drafts[kind] = drafter.draft(0, history, PERIOD[200 % 7])
+    return drafts
+
+
+def test_the_spec_ngram_size_flags_reach_the_drafters_and_change_their_drafts() -> None:
+    default = _drafts_for([])
+    assert [len(default[k]) for k in ("ngram-map-k", "ngram-map-k4v")] == [48, 48]  # llama-server's size_m
+    assert len(default["ngram-mod"]) == 64  # n_max
+    sized = _drafts_for(["--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "5",
+                         "--spec-ngram-map-k4v-size-m", "7", "--spec-ngram-mod-n-match", "4",
+                         "--spec-ngram-mod-n-min", "2", "--spec-ngram-mod-n-max", "9"])
+    assert sized == {"ngram-map-k": periodic(206)[201:206], "ngram-map-k4v": periodic(208)[201:208],
+                     "ngram-mod": periodic(210)[201:210]}
+    # min hits: a key seen fewer times drafts nothing
+    needy = _drafts_for(["--spec-ngram-map-k4v-size-n", "3", "--spec-ngram-map-k4v-size-m", "3",
+                         "--spec-ngram-map-k4v-min-hits", "1000"])
+    assert needy["ngram-map-k4v"] == []

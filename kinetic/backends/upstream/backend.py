@@ -221,6 +221,9 @@ class UpstreamBackend:
     async def count_chat_tokens(self, req: ChatRequest) -> int:
         raise lacking(self.name, "token counting", NO_TOKENIZER)
 
+    def with_template(self, template: str) -> UpstreamBackend:
+        raise lacking(self.name, "a derived model's own chat template", NO_TOKENIZER)
+
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                      continue_final_message: str | None = None) -> RenderedChat:

@@ -3,15 +3,20 @@ it makes, and the progress lines /api/pull writes. Pure: the routes (manage_rout
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kinetic.chat import types as neutral
+from kinetic.chat.templates import ChatTemplate
 from kinetic.errors import InvalidRequestError
 from kinetic.protocols.ollama.translate import runtime_options
 from kinetic.protocols.ollama.types import CreateRequest
 
 HF_HOSTS = ("hf.co/", "huggingface.co/")  # Ollama reads both as Hugging Face
 DEFAULT_TAG = "latest"  # Ollama's; on Hugging Face it means the repo's default quant, as -hf without one
+# An action of Go's text/template, as Ollama's TEMPLATEs are written ({{ .Prompt }}, {{- range .Messages }},
+# {{ if .System }}, {{ end }}, $.Tools): in Jinja each of these is a syntax error or means something else.
+GO_ACTION = re.compile(r"\{\{-?\s*(?:\.[A-Za-z]|\$|(?:if|range|end|else|with|define|template|block)\b)")
 
 
 def model_name(name: str) -> str:
@@ -47,12 +52,27 @@ def check_create(body: CreateRequest) -> tuple[str, str]:
         if value:
             raise InvalidRequestError(f"{field}: kinetic makes a model only `from` one it serves; it does not "
                                       "read uploaded model files, adapters or quantize", param=field)
-    if body.template:
-        raise InvalidRequestError("template: a derived model renders its base model's chat template (Jinja, from "
-                                  "the model file or --chat-template); Go templates are not read", param="template")
     if not body.from_:
         raise InvalidRequestError("from is required: the served model the new one is made from", param="from")
     return name, model_name(body.from_)
+
+
+def chat_template(body: CreateRequest) -> str | None:
+    """The Jinja chat template the new model renders (None: its base model's). Ollama's own templates are Go
+    templates over .Prompt/.Messages: kinetic renders chats with Jinja only, as llama-server does, so one of
+    those is a 400 that says what to send instead."""
+    if not body.template:
+        return None
+    if GO_ACTION.search(body.template):
+        raise InvalidRequestError("template: this is a Go template (Ollama's {{ .Prompt }} / {{ range .Messages }} "
+                                  "syntax); kinetic renders chat templates with Jinja, as llama-server does: send "
+                                  "a Jinja template over `messages` (as the model's tokenizer.chat_template), or "
+                                  "leave template out to keep the base model's", param="template")
+    try:
+        ChatTemplate(body.template, "/api/create")
+    except ValueError as err:
+        raise InvalidRequestError(f"template: {err}", param="template") from None
+    return body.template
 
 
 def create_fields(body: CreateRequest) -> tuple[str | None, tuple[tuple[str, str], ...] | None,

@@ -86,8 +86,10 @@ async def create(body: CreateRequest, registry: RegistryDep) -> Response:
     except ModelNotFoundError:
         raise NotFoundError(f"model '{source}' not found", param="from") from None
     system, messages, options = manage.create_fields(body)
+    template = manage.chat_template(body)
     parent = base if isinstance(base, DerivedModel) else DerivedModel(name=name, base=base.name)
-    model = parent.derive(name, system=system, messages=messages, options=options, created=time.time())
+    model = parent.derive(name, system=system, messages=messages, options=options, created=time.time(),
+                          template=template)
     registry.put_derived(model)
     return _lines([{"status": "using existing model " + model.base}, {"status": "writing manifest"},
                    {"status": "success"}], body.stream)

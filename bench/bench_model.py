@@ -77,7 +77,8 @@ class Weights:
 
     def small(self, name: str, *shape: int, scale: float) -> None:
         """A small f32 tensor (convolution kernels, per-head projections): numpy shape (out, in)."""
-        self.writer.add_tensor(name, (self.rng.standard_normal(shape, dtype=np.float32) * scale))
+        # float32 throughout: a numpy float64 scale would promote the tensor to F64, which ggml cannot multiply
+        self.writer.add_tensor(name, (self.rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)))
 
     def _q8(self, n_out: int, n_in: int, std: float) -> np.ndarray:
         blocks = n_out * n_in // Q8_BLOCK

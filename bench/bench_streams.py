@@ -182,6 +182,8 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
     rows = []
     largest: dict[str, int] = {s.name: 0 for s in servers}
     still_fine = {s.name: True for s in servers}
+    for server in servers:  # both start equally warm: the lab's prompt evaluated once
+        stream_request(server.url, "/v1/chat/completions", lab_request("warm up", 4))
     for size in sizes:
         for server in servers:
             if not still_fine[server.name]:
@@ -218,6 +220,7 @@ def main() -> None:
                         "(default: the bundled model)")
     parser.add_argument("--llama-server", help="llama-server binary to compare with")
     parser.add_argument("--no-llama-server", action="store_true", help="measure kinetic alone")
+    parser.add_argument("--no-kinetic", action="store_true", help="measure llama-server alone (e.g. other flags)")
     parser.add_argument("-c", "--ctx", type=int, default=8192)
     parser.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: 8 for streams, 4 otherwise)")
     parser.add_argument("-t", "--threads", type=int, default=min(2, os.cpu_count() or 1))
@@ -247,7 +250,7 @@ def main() -> None:
     from filelock import FileLock
 
     with FileLock(str(MODEL_LOCK_PATH)):
-        candidates = [kinetic_server(args.model, flags + args.kinetic_flags.split())]
+        candidates = [] if args.no_kinetic else [kinetic_server(args.model, flags + args.kinetic_flags.split())]
         own = flags
         if args.llama_server_flags:  # its own -c/-np replace the shared ones
             own = ["-t", str(args.threads), "--no-repack", *args.llama_server_flags.split()]

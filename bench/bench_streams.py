@@ -16,6 +16,7 @@ Three modes, each measured in one run with the servers taking turns (never decod
     python bench/bench_streams.py class-size [--sizes 8,12,16,20,24] [--duration 40] [--defaults]
     python bench/bench_streams.py classroom --model tiny:lfm2     # a hybrid model (docs/models.md)
     python bench/bench_streams.py classroom --model bench:qwen35  # the course's family at its cost (bench_model.py)
+    python bench/bench_streams.py class-size --no-kinetic "--llama-server-flags=-c 8192 -np 1"  # its best flags
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.

@@ -45,7 +45,7 @@ def one_run(args: argparse.Namespace, fair: bool) -> list[object]:
     with kinetic_server(args.model, flags) as server:
         rss_start = server.rss_mib()
         wall = run_students(server.url, students + [greedy], duration=args.duration, tokens=args.tokens,
-                            connections=lambda s: args.greedy_connections if s is greedy else 1)
+                            connections=lambda s: args.greedy_connections if s is greedy else 1).wall
         rss_end = server.rss_mib()
     everyone = students + [greedy]
     results = [r for s in everyone for r in s.results]

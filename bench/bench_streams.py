@@ -15,6 +15,8 @@ Three modes, each measured in one run with the servers taking turns (never decod
     python bench/bench_streams.py classroom [--students 16] [--spacing 0.25]
     python bench/bench_streams.py class-size [--sizes 8,12,16,20,24] [--duration 40] [--defaults]
     python bench/bench_streams.py classroom --model tiny:lfm2     # a hybrid model (docs/models.md)
+    python bench/bench_streams.py classroom --model bench:qwen35  # the course's family at its cost (bench_model.py)
+    python bench/bench_streams.py class-size --no-kinetic "--llama-server-flags=-c 8192 -np 1"  # its best flags
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
@@ -26,7 +28,6 @@ import argparse
 import math
 import os
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,9 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import (  # noqa: E402
     MODEL_LOCK_PATH,
     QUESTIONS,
+    LoadRun,
     Server,
     Student,
     Timed,
+    gather_streams,
     kinetic_server,
     lab_request,
     llama_server,
@@ -55,7 +58,12 @@ PROMPT = "The history of the printing press begins"
 
 def model_path(given: str | None) -> str:
     """A GGUF path, `tiny:lfm2` or `tiny:mamba` (the tests' hybrid and recurrent models, written on first
-    use: tests/hybrid_model.py), or the bundled model."""
+    use: tests/hybrid_model.py), `bench:qwen35` or `bench:lfm2` (hybrids as costly as the course's models:
+    bench/bench_model.py), or the bundled model."""
+    if given and given.startswith("bench:"):
+        from bench_model import bench_model
+
+        return str(bench_model(given.removeprefix("bench:")))
     if given and given.startswith("tiny:"):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.hybrid_model import tiny_model
@@ -75,20 +83,11 @@ RECORDS_SCHEMA = {"type": "array", "minItems": 40, "items": {"type": "object", "
 
 
 def concurrent(url: str, n: int, tokens: int, constrained: bool = False) -> list[Timed]:
-    results: list[Timed] = [Timed(ok=False)] * n
+    """n streams sent at the same instant (one asyncio loop: no thread starts one before the others)."""
     body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
     if constrained:
         body["json_schema"] = RECORDS_SCHEMA
-
-    def one(i: int) -> None:
-        results[i] = stream_request(url, "/v1/completions", body)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+    return gather_streams(url, [(0.0, "/v1/completions", body)] * n)[0]
 
 
 def in_process(model: str, tokens: int, threads: int, ctx: int) -> tuple[float, float]:
@@ -125,8 +124,13 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
         per_stream = median([r.decode_tps for run in rounds for r in run if r.ok])
         ttfts = [r.ttft for run in rounds for r in run if r.ok]
         summary[(name, n)] = (aggregate, per_stream, percentile(ttfts, 0.5))
-        rows.append([name, n, aggregate, per_stream, 1000 * percentile(ttfts, 0.5), 1000 * percentile(ttfts, 0.95)])
-    print(table(["server", "streams", "aggregate tok/s", "per-stream tok/s", "TTFT p50 ms", "TTFT p95 ms"], rows))
+        # what the server says its prompt took, and the rest of the TTFT: queueing, parsing, the first write
+        prompt_ms = [r.prompt_ms for run in rounds for r in run if r.ok]
+        waits = [1000 * r.ttft - r.prompt_ms for run in rounds for r in run if r.ok]
+        rows.append([name, n, aggregate, per_stream, 1000 * percentile(ttfts, 0.5), 1000 * percentile(ttfts, 0.95),
+                     percentile(prompt_ms, 0.5), percentile(waits, 0.5)])
+    print(table(["server", "streams", "aggregate tok/s", "per-stream tok/s", "TTFT p50 ms", "TTFT p95 ms",
+                 "prompt_ms p50", "TTFT - prompt_ms p50"], rows))
     if len(servers) > 1:
         print()
         ratio_rows = []
@@ -149,20 +153,10 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
               f"kinetic/in-process decode {k[1] / tps:.2f}, TTFT {k[2] / ttft:.2f}")
 
 
-def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[list[Timed], float]:
-    results: list[Timed] = [Timed(ok=False)] * students
-
-    def one(i: int) -> None:
-        time.sleep(i * spacing)
-        results[i] = stream_request(url, "/v1/chat/completions", lab_request(QUESTIONS[i % len(QUESTIONS)], tokens))
-
-    begin = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(students)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, time.perf_counter() - begin
+def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[list[Timed], LoadRun]:
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(students)]
+    return gather_streams(url, [(i * spacing, "/v1/chat/completions", lab_request(q, tokens))
+                                for i, q in enumerate(questions)])
 
 
 def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> None:
@@ -170,15 +164,16 @@ def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> None:
     p95: dict[str, float] = {}
     for server in servers:
         stream_request(server.url, "/v1/chat/completions", lab_request("warm up", 4))  # both start equally warm
-        results, wall = classroom(server.url, args.students, args.spacing, args.tokens)
+        results, run = classroom(server.url, args.students, args.spacing, args.tokens)
         ttfts = [r.ttft for r in results if r.ok]
         cached = [r.cache_n for r in results[1:] if r.ok and r.cache_n is not None]
         p95[server.name] = percentile(ttfts, 0.95)
         rows.append([server.name, sum(r.ok for r in results), 1000 * percentile(ttfts, 0.5), 1000 * p95[server.name],
-                     1000 * max(ttfts, default=math.nan), min(cached, default=-1), wall])
+                     1000 * max(ttfts, default=math.nan), min(cached, default=-1), run.wall,
+                     f"{100 * run.cpu_share:.0f}%"])
     print(f"{args.students} students, {args.spacing}s apart, {args.tokens} tokens each, -np {args.parallel}")
     print(table(["server", "served", "TTFT p50 ms", "TTFT p95 ms", "TTFT max ms", "least cache_n after the first",
-                 "wall s"], rows))
+                 "wall s", "generator CPU"], rows))
     if len(servers) > 1:
         print(f"kinetic/llama-server TTFT p95: {p95['kinetic'] / p95['llama-server']:.2f}")
 
@@ -188,18 +183,21 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
     rows = []
     largest: dict[str, int] = {s.name: 0 for s in servers}
     still_fine = {s.name: True for s in servers}
+    for server in servers:  # both start equally warm: the lab's prompt evaluated once
+        stream_request(server.url, "/v1/chat/completions", lab_request("warm up", 4))
     for size in sizes:
         for server in servers:
             if not still_fine[server.name]:
                 continue
             students = [Student(f"s{i}", None, (2.0, 5.0)) for i in range(size)] + [Student("greedy", None, (0, 0))]
-            run_students(server.url, students, duration=args.duration, tokens=32)
+            run = run_students(server.url, students, duration=args.duration, tokens=32)
             results = [r for s in students for r in s.results]
             ttfts = [r.ttft for r in results if r.ok]
             p95 = percentile(ttfts, 0.95)
             errors = Counter(r.error for r in results if not r.ok)
             rows.append([server.name, size, len(ttfts), ", ".join(f"{n} {e}" for e, n in errors.items()) or "-",
-                         1000 * percentile(ttfts, 0.5), 1000 * p95])
+                         1000 * percentile(ttfts, 0.5), 1000 * p95, len(ttfts) / run.wall,
+                         f"{100 * run.cpu_share:.0f}%"])
             # A class is kept while 95% of its requests start within 2 s and at most 1% fail.
             if p95 <= 2.0 and sum(errors.values()) <= 0.01 * len(results):
                 largest[server.name] = size
@@ -210,7 +208,8 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
     slots = ", ".join(f"{s.name} {s.slots()}" for s in servers)
     print(f"slots: {slots}; students think 2-5 s between 32-token streamed lab requests, plus one greedy; "
           f"{args.duration:.0f} s a size")
-    print(table(["server", "students", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms"], rows))
+    print(table(["server", "students", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms", "requests/s",
+                 "generator CPU"], rows))
     print("largest class with p95 TTFT <= 2 s (and <= 1% errors): "
           + ", ".join(f"{k} {v}" for k, v in largest.items()))
 
@@ -218,13 +217,17 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["streams", "classroom", "class-size"])
-    parser.add_argument("--model", help="GGUF, or tiny:lfm2 / tiny:mamba (default: the bundled model)")
+    parser.add_argument("--model", help="GGUF, tiny:lfm2 / tiny:mamba, bench:qwen35 / bench:lfm2 "
+                        "(default: the bundled model)")
     parser.add_argument("--llama-server", help="llama-server binary to compare with")
     parser.add_argument("--no-llama-server", action="store_true", help="measure kinetic alone")
+    parser.add_argument("--no-kinetic", action="store_true", help="measure llama-server alone (e.g. other flags)")
     parser.add_argument("-c", "--ctx", type=int, default=8192)
     parser.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: 8 for streams, 4 otherwise)")
     parser.add_argument("-t", "--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--kinetic-flags", default="", help="extra flags for kinetic serve only")
+    parser.add_argument("--llama-server-flags", default="",
+                        help="flags for llama-server only, replacing the shared -c/-np (its best for the load)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per request (96 streams, 24 classroom)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="1,2,4,8")
@@ -248,8 +251,11 @@ def main() -> None:
     from filelock import FileLock
 
     with FileLock(str(MODEL_LOCK_PATH)):
-        candidates = [kinetic_server(args.model, flags + args.kinetic_flags.split())]
-        other = None if args.no_llama_server else llama_server(args.llama_server, args.model, flags)
+        candidates = [] if args.no_kinetic else [kinetic_server(args.model, flags + args.kinetic_flags.split())]
+        own = flags
+        if args.llama_server_flags:  # its own -c/-np replace the shared ones
+            own = ["-t", str(args.threads), "--no-repack", *args.llama_server_flags.split()]
+        other = None if args.no_llama_server else llama_server(args.llama_server, args.model, own)
         if other is not None:
             candidates.append(other)
         else:

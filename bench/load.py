@@ -7,15 +7,15 @@ to ~1 token/s), so benchmarks alternate between servers, and hold the model lock
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
 import shutil
 import statistics
 import subprocess
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,47 +99,128 @@ class Timed:
     tokens: int = 0  # text chunks received (one per token on both servers)
     decode_tps: float = math.nan
     cache_n: int | None = None
+    prompt_ms: float = math.nan  # the server's own prompt time (timings.prompt_ms): TTFT less it is the wait
     started: float = 0.0
     ended: float = 0.0
+
+
+class _StreamReader:
+    """Reads one streamed answer's SSE lines, on either client: the first text's time, chunks, cache_n."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.stamps: list[float] = []
+        self.cache_n: int | None = None
+        self.prompt_ms = math.nan
+
+    def failed(self, error: str) -> Timed:
+        return Timed(ok=False, error=error, started=self.started, ended=time.perf_counter())
+
+    def line(self, line: str) -> bool:
+        """Takes one line; False when the line is an error event (the stream has failed)."""
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return True
+        data = json.loads(line[6:])
+        if "error" in data:
+            return False
+        if "timings" in data:
+            self.cache_n = data["timings"].get("cache_n")
+            self.prompt_ms = float(data["timings"].get("prompt_ms", math.nan))
+        choices = data.get("choices") or [{}]
+        text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or data.get("content")
+        if text:
+            self.stamps.append(time.perf_counter())
+        return True
+
+    def result(self) -> Timed:
+        ended, stamps = time.perf_counter(), self.stamps
+        if not stamps:
+            return Timed(ok=False, error="no text", started=self.started, ended=ended)
+        decode = ((len(stamps) - 1) / (stamps[-1] - stamps[0])
+                  if len(stamps) > 1 and stamps[-1] > stamps[0] else math.nan)
+        return Timed(ok=True, ttft=stamps[0] - self.started, total=ended - self.started, tokens=len(stamps),
+                     decode_tps=decode, cache_n=self.cache_n, prompt_ms=self.prompt_ms, started=self.started,
+                     ended=ended)
 
 
 def stream_request(url: str, path: str, body: dict[str, Any], *, key: str | None = None,
                    client: httpx.Client | None = None) -> Timed:
     """Streams one request and times it: TTFT, chunks, per-stream decode speed, cache_n."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    started = time.perf_counter()
-    stamps: list[float] = []
-    cache_n = None
+    reader = _StreamReader()
     http = client or httpx.Client(timeout=600)
     try:
         with http.stream("POST", url + path, json={**body, "stream": True}, headers=headers) as response:
             if response.status_code != 200:
                 response.read()
-                return Timed(ok=False, error=f"HTTP {response.status_code}", started=started,
-                             ended=time.perf_counter())
+                return reader.failed(f"HTTP {response.status_code}")
             for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    return Timed(ok=False, error="in-stream error", started=started, ended=time.perf_counter())
-                if "timings" in data:
-                    cache_n = data["timings"].get("cache_n")
-                choices = data.get("choices") or [{}]
-                text = choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or data.get("content")
-                if text:
-                    stamps.append(time.perf_counter())
+                if not reader.line(line):
+                    return reader.failed("in-stream error")
     except httpx.HTTPError as exc:
-        return Timed(ok=False, error=type(exc).__name__, started=started, ended=time.perf_counter())
+        return reader.failed(type(exc).__name__)
     finally:
         if client is None:
             http.close()
-    ended = time.perf_counter()
-    if not stamps:
-        return Timed(ok=False, error="no text", started=started, ended=ended)
-    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else math.nan
-    return Timed(ok=True, ttft=stamps[0] - started, total=ended - started, tokens=len(stamps), decode_tps=decode,
-                 cache_n=cache_n, started=started, ended=ended)
+    return reader.result()
+
+
+async def astream_request(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any], *,
+                          key: str | None = None) -> Timed:
+    """stream_request on the async client: many at once in one thread."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    reader = _StreamReader()
+    try:
+        async with client.stream("POST", url + path, json={**body, "stream": True}, headers=headers) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return reader.failed(f"HTTP {response.status_code}")
+            async for line in response.aiter_lines():
+                if not reader.line(line):
+                    return reader.failed("in-stream error")
+    except httpx.HTTPError as exc:
+        return reader.failed(type(exc).__name__)
+    return reader.result()
+
+
+@dataclass
+class LoadRun:
+    """What a load run cost the generator itself."""
+
+    wall: float  # seconds
+    cpu_share: float  # the generator's CPU seconds over the wall time: 1.0 is one core busy all along
+
+
+def _client() -> httpx.AsyncClient:
+    # No kept-alive connections: each request opens its own, as each run of the lab's chat.py does (an
+    # idle kept-alive connection that the server closes would also be a client error here).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    return httpx.AsyncClient(timeout=600, limits=limits)
+
+
+async def _measured(work: Callable[[httpx.AsyncClient], Awaitable[object]]) -> LoadRun:
+    async with _client() as client:
+        cpu, begin = time.process_time(), time.perf_counter()
+        await work(client)
+        wall = time.perf_counter() - begin
+        return LoadRun(wall=wall, cpu_share=(time.process_time() - cpu) / wall)
+
+
+def gather_streams(url: str, requests: list[tuple[float, str, dict[str, Any]]]) -> tuple[list[Timed], LoadRun]:
+    """Streams every (delay s, path, body) at once from one asyncio loop, each after its delay."""
+    results: list[Timed] = [Timed(ok=False)] * len(requests)
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        delay, path, body = requests[i]
+        if delay > 0:
+            await asyncio.sleep(delay)
+        results[i] = await astream_request(client, url, path, body)
+
+    async def every(client: httpx.AsyncClient) -> None:
+        await asyncio.gather(*(one(client, i) for i in range(len(requests))))
+
+    run = asyncio.run(_measured(every))
+    return results, run
 
 
 def lab_request(question: str, tokens: int) -> dict[str, Any]:
@@ -158,37 +239,31 @@ class Student:
 
 
 def run_students(url: str, students: list[Student], *, duration: float, tokens: int,
-                 connections: Callable[[Student], int] = lambda s: 1, seed: int = 1) -> float:
-    """Each student sends the lab's request, thinks, and again, until `duration` is over.
-    Returns the wall time. A student with more connections runs that many loops at once."""
+                 connections: Callable[[Student], int] = lambda s: 1, seed: int = 1) -> LoadRun:
+    """Each student sends the lab's request, thinks, and again, until `duration` is over; one asyncio task
+    a connection in this one thread, so the generator's own CPU stays small beside the server's (its share
+    is in the LoadRun). A student with more connections runs that many loops at once."""
     rng = random.Random(seed)
     stop_at = time.perf_counter() + duration
-    lock = threading.Lock()
 
-    def loop(student: Student, offset: float) -> None:
-        time.sleep(offset)
+    async def loop(client: httpx.AsyncClient, student: Student, offset: float) -> None:
+        await asyncio.sleep(offset)
         while time.perf_counter() < stop_at:
-            # A connection of its own for each request, as each run of the lab's chat.py opens one (an
-            # idle kept-alive connection that the server closes would also be a client error here).
-            result = stream_request(url, "/v1/chat/completions", lab_request(rng.choice(QUESTIONS), tokens),
-                                    key=student.key)
-            with lock:
-                student.results.append(result)
+            body = lab_request(rng.choice(QUESTIONS), tokens)
+            student.results.append(await astream_request(client, url, "/v1/chat/completions", body, key=student.key))
             low, high = student.think
             if high > 0:
-                time.sleep(rng.uniform(low, high))
+                await asyncio.sleep(rng.uniform(low, high))
 
-    threads = []
-    begin = time.perf_counter()
-    for student in students:
-        for _ in range(connections(student)):
-            offset = 0.0 if student.think == (0, 0) else rng.uniform(0, student.think[1])
-            threads.append(threading.Thread(target=loop, args=(student, offset), daemon=True))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - begin
+    async def everyone(client: httpx.AsyncClient) -> None:
+        loops = []
+        for student in students:
+            for _ in range(connections(student)):
+                offset = 0.0 if student.think == (0, 0) else rng.uniform(0, student.think[1])
+                loops.append(loop(client, student, offset))
+        await asyncio.gather(*loops)
+
+    return asyncio.run(_measured(everyone))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -191,14 +191,16 @@ ARCHITECTURES: dict[str, Callable[[Any, np.random.Generator, int], None]] = {
 }
 
 
-def write_gguf(target: Path, architecture: str, name: str, fill: Callable[[Any], None]) -> Path:
-    """A GGUF of `architecture` whose keys and tensors `fill` adds to the writer, written whole or not at all."""
+def write_gguf(target: Path, architecture: str, name: str, fill: Callable[[Any], None],
+               file_type: int | None = None) -> Path:
+    """A GGUF of `architecture` whose keys and tensors `fill` adds to the writer, written whole or not at all
+    (`file_type` a gguf.LlamaFileType, F16 by default)."""
     import gguf
 
     partial = target.with_suffix(".partial")
     writer = gguf.GGUFWriter(str(partial), architecture)
     writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if file_type is None else file_type)
     fill(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

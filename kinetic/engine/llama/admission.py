@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 
 import llama_cpp
 from llama_cpp import _internals
@@ -27,6 +29,11 @@ MIN_SHARED_PREFIX = 16
 # A checkpoint this many tokens before a prompt's end (llama-server's offset): a prompt sent again, or a
 # chat's next turn whose template renders the last answer otherwise, restores it.
 CHECKPOINT_END_OFFSET = 4
+
+# How long an idle decode thread waits for requests still being prepared (parsed, their sampler built)
+# before it starts the first one's prompt: requests sent together then share the first batch instead of
+# the later ones waiting out a step that evaluates the first prompt alone.
+GATHER_S = 0.02
 
 
 def media_floor(media: tuple[MediaSpan, ...], n: int) -> int:
@@ -53,6 +60,25 @@ class SlotAdmission:
     long_context: LongContext
     _pending: FairQueue[Job]
     _task_ids: itertools.count[int]
+    _cv: threading.Condition
+    _preparing: int
+    _stopping: bool
+
+    def preparing(self, delta: int) -> None:
+        """A request is being prepared (+1) or is queued or refused (-1): see GATHER_S."""
+        with self._cv:
+            self._preparing += delta
+            if not self._preparing:
+                self._cv.notify()
+
+    def _gather(self) -> None:
+        """Under the lock, on an idle scheduler with a job to start: waits up to GATHER_S for the requests
+        still being prepared. A scheduler already generating never waits: its streams would stall."""
+        if any(s.job for s in self.slots):
+            return
+        deadline = time.monotonic() + GATHER_S
+        while self._preparing and not self._stopping and (left := deadline - time.monotonic()) > 0:
+            self._cv.wait(left)
 
     def _emit(self, job: Job, event: Event | BaseException) -> None:
         raise NotImplementedError

@@ -275,6 +275,7 @@ class LlamaEngine:
         part ways at a near tie even when greedy (llama.cpp's test_completion_with_tokens_input)."""
         scheduler = self._scheduler_or_fail()
         jobs: list[Job] = []
+        scheduler.preparing(len(requests))
         try:
             for request in requests:
                 jobs.append(await self._job(request))
@@ -283,6 +284,8 @@ class LlamaEngine:
             for job in jobs:
                 job.sampler.close()
             raise
+        finally:
+            scheduler.preparing(-len(requests))
         return [Generation(job.queue, partial(scheduler.cancel, job), end_reasoning=reasoning_control(job))
                 for job in jobs]
 

@@ -133,6 +133,7 @@ class Scheduler(SlotAdmission):
         self._outbox: list[tuple[Job, Event | BaseException]] = []
         self._prompt_turn = 0
         self._stopping = False
+        self._preparing = 0  # requests between submit_many's start and their enqueue_many
         self._closed_error: KineticError = UnavailableError("the model was unloaded")
         self._use_counter = itertools.count(1)
         self._task_ids = itertools.count()
@@ -231,6 +232,7 @@ class Scheduler(SlotAdmission):
                         if slot.job is not None:
                             self._release(slot)
                     return
+                self._gather()
             # Nothing may kill the only decode thread: a failure is logged, the requests it touched
             # fail, and the others go on.
             try:

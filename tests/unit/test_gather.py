@@ -1,0 +1,60 @@
+"""The idle decode thread's wait for requests sent together (admission.GATHER_S), without a model: it
+waits while a request is still being prepared, never once a slot is generating, and never past the cap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kinetic.engine.llama import admission as admission_module
+from kinetic.engine.llama.admission import SlotAdmission
+
+LONG = 30.0  # a cap no test waits out unless the wait is wrong
+
+
+class Admission(SlotAdmission):
+    def __init__(self, busy: bool) -> None:
+        self._cv = threading.Condition()
+        self._preparing = 0
+        self._stopping = False
+        self.slots = [SimpleNamespace(job=object() if busy else None), SimpleNamespace(job=None)]  # type: ignore[list-item]
+
+
+def gather_time(admission: Admission) -> float:
+    started = time.monotonic()
+    with admission._cv:
+        admission._gather()
+    return time.monotonic() - started
+
+
+def test_the_first_request_waits_until_the_others_are_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "GATHER_S", LONG)
+    admission = Admission(busy=False)
+    admission.preparing(3)
+    done: list[float] = []
+    waiter = threading.Thread(target=lambda: done.append(gather_time(admission)))
+    waiter.start()
+    admission.preparing(-1)
+    admission.preparing(-2)  # the last one queued: the wait ends
+    waiter.join(timeout=LONG)
+    assert done and done[0] < LONG
+    assert admission._preparing == 0
+
+
+def test_no_wait_with_nothing_in_preparation_or_a_slot_generating(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "GATHER_S", LONG)
+    assert gather_time(Admission(busy=False)) < LONG
+    busy = Admission(busy=True)
+    busy.preparing(1)
+    # a generating slot's streams must not stall: the new request joins the next step
+    assert gather_time(busy) < LONG
+
+
+def test_the_wait_ends_at_the_cap_when_a_request_never_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "GATHER_S", 0.05)
+    admission = Admission(busy=False)
+    admission.preparing(1)
+    assert 0.05 <= gather_time(admission) < LONG

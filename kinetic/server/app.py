@@ -22,6 +22,7 @@ from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
+from kinetic.protocols.common.app_parts import install
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
 from kinetic.server.error_funnel import install_error_funnel, validation_message
@@ -107,8 +108,8 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     state = server_parts(registry)
     app.state.server = state
-    RunningCompletions().install(app)  # for /v1/chat/completions/control
-    StreamSettings(ping_interval_s=registry.settings.sse_ping_interval).install(app)
+    install(app, RunningCompletions())  # for /v1/chat/completions/control
+    install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

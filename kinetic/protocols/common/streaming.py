@@ -15,7 +15,6 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import anyio
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -24,6 +23,7 @@ from kinetic.classroom.outcome import Outcome, hand_over
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
+from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.sse_ping import with_pings
 
 log = logging.getLogger(__name__)
@@ -116,22 +116,13 @@ def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-str
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What every protocol's streams share, kept on the app's state by create_app."""
+    """What every protocol's streams share, kept on the app's state by create_app (app_parts)."""
 
     ping_interval_s: float = -1  # --sse-ping-interval (-1: no pings)
 
-    def install(self, app: Starlette) -> None:
-        app.state.streams = self
-
-    @staticmethod
-    def of(app: Starlette) -> StreamSettings:
-        settings = app.state.streams
-        assert isinstance(settings, StreamSettings), "an app made by kinetic.server.app.create_app"
-        return settings
-
 
 def ping_interval(request: Request) -> float:
-    return StreamSettings.of(request.app).ping_interval_s
+    return installed(request.app, StreamSettings).ping_interval_s
 
 
 class ClientDisconnected(Exception):

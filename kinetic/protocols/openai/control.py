@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.applications import Starlette
-
 from kinetic.engine.base import Generation
 from kinetic.protocols.openai.types import ControlRequest
 
@@ -29,19 +27,10 @@ class RunningCompletion:
 
 class RunningCompletions:
     """The server's chat completions in flight, by id (one table for every model: ids are random), kept on
-    the app's state by create_app."""
+    the app's state by create_app (app_parts)."""
 
     def __init__(self) -> None:
         self._by_id: dict[str, RunningCompletion] = {}
-
-    def install(self, app: Starlette) -> None:
-        app.state.running_completions = self
-
-    @staticmethod
-    def of(app: Starlette) -> RunningCompletions:
-        table = app.state.running_completions
-        assert isinstance(table, RunningCompletions), "an app made by kinetic.server.app.create_app"
-        return table
 
     def add(self, cmpl_id: str, running: RunningCompletion) -> None:
         self._by_id = {key: entry for key, entry in self._by_id.items() if not entry.generation.done}

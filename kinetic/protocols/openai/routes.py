@@ -16,6 +16,7 @@ from kinetic.classroom.roles import Role
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry import listing
 from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
+from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.openai import translate
 from kinetic.protocols.openai.control import REASONING_END, RunningCompletion, RunningCompletions, control
@@ -56,7 +57,7 @@ async def control_chat_completion(body: ControlRequest, request: Request) -> dic
 
 
 def running_completions(request: Request) -> RunningCompletions:
-    return RunningCompletions.of(request.app)
+    return installed(request.app, RunningCompletions)
 
 
 def key_name(request: Request) -> str | None:

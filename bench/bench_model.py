@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hybrid_model import _copy_tokenizer, write_gguf  # noqa: E402
+from tests.hybrid_model import copy_tokenizer, vocabulary_size, write_gguf  # noqa: E402
 
 FORMAT_VERSION = 1  # bump when the weights or the layout change: the cached files are rebuilt
 SEED = 33
@@ -184,11 +184,9 @@ KINDS: dict[str, Callable[[Any, Weights, int], None]] = {"qwen35": _write_qwen35
 def write_model(kind: str, tokenizer_source: Path, target: Path) -> Path:
     import gguf
 
-    n_vocab = len(gguf.GGUFReader(str(tokenizer_source)).fields["tokenizer.ggml.tokens"].data)
-
     def fill(writer: Any) -> None:
-        _copy_tokenizer(writer, tokenizer_source)
-        KINDS[kind](writer, Weights(writer, np.random.default_rng(SEED)), n_vocab)
+        copy_tokenizer(writer, tokenizer_source)
+        KINDS[kind](writer, Weights(writer, np.random.default_rng(SEED)), vocabulary_size(tokenizer_source))
 
     return write_gguf(target, kind, f"kinetic-bench-{kind}", fill, gguf.LlamaFileType.MOSTLY_Q8_0)
 

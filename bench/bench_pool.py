@@ -10,12 +10,14 @@ Printed per policy: TTFT p50/p95 (every turn, and follow-up turns alone), the sh
 the servers' caches answered (`cache_n`), the follow-up turns that hit their server's cache (cache_n
 covers the whole previous prompt), and the requests each server served.
 
-    python bench/bench_pool.py [--students 10] [--tokens 32] [-np 4] [--rounds 2]
+    python bench/bench_pool.py [--students 10] [--tokens 32] [-np 4] [--rounds 2] [--paste 0]
                                [--upstream kinetic|llama-server] [--upstream-args "-sps 0"] [--dump FILE]
 
 Give llama-server members `-sps 0` (docs/router.md: with its default slot choice a new conversation
 takes the slot of another student's history, and about half the follow-ups miss however they are routed).
 `--rounds N` runs both policies N times, their order reversed each round, and pools the turns.
+`--paste N` has each question carry N lines of the student's own program output (its timings), as a
+student asking a lab tutor about a run does; the histories grow by those lines each turn.
 
 It holds the machine's model lock while it runs (do not wrap it in `flock` on the same lock).
 """
@@ -127,12 +129,25 @@ def run_conversation(url: str, chat: Conversation, tokens: int, begin: float) ->
             time.sleep(chat.thinks[index])
 
 
-def schedule(students: int, seed: int) -> list[Conversation]:
+def pasted_output(rng: random.Random, lines: int) -> str:
+    """What a student pastes under a question: lines of their program's timings, different each run."""
+    if lines <= 0:
+        return ""
+    rows = [f"run {n}: prompt_n={rng.randint(20, 400)} cache_n={rng.randint(0, 300)} "
+            f"prompt_ms={rng.uniform(5, 900):.1f} predicted_n={rng.randint(8, 128)} "
+            f"predicted_per_second={rng.uniform(8, 60):.2f}" for n in range(1, lines + 1)]
+    return "\n\nEcco il mio output:\n" + "\n".join(rows)
+
+
+def schedule(students: int, seed: int, paste: int = 0) -> list[Conversation]:
     """The class: the same for both policies."""
     rng = random.Random(seed)
-    return [Conversation(key=f"sk-student-{i:02d}", turns=rng.randint(3, 5), offset=rng.uniform(0, 5),
-                         thinks=[rng.uniform(2, 5) for _ in range(5)], questions=rng.sample(QUESTIONS, 5))
-            for i in range(students)]
+    chats = [Conversation(key=f"sk-student-{i:02d}", turns=rng.randint(3, 5), offset=rng.uniform(0, 5),
+                          thinks=[rng.uniform(2, 5) for _ in range(5)], questions=rng.sample(QUESTIONS, 5))
+             for i in range(students)]
+    for chat in chats:  # drawn after the schedule, so that --paste 0 keeps the class it always had
+        chat.questions = [question + pasted_output(rng, paste) for question in chat.questions]
+    return chats
 
 
 def upstream(kind: str, binary: str | None, model: str, flags: list[str]) -> Server:
@@ -154,7 +169,7 @@ def one_policy(args: argparse.Namespace, policy: str, keys: Path) -> dict[str, A
                                    "--upstream", f"class={first.url},model={MODEL_ID}",
                                    "--upstream", f"class={second.url},model={MODEL_ID}"])
         with router:
-            chats = schedule(args.students, args.seed)
+            chats = schedule(args.students, args.seed, args.paste)
             begin = time.perf_counter()
             threads = [threading.Thread(target=run_conversation, args=(router.url, chat, args.tokens, begin))
                        for chat in chats]
@@ -202,6 +217,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of both policies, in turn order reversed each round (the machine drifts)")
+    parser.add_argument("--paste", type=int, default=0,
+                        help="lines of program output under each question (the history grows by them)")
     parser.add_argument("--dump", type=Path, help="write every turn here (JSON lines) to look at")
     args = parser.parse_args()
     handle = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
@@ -218,7 +235,8 @@ def main() -> None:
         args.dump.write_text("".join(json.dumps({"policy": run["policy"], "round": number // len(POLICIES),
                                                  **dataclasses.asdict(turn)}) + "\n"
                                      for number, run in enumerate(runs) for turn in run["turns"]))
-    print(f"\n{args.students} students, 3-5 turns each, thinking 2-5 s, {args.tokens} tokens an answer; "
+    print(f"\n{args.students} students, 3-5 turns each, thinking 2-5 s, {args.tokens} tokens an answer, "
+          f"{args.paste} pasted lines a question; "
           f"two {args.upstream} servers, -t 1 -np {args.parallel} -c {args.ctx} {args.upstream_args} each, "
           f"{args.rounds} round(s)\n")
     print(table(["policy", "turns ok", "TTFT p50 ms", "TTFT p95 ms", "follow-up TTFT p95 ms", "cache_n share",

@@ -21,6 +21,7 @@ tokens even with an exact cache, and the tests compare greedy texts.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -38,19 +39,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KINETIC_TEST_MODELS", Path.home() / ".cache" / "kinetic" / "test-models"))
 
 
-def _copy_tokenizer(writer: Any, source: Path) -> None:
-    """Every tokenizer.* key of `source` (the bundled Gemma), with its GGUF type."""
+@functools.lru_cache(maxsize=2)
+def tokenizer_fields(source: Path) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """Every tokenizer.* key of `source` (the bundled Gemma) as (name, value, GGUF type, item type), read once a
+    process: gguf's reader takes about 14 s over its 262k-token vocabulary, and each test model needs it."""
     import gguf
 
     reader = gguf.GGUFReader(str(source))
-    for field in reader.fields.values():
-        if not field.name.startswith("tokenizer.") or field.name == "tokenizer.chat_template":
-            continue
-        vtype = field.types[0]
+    return tuple((field.name, field.contents(), field.types[0], field.types[-1]) for field in reader.fields.values()
+                 if field.name.startswith("tokenizer.") and field.name != "tokenizer.chat_template")
+
+
+def vocabulary_size(source: Path) -> int:
+    return next(len(value) for name, value, _, _ in tokenizer_fields(source) if name == "tokenizer.ggml.tokens")
+
+
+def copy_tokenizer(writer: Any, source: Path) -> None:
+    """Every tokenizer.* key of `source`, with its GGUF type."""
+    import gguf
+
+    for name, value, vtype, item_type in tokenizer_fields(source):
         if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1])
+            writer.add_key_value(name, value, vtype, sub_type=item_type)
         else:
-            writer.add_key_value(field.name, field.contents(), vtype)
+            writer.add_key_value(name, value, vtype)
 
 
 def _random(rng: np.random.Generator, *shape: int, scale: float | None = None) -> np.ndarray:
@@ -211,13 +223,9 @@ def write_gguf(target: Path, architecture: str, name: str, fill: Callable[[Any],
 
 
 def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path:
-    import gguf
-
-    reader_vocab = len(gguf.GGUFReader(str(tokenizer_source)).fields["tokenizer.ggml.tokens"].data)
-
     def fill(writer: Any) -> None:
-        _copy_tokenizer(writer, tokenizer_source)
-        ARCHITECTURES[architecture](writer, np.random.default_rng(SEED), reader_vocab)
+        copy_tokenizer(writer, tokenizer_source)
+        ARCHITECTURES[architecture](writer, np.random.default_rng(SEED), vocabulary_size(tokenizer_source))
 
     return write_gguf(target, architecture, f"kinetic-test-{architecture}", fill)
 

@@ -39,7 +39,9 @@ class HostPrefixCache:
         self.budget = budget_bytes
         self.exact = exact
         self.max_entries = max_entries  # 0: as many as the budget holds
-        self.entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        # bytearrays: llama.cpp writes into one and reads back from it, with no copy of a state (tens of MiB
+        # on a hybrid model) on the way in or out
+        self.entries: OrderedDict[tuple[int, ...], bytearray] = OrderedDict()
         self.tags: dict[tuple[int, ...], tuple[float, ...]] = {}  # each entry's adapter scales
         self.size = 0
 
@@ -63,11 +65,15 @@ class HostPrefixCache:
         n_bytes = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         if n_bytes <= 0 or n_bytes > self.budget:
             return
-        buffer = (ctypes.c_uint8 * n_bytes)()
-        written = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buffer, n_bytes, seq_id)
+        state = bytearray(n_bytes)
+        view = (ctypes.c_uint8 * n_bytes).from_buffer(state)
+        written = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, view, n_bytes, seq_id)
+        del view  # the array holds the bytearray's buffer: it must go before the bytearray can shrink
         if written <= 0:
             return
-        self.entries[key] = bytes(buffer)[:written]
+        if written < n_bytes:
+            del state[written:]
+        self.entries[key] = state
         self.tags[key] = tag
         self.size += written
         while self.entries and (self.size > self.budget or 0 < self.max_entries < len(self.entries)):
@@ -102,5 +108,5 @@ class HostPrefixCache:
         """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused."""
         state = self.entries[key]
         self.entries.move_to_end(key)
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
         return llama_cpp.llama_state_seq_set_data(self.ctx.ctx, buffer, len(state), seq_id) > 0

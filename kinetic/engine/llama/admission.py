@@ -30,6 +30,19 @@ MIN_SHARED_PREFIX = 16
 # chat's next turn whose template renders the last answer otherwise, restores it.
 CHECKPOINT_END_OFFSET = 4
 
+
+def end_breaks(*, n_batch: int, n_ubatch: int, cannot_roll_back: bool) -> tuple[int, ...]:
+    """How many tokens before a prompt's end llama-server ends a prompt batch, on a model whose memory cannot
+    roll back to any prefix (recurrent layers, or a sliding window, which llama-server keeps at its size):
+    there it saves a checkpoint. kinetic ends its batches at the same places, checkpoint or not, so that a
+    prompt is evaluated in llama-server's shapes: llama.cpp's arithmetic depends on a batch's shape, and
+    on Gemma 3 the last token read in one batch with the first gave other logits than read after them
+    (2026-12-03, AVX2: 0.55 apart at most, enough to change a seeded sample), so a prompt sent again, its
+    head now cached, was answered otherwise than the first time. llama-server never reads the two together."""
+    if not cannot_roll_back:
+        return ()
+    return tuple(sorted({min(n_batch, CHECKPOINT_END_OFFSET + n_ubatch), CHECKPOINT_END_OFFSET}, reverse=True))
+
 # How long an idle decode thread waits for requests still being prepared (parsed, their sampler built)
 # before it starts the first one's prompt: requests sent together then share the first batch instead of
 # the later ones waiting out a step that evaluates the first prompt alone.
@@ -55,6 +68,7 @@ class SlotAdmission:
     kv_unified: bool
     share_prefixes: bool
     ctx_checkpoints: int
+    prompt_end_breaks: tuple[int, ...]
     cells: MemoryCells
     _prompt_turn: int
     long_context: LongContext
@@ -262,7 +276,9 @@ class SlotAdmission:
             n_common = self._reuse_state(slot, prompt)
         else:
             n_common = self._reuse_prefix(slot, prompt, job.request.media)
-        slot.begin(job, n_common, self._checkpoints(job.request, n_common, job.lora), next(self._task_ids))
+        n_prompt = len(prompt)
+        slot.begin(job, n_common, self._checkpoints(job.request, n_common, job.lora), next(self._task_ids),
+                   breaks=[media_floor(job.request.media, n_prompt - k) for k in self.prompt_end_breaks])
 
     def _prompt_shares(self, budget: int, lora: tuple[float, ...]) -> list[tuple[Slot, int]]:
         """The step's prompt budget split evenly across the slots still reading a prompt with adapter scales
@@ -272,11 +288,9 @@ class SlotAdmission:
             return []
         self._prompt_turn = (self._prompt_turn + 1) % len(self.slots)
         reading.sort(key=lambda s: (s.id - self._prompt_turn) % len(self.slots))
-        # a slot's batch ends at its next checkpoint: the state is saved after the decode
+        # a slot's batch ends at its next break (a checkpoint's state is saved after the decode)
         # ... and before its next image: the media are evaluated apart (Scheduler._evaluate_media)
-        room = {s.id: min(len(s.to_evaluate), s.room_to_media(),
-                          s.checkpoints[0] - len(s.tokens) if s.checkpoints else len(s.to_evaluate))
-                for s in reading}
+        room = {s.id: min(len(s.to_evaluate), s.room_to_media(), s.room_to_break()) for s in reading}
         shares = {s.id: 0 for s in reading}
         open_slots = list(reading)
         while budget > 0 and open_slots:

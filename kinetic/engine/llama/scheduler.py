@@ -44,7 +44,7 @@ from llama_cpp import _internals
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.engine.llama.adapter_turns import AdapterTurns
-from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission, end_breaks
 from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
@@ -121,6 +121,9 @@ class Scheduler(SlotAdmission):
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
         self.ctx_checkpoints = max(0, ctx_checkpoints) if self.exact_states and self.host_cache.enabled else 0
+        self.prompt_end_breaks = end_breaks(
+            n_batch=self.n_batch, n_ubatch=params.n_ubatch,
+            cannot_roll_back=self.exact_states or llama_cpp.llama_model_n_swa(model.model.model) > 0)
         # per client, waiting or running: this model's limit (0: none) and, in router mode, the process-wide one
         self.in_flight = ModelInFlight(max_in_flight, in_flight)
         self.share_prefixes = share_prefixes
@@ -479,6 +482,7 @@ class Scheduler(SlotAdmission):
         slot.next_token = None
         slot.to_evaluate = []
         slot.checkpoints = []
+        slot.breaks = []
         slot.media = {}  # what the cells hold stays keyed by the stand-ins; the encoded chunks can go
         slot.last_used = next(self._use_counter)
         # Tokens queued for this slot but never decoded are not in the cache: forget them.

@@ -47,6 +47,7 @@ class Slot:
     text_parts: list[str] = field(default_factory=list)
     assembler: TextAssembler | None = None
     checkpoints: list[int] = field(default_factory=list)  # prompt positions at which to save the state
+    breaks: list[int] = field(default_factory=list)  # prompt positions at which a batch ends (checkpoints among them)
     shared: int = 0  # first cells possibly shared with another slot (unified cache): never moved
     shifted: bool = False  # the context was shifted during this job (llama-server's `truncated`)
     t_prompt_start: float = 0.0
@@ -67,7 +68,8 @@ class Slot:
     def is_processing(self) -> bool:
         return self.job is not None
 
-    def begin(self, job: Job, n_cached: int, checkpoints: list[int], id_task: int) -> None:
+    def begin(self, job: Job, n_cached: int, checkpoints: list[int], id_task: int,
+              breaks: list[int] | None = None) -> None:
         """Takes `job`, whose prompt's first `n_cached` tokens the slot's cells already hold: every per-job
         field starts again."""
         request = job.request
@@ -78,6 +80,7 @@ class Slot:
         self.n_cached = n_cached
         self.n_prompt_tokens_processed = len(self.to_evaluate)
         self.checkpoints = checkpoints
+        self.breaks = sorted({p for p in [*checkpoints, *(breaks or [])] if p > n_cached})
         self.next_token = None
         self.generated, self.text_parts = [], []
         self.assembler = TextAssembler(request.stop)
@@ -85,6 +88,13 @@ class Slot:
         self.t_prompt_start = self.t_generation_start = self.prompt_ms = 0.0
         self.drafts, self.n_draft, self.n_draft_accepted = [], 0, 0
         self.media = {span.start: span for span in request.media}
+
+    def room_to_break(self) -> int:
+        """Prompt tokens the slot may put in this step's batch before its next break (all when none is left)."""
+        here = len(self.tokens)
+        while self.breaks and self.breaks[0] <= here:  # passed inside an image, evaluated apart
+            self.breaks.pop(0)
+        return self.breaks[0] - here if self.breaks else len(self.to_evaluate)
 
     def room_to_media(self) -> int:
         """Prompt tokens before the next image or clip still to evaluate (all of them when none is left)."""

@@ -276,9 +276,8 @@ class SlotAdmission:
             n_common = self._reuse_state(slot, prompt)
         else:
             n_common = self._reuse_prefix(slot, prompt, job.request.media)
-        n_prompt = len(prompt)
         slot.begin(job, n_common, self._checkpoints(job.request, n_common, job.lora), next(self._task_ids),
-                   breaks=[media_floor(job.request.media, n_prompt - k) for k in self.prompt_end_breaks])
+                   breaks=[media_floor(job.request.media, len(prompt) - k) for k in self.prompt_end_breaks])
 
     def _prompt_shares(self, budget: int, lora: tuple[float, ...]) -> list[tuple[Slot, int]]:
         """The step's prompt budget split evenly across the slots still reading a prompt with adapter scales

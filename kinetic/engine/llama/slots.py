@@ -68,8 +68,7 @@ class Slot:
     def is_processing(self) -> bool:
         return self.job is not None
 
-    def begin(self, job: Job, n_cached: int, checkpoints: list[int], id_task: int,
-              breaks: list[int] | None = None) -> None:
+    def begin(self, job: Job, n_cached: int, checkpoints: list[int], id_task: int, breaks: list[int]) -> None:
         """Takes `job`, whose prompt's first `n_cached` tokens the slot's cells already hold: every per-job
         field starts again."""
         request = job.request
@@ -80,7 +79,7 @@ class Slot:
         self.n_cached = n_cached
         self.n_prompt_tokens_processed = len(self.to_evaluate)
         self.checkpoints = checkpoints
-        self.breaks = sorted({p for p in [*checkpoints, *(breaks or [])] if p > n_cached})
+        self.breaks = sorted({p for p in [*checkpoints, *breaks] if p > n_cached})
         self.next_token = None
         self.generated, self.text_parts = [], []
         self.assembler = TextAssembler(request.stop)

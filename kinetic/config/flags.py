@@ -225,7 +225,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("kv_unified", ("-kvu", "--kv-unified"), "one KV buffer shared by all slots, each may use the whole context "
          "(default: on when -np is auto)", negations=("-no-kvu", "--no-kv-unified")),
     Flag("swa_full", ("--swa-full",), "full-size sliding-window cache (always on in kinetic: a slot's cached prefix "
-         "stays reusable)"),
+         "stays reusable); given, a prompt is read without llama-server's early batch ends, as there"),
     Flag("rope_scaling", ("--rope-scaling",), "RoPE frequency scaling: none, linear, yarn (default: the model's)",
          metavar="TYPE"),
     Flag("rope_scale", ("--rope-scale",), "RoPE context scaling factor: expands the context by N", metavar="N"),

@@ -122,6 +122,9 @@ class LlamaOptions:
     cpu: CpuParams = CpuParams()  # -C/-Cr, --cpu-strict, --prio, --poll: the generation thread pool
     cpu_batch: CpuParams = CpuParams()  # their -batch twins: the prompt-processing pool
     flash_attn: str = "auto"  # on, off, auto
+    # --swa-full: kinetic's sliding-window cache is full-size either way; the flag leaves prompt batches whole, as
+    # llama-server's do once its window can roll back (admission.end_breaks)
+    swa_full: bool = False
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     kv_offload: bool = True

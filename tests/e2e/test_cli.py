@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -194,15 +195,33 @@ def test_default_slots_serve_a_class_at_once(model_lock: None) -> None:
         assert len(slots) == 16 and {s["n_ctx"] for s in slots} == {4096}
 
 
+BATCHED_PROMPT = "one two three four five six seven eight nine ten " * 12
+
+
+def batch_ends(url: str) -> tuple[list[int], int]:
+    """Where the prompt's batches ended (prompt_progress after each one), and the prompt's length."""
+    body = {"prompt": BATCHED_PROMPT, "n_predict": 1, "stream": True, "return_progress": True, "cache_prompt": False}
+    with httpx.stream("POST", url + "/completion", json=body, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    return [p["processed"] for p in progress[1:]], events[-1]["tokens_evaluated"]
+
+
 def test_batch_sizes_reach_llama_cpp(model_lock: None) -> None:
-    """-b/-ub set llama.cpp's context (its verbose load log says so) and a prompt longer than a batch works."""
+    """-b/-ub set llama.cpp's context (its verbose load log says so), a prompt longer than a batch works, and
+    on Gemma's sliding window its batches end where llama-server's do: every 32 tokens, then min(32, 4 + 16)
+    and 4 tokens before the end (none of those two with --swa-full, as there)."""
     with KineticServer("-c", "1024", "-np", "1", "-b", "32", "-ub", "16", "-v") as server:
-        prompt = "one two three four five six seven eight nine ten " * 12
-        body = httpx.post(server.url + "/completion", json={"prompt": prompt, "n_predict": 4, "temperature": 0},
-                          timeout=120).json()
+        body = httpx.post(server.url + "/completion", json={"prompt": BATCHED_PROMPT, "n_predict": 4,
+                                                             "temperature": 0}, timeout=120).json()
         log = server.log()
+        ends, n_prompt = batch_ends(server.url)
     assert re.search(r"llama_context: n_batch\s+= 32\n", log) and re.search(r"llama_context: n_ubatch\s+= 16\n", log)
     assert body["tokens_evaluated"] > 100 and body["timings"]["predicted_n"] >= 1
+    whole = [*range(32, n_prompt, 32), n_prompt]
+    assert ends == sorted({*[n for n in whole if n < n_prompt - 20], n_prompt - 20, n_prompt - 4, n_prompt})
+    with KineticServer("-c", "1024", "-np", "1", "-b", "32", "-ub", "16", "--swa-full") as server:
+        assert batch_ends(server.url) == (whole, n_prompt)
 
 
 THINKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n"

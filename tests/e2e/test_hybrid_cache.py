@@ -31,6 +31,7 @@ P2 = P1[:95] + [7777]  # shares its first 95 tokens with P1
 UNRELATED = [2] + [9000 + 13 * i % 4000 for i in range(60)]
 SYSTEM = [2] + [20000 + 11 * i % 3000 for i in range(150)]  # a class's shared system prompt
 STUDENTS = [SYSTEM + [30000 + 101 * s + i for i in range(20)] for s in range(4)]
+SHORT = [2] + [15000 + 7 * i for i in range(9)]  # 10 tokens: shorter than any prefix worth sharing between prompts
 
 ARCHITECTURES = ("lfm2", "qwen35", "mamba")
 
@@ -56,7 +57,7 @@ def architecture(request: pytest.FixtureRequest) -> str:
 def references(architecture: str, model_lock: None) -> dict[str, str]:
     """Each prompt's fresh text, from a server of its own that serves nothing else."""
     with KineticServer("-m", str(tiny_model(architecture)), "-c", "2048", "-np", "1") as server:
-        prompts = {"P1": P1, "P2": P2, "UNRELATED": UNRELATED}
+        prompts = {"P1": P1, "P2": P2, "UNRELATED": UNRELATED, "SHORT": SHORT}
         prompts.update({f"S{i}": p for i, p in enumerate(STUDENTS)})
         texts = {name: fresh(server.url, prompt) for name, prompt in prompts.items()}
     # the fixed prompts must part ways: otherwise an answer copied from the wrong state could pass
@@ -113,6 +114,19 @@ def test_the_same_prompt_twice_reuses_a_checkpoint(one_slot: KineticServer, refe
     again = complete(url, P1)
     assert again["content"] == references["P1"]
     assert 0 < again["timings"]["cache_n"] < len(P1)
+
+
+def test_a_short_prompt_sent_again_reuses_its_checkpoint(one_slot: KineticServer,
+                                                         references: dict[str, str]) -> None:
+    """llama-server keeps the state 4 tokens before the end of any prompt, however short: sent again, the prompt
+    evaluates only those 4, even after another prompt took the slot."""
+    url = one_slot.url
+    complete(url, SHORT)
+    complete(url, UNRELATED)
+    again = complete(url, SHORT)
+    assert again["content"] == references["SHORT"]
+    assert again["timings"]["cache_n"] == len(SHORT) - 4
+    assert again["timings"]["prompt_n"] == 4
 
 
 def test_host_cache_after_an_unrelated_prompt(one_slot: KineticServer, references: dict[str, str]) -> None:

@@ -29,8 +29,6 @@ from kinetic.config.sampling_defaults import FROM_SETTING
 ROOT = Path(__file__).resolve().parents[2]
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 DIFFERENCES_PAGE = ROOT / "docs" / "reference" / "http-llamacpp.md"
-# what these switch on, kinetic always has: --swa-full (engine/llama/params.py sets swa_full for every context)
-ALWAYS_ON = frozenset({"swa_full"})
 ACTING_BEFORE_ISSUE_23 = 43  # llama-server flags kinetic's settings took before (FACTS.md, 2026-12-01)
 
 
@@ -69,7 +67,7 @@ def test_acting_flags_counted_from_the_page_are_wired() -> None:
             continue
         flag = next((FLAGS_BY_SPELLING[s] for s in spellings if s in FLAGS_BY_SPELLING), None)
         assert flag is not None, f"{spellings[0]} is documented as acting but is no setting"
-        if flag.dest in ALWAYS_ON or flag.dest in FROM_SETTING.values():
+        if flag.dest in FROM_SETTING.values():
             continue  # a sampler's setting is read by name (test_sampling_defaults: each reaches the defaults)
         assert re.search(rf"(settings|self)\.{flag.dest}\b", sources), \
             f"{spellings[0]}: settings.{flag.dest} is never read"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, SlotAdmission, end_breaks
+from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, SlotAdmission, cannot_roll_back, end_breaks
 from kinetic.engine.llama.slots import Slot
 from kinetic.engine.types import GenerationRequest, MediaSpan
 
@@ -25,6 +25,13 @@ def test_llama_server_ends_a_batch_four_tokens_before_the_end_and_a_ubatch_befor
     # capped at the batch: llama-server's min(n_batch, 4 + n_ubatch)
     assert end_breaks(n_batch=32, n_ubatch=32, cannot_roll_back=True) == (32, 4)
     assert end_breaks(n_batch=2048, n_ubatch=512, cannot_roll_back=False) == ()
+
+
+def test_a_sliding_window_rolls_back_only_with_swa_full() -> None:
+    assert cannot_roll_back(exact_states=False, n_swa=512, swa_full=False)
+    assert not cannot_roll_back(exact_states=False, n_swa=512, swa_full=True)
+    assert not cannot_roll_back(exact_states=False, n_swa=0, swa_full=False)
+    assert cannot_roll_back(exact_states=True, n_swa=0, swa_full=True)  # recurrent states never do
 
 
 def test_breaks_hold_the_checkpoints_and_start_past_what_the_slot_holds() -> None:

@@ -31,6 +31,12 @@ MIN_SHARED_PREFIX = 16
 CHECKPOINT_END_OFFSET = 4
 
 
+def cannot_roll_back(*, exact_states: bool, n_swa: int, swa_full: bool) -> bool:
+    """Whether llama-server takes a model's memory for one that cannot roll back to any prefix: recurrent layers,
+    or a sliding window kept at its size (without --swa-full)."""
+    return exact_states or (n_swa > 0 and not swa_full)
+
+
 def end_breaks(*, n_batch: int, n_ubatch: int, cannot_roll_back: bool) -> tuple[int, ...]:
     """How many tokens before a prompt's end llama-server ends a prompt batch, on a model whose memory cannot
     roll back to any prefix (recurrent layers, or a sliding window, which llama-server keeps at its size):
@@ -217,10 +223,23 @@ class SlotAdmission:
         prompt = request.prompt_tokens
         seen = max([common_prefix(s.tokens, prompt) for s in self.slots if s.lora == lora]
                    + [self.host_cache.longest_match(prompt, lora)])
-        positions = {media_floor(request.media, p) for p in (len(prompt) - CHECKPOINT_END_OFFSET,
-                                                              min(seen, len(prompt) - 1),
-                                                              min(request.checkpoint_at, len(prompt) - 1))}
-        return sorted(p for p in positions if p - n_common >= MIN_SHARED_PREFIX)
+        positions = {p for p in (media_floor(request.media, min(seen, len(prompt) - 1)),
+                                 media_floor(request.media, min(request.checkpoint_at, len(prompt) - 1)))
+                     if p - n_common >= MIN_SHARED_PREFIX}
+        # The checkpoint before the end is kept for any prompt evaluated past it, however short (llama-server's
+        # too): the same short prompt sent again (a retry, a regenerated answer) then evaluates only its last
+        # tokens, and on a model as costly as the course's a few tokens are most of a step's time.
+        end = media_floor(request.media, len(prompt) - CHECKPOINT_END_OFFSET)
+        if end > n_common:
+            positions.add(end)
+        return sorted(positions)
+
+    def _save_checkpoint(self, slot: Slot) -> None:
+        """Saves the slot's state when its prompt has reached its next checkpoint (`_checkpoints` chose them, and
+        how short a prefix is worth one)."""
+        if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
+            slot.checkpoints.pop(0)
+            self.host_cache.save(slot.id, slot.tokens, slot.lora, min_tokens=1)
 
     def _copy_cells(self, source: Slot, slot: Slot, n: int) -> int:
         """Gives `slot` the first `n` KV cells of `source` (its own cells are dropped). On exact states the

@@ -49,12 +49,14 @@ class HostPrefixCache:
     def enabled(self) -> bool:
         return self.budget > 0
 
-    def save(self, seq_id: int, tokens: list[int], tag: tuple[float, ...] = ()) -> None:
-        """Keeps the state of sequence `seq_id`, which holds exactly `tokens` computed under adapter scales `tag`."""
+    def save(self, seq_id: int, tokens: list[int], tag: tuple[float, ...] = (), *,
+             min_tokens: int = MIN_SAVED_TOKENS) -> None:
+        """Keeps the state of sequence `seq_id`, which holds exactly `tokens` computed under adapter scales `tag`
+        (unless it holds fewer than `min_tokens`)."""
         key = tuple(tokens)
         if key in self.entries and self.tags.get(key, ()) != tag:
             self._drop(key)
-        if self.budget <= 0 or len(key) < MIN_SAVED_TOKENS or key in self.entries:
+        if self.budget <= 0 or len(key) < max(1, min_tokens) or key in self.entries:
             if key in self.entries:
                 self.entries.move_to_end(key)
             return

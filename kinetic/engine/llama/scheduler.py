@@ -43,8 +43,9 @@ from llama_cpp import _internals
 
 from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.inflight import InFlight, ModelInFlight
+from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
-from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission, end_breaks
+from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
 from kinetic.engine.llama.batch import add_token
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
 from kinetic.engine.llama.host_cache import HostPrefixCache
@@ -121,9 +122,9 @@ class Scheduler(SlotAdmission):
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
         self.ctx_checkpoints = max(0, ctx_checkpoints) if self.exact_states and self.host_cache.enabled else 0
-        self.prompt_end_breaks = end_breaks(
-            n_batch=self.n_batch, n_ubatch=params.n_ubatch,
-            cannot_roll_back=self.exact_states or llama_cpp.llama_model_n_swa(model.model.model) > 0)
+        self.prompt_end_breaks = admission.end_breaks(n_batch=self.n_batch, n_ubatch=params.n_ubatch, cannot_roll_back=(
+            admission.cannot_roll_back(exact_states=self.exact_states, swa_full=model.options.swa_full,
+                                       n_swa=llama_cpp.llama_model_n_swa(model.model.model))))
         # per client, waiting or running: this model's limit (0: none) and, in router mode, the process-wide one
         self.in_flight = ModelInFlight(max_in_flight, in_flight)
         self.share_prefixes = share_prefixes
@@ -308,9 +309,7 @@ class Scheduler(SlotAdmission):
                     self._release(slot)
             return
         for slot in evaluated:
-            if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
-                slot.checkpoints.pop(0)
-                self.host_cache.save(slot.id, slot.tokens, slot.lora)
+            self._save_checkpoint(slot)
             self._progress(slot)
         for slot, row in sample_rows:
             if slot.job is not None and slot.drafts and self.speculator is not None:
@@ -337,9 +336,7 @@ class Scheduler(SlotAdmission):
                 return
             slot.tokens += slot.to_evaluate[:span.n_pos]
             slot.to_evaluate = slot.to_evaluate[span.n_pos:]
-            if slot.checkpoints and len(slot.tokens) == slot.checkpoints[0]:
-                slot.checkpoints.pop(0)
-                self.host_cache.save(slot.id, slot.tokens, slot.lora)
+            self._save_checkpoint(slot)
             self._progress(slot)
 
     def _trim(self, seq: int, n: int) -> bool:

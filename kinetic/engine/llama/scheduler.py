@@ -122,9 +122,10 @@ class Scheduler(SlotAdmission):
                                           max_entries=max(0, ctx_checkpoints) * n_slots if self.exact_states else 0)
         # checkpoints live in the host cache, shared by every slot (llama-server keeps them per slot)
         self.ctx_checkpoints = max(0, ctx_checkpoints) if self.exact_states and self.host_cache.enabled else 0
-        self.prompt_end_breaks = admission.end_breaks(n_batch=self.n_batch, n_ubatch=params.n_ubatch, cannot_roll_back=(
-            admission.cannot_roll_back(exact_states=self.exact_states, swa_full=model.options.swa_full,
-                                       n_swa=llama_cpp.llama_model_n_swa(model.model.model))))
+        cannot_roll_back = admission.cannot_roll_back(exact_states=self.exact_states, swa_full=model.options.swa_full,
+                                                      n_swa=llama_cpp.llama_model_n_swa(model.model.model))
+        self.prompt_end_breaks = admission.end_breaks(n_batch=self.n_batch, n_ubatch=params.n_ubatch,
+                                                      cannot_roll_back=cannot_roll_back)
         # per client, waiting or running: this model's limit (0: none) and, in router mode, the process-wide one
         self.in_flight = ModelInFlight(max_in_flight, in_flight)
         self.share_prefixes = share_prefixes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import signal
 import socket
 import sys
@@ -127,7 +128,7 @@ def serve(settings: ServerSettings) -> int:
     for name in settings.ignored_env:
         print(variable_warning(name), file=sys.stderr)
     try:
-        if settings.router_mode:
+        if settings.router_mode or cache_router(settings):
             models, loading = router_registry(settings)
         else:
             models, loading = single_model(settings)
@@ -198,6 +199,22 @@ def open_derived_models(registry: Any, settings: ServerSettings) -> None:
     registry.open_store(DerivedStore(store_folder(settings.models_dir)))
 
 
+def share_hub_cache() -> None:
+    """-hf (through huggingface_hub) reads and writes the folder the router lists: llama.cpp takes LLAMA_CACHE as
+    the hub folder before HF_HUB_CACHE (backends/hub_cache.py), huggingface_hub reads only the latter, at import."""
+    if llama_cache := os.environ.get("LLAMA_CACHE"):
+        os.environ["HF_HUB_CACHE"] = llama_cache
+
+
+def cache_router(settings: ServerSettings) -> bool:
+    """No model named and models in the Hugging Face cache: a router over them and the bundled model, as
+    llama-server with no model is a router over its cache (docs/router.md)."""
+    from kinetic.backends.hub_cache import cached_models
+    from kinetic.backends.sources import names_no_model
+
+    return names_no_model(settings) and bool(cached_models())
+
+
 def single_model(settings: ServerSettings) -> tuple[Any, str]:
     """Today's server: one model (-m, -hf or the bundled one), loaded at start; `model` fields ignored."""
     from kinetic.backends.gguf_files import resolve_model
@@ -227,8 +244,9 @@ def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     for key in ignored:
         print(f"warning: preset key {key} is not a per-model setting kinetic implements; ignored", file=sys.stderr)
     names = ", ".join(spec.name for spec in specs)
-    return (ModelRegistry(settings, specs, backend_factory(settings), router=True),
-            f"router mode, {len(specs)} model(s): {names}")
+    registry = ModelRegistry(settings, specs, backend_factory(settings), router=True,
+                             reread=lambda: model_specs(settings)[0])
+    return registry, f"router mode, {len(specs)} model(s): {names}"
 
 
 def list_devices() -> int:
@@ -254,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_serve(argv: Sequence[str]) -> int:
     """`kinetic serve ARGS`: the settings parse_serve_args reads (or the help or version it asks for), then serve."""
+    share_hub_cache()
     missing = missing_server_dependency()
     if missing is not None:
         print(f"error: kinetic serve needs the server's dependencies ({missing} is missing): "

@@ -131,6 +131,11 @@ class QueueFullError(UnavailableError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class ClientDisconnected(Exception):
+    """The client left before its answer was ready (a non-streamed generation, a wait for its model): no
+    answer is written (the server funnels it to a bare 499)."""
+
+
 class ModelLoadError(Exception):
     """The model file is missing, unreadable or not a GGUF: raised before the server starts."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,12 @@ DEFAULT_ARGS = ("-c", "4096", "-np", "2", "-a", MODEL_ALIAS, "--embeddings", "--
 
 
 _session_lock = FileLock(str(MODEL_LOCK_PATH))
+
+# `kinetic serve` with no model is a router over the Hugging Face cache when that holds models (docs/router.md):
+# the tests' servers see an empty cache unless a test lays one out and points HF_HOME (or LLAMA_CACHE) at it.
+for _variable in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    os.environ.pop(_variable, None)
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kinetic-tests-hf-")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

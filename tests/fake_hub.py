@@ -92,3 +92,30 @@ class FakeHub:
                     pass
         else:
             handler.wfile.write(content)
+
+
+def lay_out_cache(hub: Path, repos: dict[str, dict[str, Path]], revision: str = REVISION) -> Path:
+    """A Hugging Face hub cache on disk, as huggingface_hub leaves it after a download: for each "org/name",
+    `models--org--name/refs/main` naming `revision`, and in `snapshots/REVISION/` each file of the repo (a path
+    that may hold folders) as a link to its blob under `blobs/`. The blobs are hard links to the given files
+    (copies across file systems), so that a DELETE /models that deletes a blob leaves the original alone."""
+    import os
+    import shutil
+
+    for repo, files in repos.items():
+        folder = hub / ("models--" + repo.replace("/", "--"))
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / "main").write_text(revision)
+        (folder / "blobs").mkdir(exist_ok=True)
+        for name, source in files.items():
+            blob = folder / "blobs" / hashlib.sha256(f"{repo}/{name}".encode()).hexdigest()
+            if not blob.exists():
+                try:
+                    os.link(source.resolve(), blob)
+                except OSError:
+                    shutil.copyfile(source, blob)
+            link = folder / "snapshots" / revision / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.unlink(missing_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    return hub

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -343,3 +344,22 @@ def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None, o
         return resolve_hf(hf_repo, hf_file, offline, token, mmproj=mmproj)
     path = bundled_model_path()
     return ResolvedModel(path=check_gguf(path), name="gemma-3-270m-q4_k_m")
+
+
+@functools.cache
+def projector_inputs(path: Path) -> tuple[bool, bool]:
+    """(vision, audio): what a projector file reads, from its GGUF keys, without loading it (llama.cpp's
+    mtmd_get_cap_from_file, which llama-server's router lists before a model is loaded); neither when the
+    file cannot be read."""
+    import gguf
+
+    try:
+        fields = gguf.GGUFReader(str(path)).fields
+    except (OSError, ValueError):
+        return False, False
+
+    def flag(key: str) -> bool:
+        field = fields.get(key)
+        return bool(field is not None and field.contents())
+
+    return flag("clip.has_vision_encoder"), flag("clip.has_audio_encoder")

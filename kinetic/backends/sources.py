@@ -1,9 +1,12 @@
-"""Which models a router serves: repeated -m/-a, --models-dir, --models-preset and --upstream.
+"""Which models a router serves: repeated -m/-a, --models-dir, --models-preset, --upstream, and the
+models of the Hugging Face cache (hub_cache.py) beside a --models-dir or a preset or with no model named.
 
 Every source yields `ModelSpec`s; `model_specs()` merges them and refuses two models under one name.
 The preset file is llama-server's INI format: one `[name]` section a model, keys spelled as the
 long flags without their dashes (`model`, `hf`, `ctx-size`, `alias`...) or as LLAMA_ARG_* variables,
 a `[*]` section of defaults for every model, `load-on-startup = true`; kinetic adds `upstream`.
+A cached model whose file a preset section serves too is listed once, under the section's name, when
+`dedup-cache-models` is set (in the section or in `[*]`); it still answers by its cache name.
 Each model has its own projector: a section's `mmproj` (a path relative to the preset, as `model` is)
 and the other projector keys, or in --models-dir the `mmproj` GGUF in a model's own sub-folder.
 """
@@ -11,13 +14,14 @@ and the other projector keys, or in --models-dir the `mmproj` GGUF in a model's 
 from __future__ import annotations
 
 import configparser
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from kinetic.backends.gguf_files import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj
+from kinetic.backends.gguf_files import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj, bundled_model_path
+from kinetic.backends.hub_cache import cached_models, resolve_cached
 from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING
 from kinetic.config.settings import TRUE_WORDS, ServerSettings
 from kinetic.errors import ModelLoadError
@@ -28,6 +32,12 @@ HF_KEYS = frozenset({"hf", "hf-repo", "hfr"})
 ALIAS_KEYS = frozenset({"alias", "a"})
 UPSTREAM_KEYS = frozenset({"upstream"})
 STARTUP_KEYS = frozenset({"load-on-startup"})
+DEDUP_KEYS = frozenset({"dedup-cache-models"})
+# llama-server's draft model from the hub: kinetic does not load it, but dedup-cache-models hides its cache entry
+DRAFT_HF_KEYS = frozenset({"spec-draft-hf", "hfd", "hfrd", "hf-repo-draft", "llama-arg-spec-draft-hf-repo"})
+BUNDLED_NAME = "gemma-3-270m-q4_k_m"
+# the name every lab sends as `model`: the bundled model answers to it in a router over the cache
+BUNDLED_ALIAS = "local"
 # Per-model settings a preset may change; the rest (host, port, keys, ledger...) belong to the server.
 PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
                        "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
@@ -73,7 +83,10 @@ class ModelSpec:
     settings: ServerSettings | None = None  # the server's settings with this model's own values applied
     mmproj: Path | None = None  # the projector found beside the model (-hf's, a --models-dir sub-folder's)
     load_on_startup: bool = False
-    source: str = "cli"  # cli, models-dir, preset, upstream
+    source: str = "cli"  # cli, models-dir, preset, upstream, cache, bundled
+    # dedup-cache-models: the cached files this preset model stands for (their cache entries are not listed)
+    dedups: tuple[Path, ...] = ()
+    hidden: bool = False  # a cache entry a preset stands for: served by name, not listed
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -174,6 +187,8 @@ def read_preset(path: Path, base: ServerSettings) -> tuple[list[ModelSpec], list
         aliases: tuple[str, ...] = ()
         upstreams: list[UpstreamSpec] = []
         startup = False
+        dedup = False
+        draft_repo = None
         options: dict[str, Any] = {}
         for raw_key, value in parser.items(section):
             key = _preset_key(raw_key)
@@ -190,6 +205,12 @@ def read_preset(path: Path, base: ServerSettings) -> tuple[list[ModelSpec], list
                 upstreams += [UpstreamSpec.parse(line) for line in value.split() if line]
             elif key in STARTUP_KEYS:
                 startup = value.lower() in TRUE_WORDS
+            elif key in DEDUP_KEYS:
+                dedup = value.lower() in TRUE_WORDS
+            elif key in DRAFT_HF_KEYS:
+                draft_repo = value
+                if f"[{section}] {key}" not in ignored:
+                    ignored.append(f"[{section}] {key}")
             else:
                 flag = FLAGS_BY_SPELLING.get("--" + key) or FLAGS_BY_SPELLING.get("-" + key)
                 if flag is not None and flag.dest in PER_MODEL:
@@ -206,10 +227,46 @@ def read_preset(path: Path, base: ServerSettings) -> tuple[list[ModelSpec], list
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ModelLoadError(f"preset {path}, [{section}] {first['loc'][0]}: {first['msg']}") from None
+        dedups = tuple(found for repo, file in ((hf_repo, options.get("hf_file")), (draft_repo, None))
+                       if dedup and repo and (found := resolve_cached(repo, file)) is not None)
         specs.append(ModelSpec(name=section, aliases=aliases, path=spec_path, hf_repo=hf_repo,
                                upstreams=tuple(upstreams), settings=settings, load_on_startup=startup,
-                               source="preset"))
+                               source="preset", dedups=dedups))
     return specs, ignored
+
+
+def names_no_model(settings: ServerSettings) -> bool:
+    """`kinetic serve` with no model source at all: the bundled model, or a router over the cache."""
+    return not (settings.model_args or settings.model or settings.hf_repo or settings.models_dir
+                or settings.models_preset or settings.upstream)
+
+
+def serves_cache(settings: ServerSettings) -> bool:
+    """Whether the cache's models join the router, as in llama-server's: with --models-dir, a preset, or no
+    model named. Models named on kinetic's command line (-m/-hf repeated, --upstream) are served alone."""
+    return not (settings.model_args or settings.model or settings.hf_repo or settings.upstream)
+
+
+def from_hub_cache() -> list[ModelSpec]:
+    """The Hugging Face cache's models, named `REPO:TAG`, each with its projector; removable (DELETE /models)."""
+    return [ModelSpec(name=model.name, path=model.path, mmproj=model.mmproj, hf_repo=model.name, source="cache")
+            for model in cached_models()]
+
+
+def bundled_spec(settings: ServerSettings) -> ModelSpec:
+    """The bundled model in a router over the cache: by its name or -a, and as `local`."""
+    aliases = split_aliases(settings.alias)
+    name = aliases[0] if aliases else BUNDLED_NAME
+    return ModelSpec(name=name, aliases=tuple(dict.fromkeys((*aliases, BUNDLED_ALIAS))),
+                     path=bundled_model_path(), source="bundled")
+
+
+def with_cache(specs: list[ModelSpec], cached: list[ModelSpec]) -> list[ModelSpec]:
+    """The cache's models after the others (a name the others use is theirs, as llama-server's --models-dir
+    and preset models win over the cache's), each hidden when a preset with dedup-cache-models serves its file."""
+    taken = {name for spec in specs for name in spec.names}
+    deduped = {path for spec in specs for path in spec.dedups}
+    return specs + [replace(spec, hidden=spec.path in deduped) for spec in cached if spec.name not in taken]
 
 
 def model_specs(settings: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
@@ -222,6 +279,8 @@ def model_specs(settings: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
         preset, ignored = read_preset(Path(settings.models_preset), settings)
         specs += preset
     specs += from_upstream_flags(settings.upstream)
+    if names_no_model(settings):
+        specs.append(bundled_spec(settings))
     seen: dict[str, ModelSpec] = {}
     for spec in specs:
         for name in spec.names:
@@ -229,6 +288,8 @@ def model_specs(settings: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
                 raise ModelLoadError(f"two models are named {name!r} ({seen[name].source} and {spec.source}): "
                                      "give one of them another alias")
             seen[name] = spec
+    if serves_cache(settings):
+        specs = with_cache(specs, from_hub_cache())
     if not specs:
         raise ModelLoadError(f"no model to serve: {settings.models_dir} holds no .gguf file")
     return specs, ignored

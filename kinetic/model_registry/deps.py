@@ -9,10 +9,12 @@ the model until the request is done, so that an LRU unload never takes it away m
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -25,8 +27,8 @@ from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.stats import ClassStats
-from kinetic.errors import InvalidRequestError, NotFoundError
-from kinetic.model_registry.registry import ModelMissingError, ModelNotFoundError, ModelRegistry
+from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
+from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
 
 
 @dataclass
@@ -73,6 +75,38 @@ def autoload_override(request: Request) -> bool | None:
     return None if value is None else value.lower() in ("1", "true", "on", "yes")
 
 
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_gone(request: Request, acquiring: Awaitable[tuple[ModelEntry, ModelBackend]],
+                     release: Callable[[ModelEntry], None]) -> tuple[ModelEntry, ModelBackend]:
+    """A router's wait for its model (a load, a turn behind a busy model), given up when the client leaves,
+    as llama-server's router gives up a queued request: a load not yet started for it is not started, and
+    the room it would have taken stays with the model that has it. A model leased just as the client left
+    is released at once."""
+    await request.body()  # the body is read and kept first, so that what the watch reads next is the end
+    task = asyncio.ensure_future(acquiring)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(partial(_release_late, release))
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise ClientDisconnected()
+
+
+def _release_late(release: Callable[[ModelEntry], None], task: asyncio.Future[tuple[ModelEntry, ModelBackend]]) -> None:
+    """A wait given up that got its model anyway gives it back."""
+    if not task.cancelled() and task.exception() is None:
+        release(task.result()[0])
+
+
 @asynccontextmanager
 async def model_backend(request: Request, *, missing: str | None = None, unknown: str | None = None,
                         wake: bool = True) -> AsyncIterator[ModelBackend]:
@@ -87,7 +121,8 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
         # a model the key may not use is, to that key, a model that does not exist (OpenAI's 404 too)
         if limits.models is not None and not limits.allows_model((entry := registry.resolve(name)).spec.names):
             raise ModelNotFoundError(name or entry.name)
-        entry, backend = await registry.acquire(name, autoload=autoload_override(request), wake=wake)
+        acquiring = registry.acquire(name, autoload=autoload_override(request), wake=wake)
+        entry, backend = await (until_gone(request, acquiring, registry.release) if registry.router else acquiring)
     except ModelMissingError:
         if missing is None:
             raise

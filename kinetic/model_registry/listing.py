@@ -7,9 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic.backends.base import ModelBackend
+from kinetic.backends.gguf_files import projector_inputs
+from kinetic.config.settings import ServerSettings
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.downloads import Download
+from kinetic.model_registry.factory import finds_projector
 from kinetic.model_registry.registry import ModelEntry, ModelRegistry
 
 
@@ -36,11 +39,24 @@ def model_entry(backend: ModelBackend) -> dict[str, Any]:
     return body
 
 
-def input_modalities(backend: ModelBackend | None) -> list[str]:
-    modalities = backend.describe().modalities if backend is not None and backend.ready else None
-    if modalities is None:
-        return ["text"]
-    return ["text"] + ["image"] * modalities.vision + ["audio"] * modalities.audio
+def input_modalities(entry: ModelEntry, settings: ServerSettings) -> list[str]:
+    """A loaded model's, else what its projector file says it reads (llama-server's router lists them
+    before a load)."""
+    backend = entry.backend
+    if backend is not None and backend.ready:
+        modalities = backend.describe().modalities
+        vision, audio = modalities.vision, modalities.audio
+    else:
+        projector = entry.spec.mmproj if finds_projector(entry.spec.settings or settings) else None
+        vision, audio = projector_inputs(projector) if projector is not None else (False, False)
+    return ["text"] + ["image"] * vision + ["audio"] * audio
+
+
+def capabilities(entry: ModelEntry, settings: ServerSettings) -> list[str]:
+    """The `models` rows' capabilities: an embedding model's, else completion and (with a projector) multimodal."""
+    if output_modalities(entry) == ["embedding"]:
+        return ["embedding"]
+    return ["completion", "multimodal"] if input_modalities(entry, settings) != ["text"] else ["completion"]
 
 
 def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
@@ -51,7 +67,7 @@ def ollama_shaped(name: str, capabilities: list[str]) -> dict[str, Any]:
                         "parameter_size": "", "quantization_level": ""}}
 
 
-def router_entry(entry: ModelEntry, *, admin: bool = True) -> dict[str, Any]:
+def router_entry(entry: ModelEntry, settings: ServerSettings, *, admin: bool = True) -> dict[str, Any]:
     """A router's model in any state (llama-server's router /models row); an upstream model's servers
     for the admin."""
     spec = entry.spec
@@ -63,7 +79,7 @@ def router_entry(entry: ModelEntry, *, admin: bool = True) -> dict[str, Any]:
     if entry.failure:
         status.update(failed=True, message=entry.failure)
     body["status"] = status
-    body["architecture"] = {"input_modalities": input_modalities(backend),
+    body["architecture"] = {"input_modalities": input_modalities(entry, settings),
                             "output_modalities": output_modalities(entry)}
     body["source"] = spec.source
     body["can_remove"] = spec.source == "cache"  # downloaded here (POST /models): DELETE /models removes it
@@ -81,10 +97,10 @@ def output_modalities(entry: ModelEntry) -> list[str]:
     return ["text"]
 
 
-def derived_entry(model: DerivedModel, base: ModelEntry) -> dict[str, Any]:
+def derived_entry(model: DerivedModel, base: ModelEntry, settings: ServerSettings) -> dict[str, Any]:
     """A derived model (/api/create's) in a router's list: its base model's row, under its own name."""
     backend = base.backend
-    body = router_entry(base)
+    body = router_entry(base, settings)
     if backend is not None and backend.ready:
         body.update(model_entry(DerivedBackend(backend, model)))
     body.update(id=model.name, aliases=[model.name], source="derived", can_remove=True)
@@ -114,12 +130,15 @@ def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], boo
         assert backend is not None
         served = [b for b in (backend,) if allows(registry.only.spec.names)]
         served += [DerivedBackend(backend, m) for m, _ in derived]
-        return {"models": [ollama_shaped(b.name, ["completion"]) for b in served], "object": "list",
-                "data": [model_entry(b) for b in served]}
-    entries = [entry for entry in registry.entries.values() if allows(entry.spec.names)]
-    return {"models": [ollama_shaped(e.name, ["embedding"] if output_modalities(e) == ["embedding"]
-                                      else ["completion"]) for e in entries]
-            + [ollama_shaped(m.name, ["completion"]) for m, _ in derived],
+        rows = [model_entry(b) for b in served]
+        return {"models": [ollama_shaped(row["id"], row["capabilities"]) for row in rows], "object": "list",
+                "data": rows}
+    settings = registry.settings
+    # a cache entry a preset stands for (dedup-cache-models) answers by name but is not listed
+    entries = [entry for entry in registry.entries.values() if allows(entry.spec.names) and not entry.spec.hidden]
+    return {"models": [ollama_shaped(e.name, capabilities(e, settings)) for e in entries]
+            + [ollama_shaped(m.name, capabilities(b, settings)) for m, b in derived],
             "object": "list",
-            "data": [router_entry(e, admin=admin) for e in entries] + [derived_entry(m, b) for m, b in derived]
+            "data": [router_entry(e, settings, admin=admin) for e in entries]
+            + [derived_entry(m, b, settings) for m, b in derived]
             + [downloading_entry(d) for d in registry.downloads.active.values()]}

@@ -7,12 +7,16 @@ request's `model` picks the entry by name or alias; an unloaded one is loaded fi
 --no-models-autoload), and when --models-max local models are already loaded the least recently used
 idle one is unloaded to make room. Every local engine decodes under the registry's one DecodeTurns,
 so two models never decode at the same time.
+
+A router over the Hugging Face cache (no model named) also has the bundled model, its *default*: a
+request that names no model goes to it. `reload()` (GET /models?reload=1) reads the sources again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -22,7 +26,7 @@ from kinetic.backends.base import ModelBackend
 from kinetic.backends.sources import ModelSpec
 from kinetic.config.settings import ServerSettings
 from kinetic.engine.turns import DecodeLock, DecodeTurns
-from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
+from kinetic.errors import InvalidRequestError, KineticError, ModelLoadError, ServerError, UnavailableError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
 from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.downloads import Download, Downloads
@@ -35,22 +39,24 @@ log = logging.getLogger(__name__)
 # Builds the (not yet loaded) backend of a model; runs in a worker thread (it may resolve an -hf repo).
 BackendFactory = Callable[[ModelSpec, DecodeLock], ModelBackend]
 IDLE_POLL_S = 0.05  # how often a load waiting for room looks for an idle model to unload
+# llama-server's LLAMA_SERVER_DEBUG_FAKE_TIMING (its router tests set it): each load, and each request once its
+# model is held, waits this long first, so that a test can line requests up behind a busy model
+FAKE_TIMING_S = 2.0
 ROOM_TIMEOUT_S = 600.0  # a load gives up when no loaded model became idle in this long
 
 
 class ModelRegistry:
     def __init__(self, settings: ServerSettings, specs: list[ModelSpec], factory: BackendFactory, *,
-                 router: bool):
+                 router: bool, reread: Callable[[], list[ModelSpec]] | None = None):
         self.settings = settings
         self.router = router
         self.factory = factory
+        self.reread = reread  # the sources read again (reload); None: a registry of fixed models
         self.entries: dict[str, ModelEntry] = {}
         self._by_name: dict[str, ModelEntry] = {}
         for spec in specs:
-            entry = ModelEntry(spec)
-            self.entries[spec.name] = entry
-            for name in spec.names:
-                self._by_name[name] = entry
+            self.add(spec)
+        self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")) and router
         self.decode_lock = DecodeTurns()
         self.derived: dict[str, DerivedModel] = {}  # /api/create's models, served through their base's backend
         self.store = DerivedStore(None)
@@ -79,6 +85,11 @@ class ModelRegistry:
     @property
     def only(self) -> ModelEntry:
         return next(iter(self.entries.values()))
+
+    @property
+    def default(self) -> ModelEntry | None:
+        """The bundled model of a router over the cache: what a request that names no model gets."""
+        return next((e for e in self.entries.values() if e.spec.source == "bundled"), None)
 
     def find(self, name: str) -> ModelEntry | None:
         """By id or alias; Ollama clients may add the default tag `:latest`."""
@@ -134,7 +145,7 @@ class ModelRegistry:
         self.add(ModelSpec(name=download.name, aliases=download.aliases, hf_repo=download.name, source="cache"))
 
     def add(self, spec: ModelSpec) -> ModelEntry:
-        """A model downloaded while the router runs (POST /models, /api/pull)."""
+        """A model of the sources, or one downloaded while the router runs (POST /models, /api/pull)."""
         entry = ModelEntry(spec)
         self.entries[spec.name] = entry
         for name in spec.names:
@@ -143,17 +154,48 @@ class ModelRegistry:
 
     async def remove(self, entry: ModelEntry) -> None:
         """Unloads and forgets a model (DELETE /models); the derived models made from it go with it."""
+        await self._forget(entry)
+        for model in [m for m in self.derived.values() if m.base in entry.spec.names]:
+            self.remove_derived(model.name)
+
+    async def _forget(self, entry: ModelEntry) -> None:
         await self.unload(entry)
         del self.entries[entry.name]
         self._by_name = {k: v for k, v in self._by_name.items() if v is not entry}
-        for model in [m for m in self.derived.values() if m.base in entry.spec.names]:
-            self.remove_derived(model.name)
+
+    async def reload(self) -> None:
+        """Reads the models' sources again (the preset, the cache, --models-dir), as llama-server's
+        `GET /models?reload=1`: a model that left them is unloaded and forgotten, one whose spec changed is
+        unloaded (its next request loads the new one), a new one is added. Downloads under way go on; the
+        derived models of a model that left stay stored, unlisted until it comes back."""
+        if self.reread is None:
+            return
+        try:
+            specs = await anyio.to_thread.run_sync(self.reread)
+        except ModelLoadError as exc:
+            raise ServerError(f"the models were not reloaded: {exc}") from exc
+        fresh = {spec.name: spec for spec in specs}
+        async with self._load_lock:  # not in the middle of a load
+            for entry in list(self.entries.values()):
+                spec = fresh.pop(entry.name, None)
+                if spec is None:
+                    log.info("(reload) model %s left its source", entry.name)
+                    await self._forget(entry)
+                elif spec != entry.spec:
+                    log.info("(reload) model %s changed", entry.name)
+                    await self.unload(entry)
+                    entry.spec = spec
+            for spec in fresh.values():
+                self.add(spec)
+            self._by_name = {name: e for e in self.entries.values() for name in e.spec.names}
 
     def resolve(self, name: str | None) -> ModelEntry:
         """The entry a request names (single mode: the one model, whatever it names)."""
         if not self.router:
             return self.only
         if not name:
+            if (default := self.default) is not None:
+                return default
             raise ModelMissingError()
         entry = self.find(name)
         if entry is None:
@@ -179,11 +221,13 @@ class ModelRegistry:
             if self.sleeper is not None and wake:
                 await self.sleeper.awake(entry)
             backend = await self._loaded_backend(entry, autoload)
+            if wake:  # a look at a sleeping model's state (/props, /metrics) is no use of it: the idle time runs on
+                entry.touch()
+            if self.fake_timing:  # and so after counting the request on its model
+                await asyncio.sleep(FAKE_TIMING_S)
         except BaseException:
             entry.leases -= 1
             raise
-        if wake:  # a look at a sleeping model's state (/props, /metrics) is no use of it: the idle time runs on
-            entry.touch()
         return entry, backend
 
     def release(self, entry: ModelEntry, *, used: bool = True) -> None:
@@ -204,6 +248,8 @@ class ModelRegistry:
 
     async def load(self, entry: ModelEntry) -> ModelBackend:
         """Loads `entry` (or joins the load under way); raises ServerError naming the model if it fails."""
+        if self.fake_timing:
+            await asyncio.sleep(FAKE_TIMING_S)  # llama-server's router waits so before each load
         if entry.task is None or entry.task.done():
             if entry.state is ModelState.LOADED and entry.backend is not None:
                 return entry.backend

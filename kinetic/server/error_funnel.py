@@ -12,9 +12,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kinetic.classroom.outcome import note_error
-from kinetic.errors import InvalidRequestError, KineticError, NotFoundError, PayloadTooLargeError, ServerError
+from kinetic.errors import (
+    ClientDisconnected,
+    InvalidRequestError,
+    KineticError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServerError,
+)
 from kinetic.protocols.catalog import error_response
-from kinetic.protocols.common.streaming import ClientDisconnected
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from kinetic.classroom.outcome import Outcome, hand_over
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
-from kinetic.errors import KineticError, ServerError
+from kinetic.errors import ClientDisconnected, KineticError, ServerError
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.sse_ping import with_pings
 
@@ -123,10 +123,6 @@ class StreamSettings:
 
 def ping_interval(request: Request) -> float:
     return installed(request.app, StreamSettings).ping_interval_s
-
-
-class ClientDisconnected(Exception):
-    """The client left before a non-streamed answer was ready."""
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -13,7 +13,7 @@ from kinetic.backends.base import embeddings_off, require
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
-from kinetic.errors import InvalidRequestError
+from kinetic.errors import ForbiddenError, InvalidRequestError
 from kinetic.model_registry import listing
 from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.protocols.common.app_parts import installed
@@ -103,6 +103,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
 
 @router.get("/v1/models")
 @router.get("/models")
-async def list_models(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
+async def list_models(registry: RegistryDep, caller: CallerDep, reload: str = "") -> dict[str, Any]:
+    if reload and registry.router:  # llama-server's ?reload=1: the preset, the cache and the folder read again
+        if caller.role is not Role.ADMIN:
+            raise ForbiddenError("only the admin key may reload the models")
+        await registry.reload()
     # an upstream pool's servers (their addresses, load, hit rate) are the admin's to see
     return listing.models_body(registry, caller.limits.allows_model, admin=caller.role is Role.ADMIN)

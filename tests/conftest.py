@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -47,6 +48,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(os.environ["HF_HOME"], ignore_errors=True)
     while _session_lock.is_locked:
         _session_lock.release()
 

@@ -126,6 +126,9 @@ def test_load_and_unload_a_cache_model_with_its_projector(router: KineticServer)
 
 
 def test_models_max_unloads_the_least_recently_used(router: KineticServer) -> None:
+    for row in models(router)["data"]:
+        if row["status"]["value"] == "loaded":
+            assert httpx.post(router.url + "/models/unload", json={"model": row["id"]}).status_code == 200
     load(router, STORY)
     load(router, INFILL)
     assert [status(router, m) for m in (STORY, INFILL, BUNDLED)] == ["loaded", "loaded", "unloaded"]

@@ -64,7 +64,7 @@ async def tags(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
     ones."""
     allows = caller.limits.allows_model
     served: list[tuple[ModelEntry, DerivedModel | None]] = [(e, None) for e in registry.entries.values()
-                                                            if allows(e.spec.names)]
+                                                            if allows(e.spec.names) and not e.spec.hidden]
     served += [(base, m) for m, base in derived_models(registry) if allows((m.name,)) and allows(base.spec.names)]
     return {"models": [translate.model_entry(*await _listed(b if m is None else DerivedBackend(b, m)))
                        if (b := loaded(e)) else translate.unloaded_entry(e.name if m is None else m.name)

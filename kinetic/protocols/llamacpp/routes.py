@@ -182,8 +182,10 @@ async def get_metrics(request: Request) -> Response:
 def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
+    info = backend.describe().info
     text = metrics.metrics_text(backend.stats(scrape=True), viewer=_viewer(request),
-                                  by_key=app_state(request.app).class_stats.figures_by_key())
+                                  by_key=app_state(request.app).class_stats.figures_by_key(),
+                                  offload=info.offload if info is not None else None)
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))

@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kinetic.server.launch import free_port, model_lock, stop_process, wait_until_healthy  # noqa: E402
 
 # what llama.cpp (and kinetic, which logs the same at start) say about where the model runs
-LOG_LINES = re.compile(r"offload|CUDA|GPU|device|backend|error|failed|fatal|flash_attn|n_ctx|n_seq_max|"
-                       r"n_parallel|KV buffer|compute buffer|model buffer|uvloop", re.IGNORECASE)
+LOG_LINES = re.compile(r"offload|CUDA|GPU|using device|backends|error|failed|fatal|flash_attn|n_ctx |n_seq_max|"
+                       r"n_parallel|buffer size|uvloop", re.IGNORECASE)
+NOISE = re.compile(r"assigned to device|llama_graph_n_input_tensors")  # a line per layer or graph node
 PROMPT = "The history of the printing press begins"
 
 
@@ -40,7 +41,10 @@ def check(name: str, url: str) -> bool:
     data = response.json()
     print(f"{name}: usage {data.get('usage')} timings {data.get('timings')}")
     props = httpx.get(url + "/props", timeout=10).json()
-    print(f"{name}: /props " + ", ".join(f"{k}={props[k]!r}" for k in ("total_slots", "devices") if k in props))
+    placed = props.get("offload")  # kinetic's: where llama.cpp put the model (llama-server only logs it)
+    where = (f"; offloaded {placed['layers_offloaded']}/{placed['layers']} layers to "
+             + ", ".join(f"{d['name']} ({d['description']})" for d in placed["devices"]) if placed else "")
+    print(f"{name}: /props total_slots={props.get('total_slots')}{where}")
     return True
 
 
@@ -67,7 +71,7 @@ def main() -> int:
         finally:
             stop_process(proc)
     lines = logfile.read_text(errors="replace").splitlines()
-    picked = [line for line in lines if LOG_LINES.search(line)]
+    picked = [line for line in lines if LOG_LINES.search(line) and not NOISE.search(line)]
     print(f"{name}: {len(lines)} log lines; those about the backend, offload, buffers and errors (first 40):")
     for line in picked[:40]:
         print("   ", line[:300])

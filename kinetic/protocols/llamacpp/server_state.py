@@ -91,8 +91,7 @@ def offload_props(offload: Offload) -> dict[str, Any]:
     return {"backends": list(offload.backends),
             "devices": [{"name": d.name, "description": d.description, "type": d.type,
                          "memory_total": d.memory_total, "memory_free": d.memory_free} for d in offload.devices],
-            "layers_offloaded": offload.layers_offloaded, "layers": offload.layers,
-            **({"cpu_reason": offload.cpu_reason} if offload.cpu_reason else {})}
+            "layers_offloaded": offload.layers_offloaded, "layers": offload.layers, "cpu_reason": offload.cpu_reason}
 
 
 def lora_scales(body: Any) -> dict[int, float]:

@@ -157,20 +157,25 @@ def utilization(gpu_csv: Path, phases: Path) -> list[dict[str, Any]]:
         for row in csv.reader(f):
             try:
                 stamp = dt.datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                samples.append((stamp, float(row[1]), float(row[2]), float(row[4])))
+                util, memory = float(row[1]), float(row[2])
             except (ValueError, IndexError):
-                continue  # a header, or "[N/A]"
+                continue  # the header, or "[N/A]"
+            try:
+                power = float(row[4])
+            except (ValueError, IndexError):
+                power = math.nan  # a card that does not report it
+            samples.append((stamp, util, memory, power))
     summary = []
     for line in phases.read_text().splitlines():
         name, start, end = line.split("\t")
         inside = [s for s in samples if float(start) <= s[0] <= float(end)]
         if not inside:
             continue
-        util = sorted(s[1] for s in inside)
-        summary.append({"phase": name, "samples": len(inside), "utilization % mean": statistics.fmean(util),
-                        "utilization % p95": util[min(len(util) - 1, int(0.95 * len(util)))],
-                        "utilization % max": util[-1], "memory MiB max": max(s[2] for s in inside),
-                        "power W mean": statistics.fmean(s[3] for s in inside)})
+        busy = sorted(s[1] for s in inside)
+        summary.append({"phase": name, "samples": len(inside), "utilization % mean": statistics.fmean(busy),
+                        "utilization % p95": busy[min(len(busy) - 1, int(0.95 * len(busy)))],
+                        "utilization % max": busy[-1], "memory MiB max": max(s[2] for s in inside),
+                        "power W mean": statistics.fmean(s[3] for s in inside)})  # NaN when not reported
     return summary
 
 
@@ -238,7 +243,7 @@ def markdown(results: dict[str, Any]) -> str:
                   "| phase | samples | mean % | p95 % | max % | memory MiB max | power W mean |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {u['phase']} | {u['samples']} | {u['utilization % mean']:.0f} | {u['utilization % p95']:.0f} "
-                  f"| {u['utilization % max']:.0f} | {u['memory MiB max']:.0f} | {u['power W mean']:.0f} |"
+                  f"| {u['utilization % max']:.0f} | {u['memory MiB max']:.0f} | {cell(u['power W mean'])} |"
                   for u in results["gpu utilization"]]
     return "\n".join(lines) + "\n"
 

@@ -133,6 +133,7 @@ for p in nvidia.__path__:
   echo "nvcc: $NVCC (toolkit $CUDA_ROOT)"; "$NVCC" --version | tail -2
   # the card's compute capability (9.0 on an H100 or H200) picks the one architecture to compile for
   CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .' || true)
+  [[ "$CAP" =~ ^[0-9]+$ ]] || CAP=""  # an old driver answers with an error text
   CUDA_ARCH=${CUDA_ARCH:-${CAP:-90}}
   echo "CUDA architecture: $CUDA_ARCH"
   TK_LIBDIRS="$CUDA_ROOT/lib64 $CUDA_ROOT/lib $CUDA_ROOT/targets/x86_64-linux/lib"

@@ -17,10 +17,11 @@ BUNDLE=$ROOT/.gpu-bundle
 PYTHON=${PYTHON:-python}
 LCP_VERSION=0.3.36
 DOWNLOADS=${DOWNLOADS:-/tmp/kinetic-gpu-downloads}  # the sdist, kept between runs
-# The serve dependencies that the GPU machine lacks, and those whose version there may be too old for kinetic
-# (h11: kinetic/server/transport.py extends uvicorn's h11 protocol). llama_cpp is built there from the sdist.
-WHEELS=(fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv uvicorn h11 typing-extensions
-        typing-inspection annotated-types annotated-doc opentelemetry-api httpx-sse platformdirs filelock gguf
+# The serve dependencies that the GPU machine lacks (with theirs: uvicorn's click, gguf's pyyaml), and those whose
+# version there may be too old for kinetic (h11: kinetic/server/transport.py extends uvicorn's h11 protocol).
+# numpy, jinja2, httpx and anyio are there; llama_cpp is built there from the sdist.
+WHEELS=(fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv uvicorn click h11 typing-extensions
+        typing-inspection annotated-types annotated-doc opentelemetry-api httpx-sse platformdirs filelock gguf pyyaml
         diskcache)
 
 cd "$ROOT"

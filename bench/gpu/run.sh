@@ -234,8 +234,8 @@ echo "PYTHONPATH=$PYTHONPATH"
 "$PY" - <<'EOF' || fatal "an import that the servers or the bench need failed"
 import importlib
 
-for name in ["fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings", "uvicorn", "h11", "anyio",
-             "httpx", "httpx_sse", "jinja2", "numpy", "gguf", "filelock", "platformdirs", "diskcache",
+for name in ["fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings", "uvicorn", "click", "h11",
+             "anyio", "httpx", "httpx_sse", "jinja2", "numpy", "gguf", "yaml", "filelock", "platformdirs", "diskcache",
              "typing_extensions", "kinetic.cli", "kinetic.server.launch"]:
     module = importlib.import_module(name)
     print(f"  {name} {getattr(module, '__version__', '')} {getattr(module, '__file__', '')}")

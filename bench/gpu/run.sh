@@ -32,6 +32,7 @@ if [ -z "${GPU_RUN_INNER:-}" ]; then  # the body runs under tee, so that the log
   echo "run.sh: exit $rc" | tee -a "$OUT/log.txt"
   exit "$rc"
 fi
+cd "$ROOT"
 
 # ---- settings (environment)
 CPU=${CPU:-}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,15 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
+from kinetic.engine.llama import offload
 from kinetic.engine.llama.control_vector import apply_control_vector, load_control_vectors
 from kinetic.engine.llama.params import init_numa, model_params
 from kinetic.engine.llama.threads import attach_threadpools
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +59,9 @@ class LoadedModel:
         self.lora = [self._load_lora(Path(adapter), 0.0 if options.lora_init_without_apply else scale)
                      for adapter, scale in options.lora]
         self.control_vector = load_control_vectors(options.control_vectors) if options.control_vectors else None
+        placed = offload.placement(options, llama_cpp.llama_model_n_layer(self.model.model))
+        for line in offload.log_lines(placed):
+            log.info("%s: %s", path.name, line)
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
         self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
@@ -79,6 +86,7 @@ class LoadedModel:
             fim_tokens={name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.vocab))
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
             memory_kind=self._memory_kind(),
+            offload=placed,
         )
 
     def _memory_kind(self) -> MemoryKind:
@@ -105,6 +113,18 @@ class LoadedModel:
             apply_control_vector(ctx.ctx, self.control_vector, self.options.control_vector_layers,
                                  llama_cpp.llama_model_n_layer(self.model.model))
         return ctx
+
+    def warm_up(self, ctx: _internals.LlamaContext, n_batch: int) -> None:
+        """llama-server's warm-up (--warmup, on by default): one decode of BOS and EOS, then the memory cleared.
+        The backends' first-use costs (kernels loaded, a GPU's BLAS handles and buffers, the compute graph's
+        allocation) are paid here at load instead of in the first request's TTFT."""
+        tokens = [t for t in (self.model.token_bos(), self.model.token_eos()) if t != llama_cpp.LLAMA_TOKEN_NULL]
+        tokens = (tokens or [0])[:max(1, n_batch)]
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        llama_cpp.llama_decode(ctx.ctx, llama_cpp.llama_batch_get_one(array, len(tokens)))
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx.ctx), True)
+        llama_cpp.llama_synchronize(ctx.ctx)
+        llama_cpp.llama_perf_context_reset(ctx.ctx)
 
     def lora_scales(self, request: tuple[tuple[int, float], ...] | None = None) -> tuple[float, ...]:
         """Every adapter's scale, in id order: the server's, or a request's own (llama-server's

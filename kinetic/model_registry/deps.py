@@ -75,6 +75,9 @@ def autoload_override(request: Request) -> bool | None:
     return None if value is None else value.lower() in ("1", "true", "on", "yes")
 
 
+RESUMABLE_HEADER = "x-conversation-id"  # llama-server's resumable streams (server-stream.cpp)
+
+
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -122,7 +125,9 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
         if limits.models is not None and not limits.allows_model((entry := registry.resolve(name)).spec.names):
             raise ModelNotFoundError(name or entry.name)
         acquiring = registry.acquire(name, autoload=autoload_override(request), wake=wake)
-        entry, backend = await (until_gone(request, acquiring, registry.release) if registry.router else acquiring)
+        # a resumable stream (X-Conversation-Id) outlives its client, as llama-server's "detached" request does
+        watched = registry.router and RESUMABLE_HEADER not in request.headers
+        entry, backend = await (until_gone(request, acquiring, registry.release) if watched else acquiring)
     except ModelMissingError:
         if missing is None:
             raise

@@ -223,3 +223,8 @@ def test_a_client_that_leaves_while_queued_costs_no_model_its_room(model_lock: N
             thread.join(120)
         assert done[VISION] < done[STORY] < done[BUNDLED]
         assert status(server, BUNDLED) == "loaded" and status(server, VISION) == "unloaded"
+        # a resumable stream's request (X-Conversation-Id) is not the client's to give up: its model loads
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.url + "/tokenize", json={"model": INFILL, "content": "hi"}, timeout=1,
+                       headers={"X-Conversation-Id": "lab-7"})
+        wait_until(lambda: status(server, INFILL) == "loaded", f"{INFILL} loaded for a client that left", 30)

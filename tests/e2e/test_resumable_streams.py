@@ -164,7 +164,8 @@ def test_a_conversation_belongs_to_the_key_that_started_it(server: Server) -> No
     assert replay(server.url, ALICE, "conv-mine", 0).content == first
 
     def answers() -> list[tuple[str, int]]:
-        return sorted((line["client"], line.get("completion_tokens", 0)) for line in server.ledger_lines()[before:]
+        lines = server.ledger_lines()[before:]
+        return sorted((line["client"], line.get("completion_tokens", 0)) for line in lines
                       if line["route"] == "/v1/chat/completions")
 
     wait_until(lambda: len(answers()) >= 2, "both answers' ledger lines", timeout=10)
@@ -172,7 +173,8 @@ def test_a_conversation_belongs_to_the_key_that_started_it(server: Server) -> No
     lines = server.ledger_lines()[before:]
     replays = [line for line in lines if line["route"] == "/v1/stream" and line["method"] == "GET"]
     assert {line["client"] for line in replays} == {"alice", "bob"}
-    assert all("completion_tokens" not in line and "chunks" not in line for line in replays)  # a replay is not a second answer
+    # a replay is not a second answer
+    assert all("completion_tokens" not in line and "chunks" not in line for line in replays)
     assert len([line for line in lines if line["client"] == "bob" and line["status"] == 404]) == 3
 
 

@@ -123,10 +123,10 @@ def event_stream(frames: AsyncIterator[bytes], media_type: str = SSE, ping_s: fl
     return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=STREAM_HEADERS)
 
 
-def replay_stream(buffer: StreamBuffer, offset: int, ping_s: float = -1) -> StreamingResponse:
-    """A kept stream read from byte `offset`, then live until it ends. Leaving stops the reading, never the
-    generation."""
-    return event_stream(buffer.read_from(offset), SSE, ping_s)
+def replay_stream(buffer: StreamBuffer, offset: int) -> StreamingResponse:
+    """A kept stream read from byte `offset`, then live until it ends (its pings are kept in it, as
+    llama-server keeps them, so offsets count the same bytes). Leaving stops the reading, never the generation."""
+    return event_stream(buffer.read_from(offset), SSE)
 
 
 async def _keep(frames: AsyncIterator[bytes], buffer: StreamBuffer) -> None:
@@ -146,9 +146,8 @@ class KeptStreamResponse(DisconnectAwareStreamingResponse):
     DELETE /v1/stream), and the response returns only then, so the request's ledger line holds the
     whole answer, once."""
 
-    def __init__(self, frames: AsyncIterator[bytes], buffer: StreamBuffer, ping_s: float = -1):
-        relay = buffer.read_from(0)
-        super().__init__(with_pings(relay, ping_s) if ping_s > 0 else relay, media_type=SSE, headers=STREAM_HEADERS)
+    def __init__(self, frames: AsyncIterator[bytes], buffer: StreamBuffer):
+        super().__init__(buffer.read_from(0), media_type=SSE, headers=STREAM_HEADERS)
         self.frames = frames
         self.buffer = buffer
 
@@ -165,11 +164,12 @@ def stream_response(request: Request, frames: AsyncIterator[bytes], media_type: 
     """The frames as the response's body; kept for replay when the request names a conversation (SSE
     streams only, as llama-server keeps them: Ollama's NDJSON is not llama-server's)."""
     conversation_id = request.headers.get(CONVERSATION_ID_HEADER, "")
+    ping_s = ping_interval(request)
     if conversation_id and media_type == SSE:
         buffers = installed(request.app, StreamBuffers)
-        return KeptStreamResponse(frames, buffers.open(caller_of(request).name, conversation_id),
-                                  ping_interval(request))
-    return event_stream(frames, media_type, ping_s=ping_interval(request))
+        kept = with_pings(frames, ping_s) if ping_s > 0 else frames
+        return KeptStreamResponse(kept, buffers.open(caller_of(request).name, conversation_id))
+    return event_stream(frames, media_type, ping_s=ping_s)
 
 
 @dataclass(frozen=True)

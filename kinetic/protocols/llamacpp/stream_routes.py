@@ -22,7 +22,7 @@ from kinetic.errors import InvalidRequestError, NotFoundError
 from kinetic.model_registry.deps import server_state
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.stream_buffers import StreamBuffer, StreamBuffers
-from kinetic.protocols.common.streaming import ping_interval, replay_stream
+from kinetic.protocols.common.streaming import replay_stream
 
 router = APIRouter()
 
@@ -62,7 +62,7 @@ async def get_stream(request: Request, conv_id: str = "") -> StreamingResponse:
     if buffer is None:
         raise NotFoundError(NOT_FOUND)
     offset = _offset(request.query_params.get("from", ""), buffer)
-    return replay_stream(buffer, offset, ping_interval(request))
+    return replay_stream(buffer, offset)
 
 
 @router.delete("/v1/stream")

@@ -73,10 +73,10 @@ IGNORED: tuple[Ignored, ...] = (
              "--gpt-oss-20b-default", "--gpt-oss-120b-default", "--vision-gemma-4b-default",
              "--vision-gemma-12b-default")),
     Ignored("ignored flags: llama-server internals",
-            "what they switch is fixed in kinetic: batching is always continuous, there is no warm-up decode, "
+            "what they switch is fixed in kinetic: batching is always continuous, "
             "KV defragmentation is automatic (deprecated in llama-server too), agent tools run nowhere "
             "(see the --tools row), and there is no shell completion or cache listing",
-            ("-cb", "--warmup", "-dt", "--tools-runtime", "--mcp-servers-config",
+            ("-cb", "-dt", "--tools-runtime", "--mcp-servers-config",
              "--mcp-servers-json", "-cl", "--completion-bash")),
 )
 

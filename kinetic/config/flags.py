@@ -224,6 +224,8 @@ FLAGS: tuple[Flag, ...] = (
          negations=("-nkvo", "--no-kv-offload")),
     Flag("kv_unified", ("-kvu", "--kv-unified"), "one KV buffer shared by all slots, each may use the whole context "
          "(default: on when -np is auto)", negations=("-no-kvu", "--no-kv-unified")),
+    Flag("warmup", ("--warmup",), "warm up the model with an empty run at load, so the first request does not pay "
+         "the backends' first-use costs (default: on)", negations=("--no-warmup",)),
     Flag("swa_full", ("--swa-full",), "full-size sliding-window cache (always on in kinetic: a slot's cached prefix "
          "stays reusable); given, a prompt is read without llama-server's early batch ends, as there"),
     Flag("rope_scaling", ("--rope-scaling",), "RoPE frequency scaling: none, linear, yarn (default: the model's)",

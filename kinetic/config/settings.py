@@ -292,6 +292,7 @@ class ServerSettings(SpeculationSettings):
     log_prefix: bool = True
     log_jsonl: bool = False
     log_prompts_dir: str | None = None
+    warmup: bool = True
     perf: bool = False  # llama-server's default is on; the timings are only read through llama.cpp's own calls
     sse_ping_interval: int = 30  # llama-server's
     # Not settings but what the command line held besides them: every -m with the -a that follows it
@@ -443,7 +444,7 @@ class ServerSettings(SpeculationSettings):
             control_vectors=self.control_vectors(),
             control_vector_layers=tuple(int(n) for n in (self.control_vector_layer_range or "-1 -1").split()[:2]),
             threads_batch=max(self.threads_batch, 0), cpu=self.cpu_params(), cpu_batch=self.cpu_params(batch=True),
-            flash_attn=self.flash_attn, swa_full=self.swa_full, perf=self.perf,
+            flash_attn=self.flash_attn, swa_full=self.swa_full, perf=self.perf, warmup=self.warmup,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v, kv_offload=self.kv_offload,
             op_offload=self.op_offload, kv_unified=self.kv_unified, rope_scaling=self.rope_scaling,
             rope_freq_base=self.rope_freq_base, rope_freq_scale=rope_freq_scale, yarn_orig_ctx=self.yarn_orig_ctx,

@@ -117,6 +117,7 @@ class LlamaOptions:
     control_vectors: tuple[tuple[str, float], ...] = ()  # --control-vector[-scaled]: (path, scale), summed
     control_vector_layers: tuple[int, ...] = (-1, -1)  # --control-vector-layer-range; <= 0: 1 and the last layer
     # context (llama_context_params)
+    warmup: bool = True  # --warmup: one decode of BOS and EOS at load (LoadedModel.warm_up)
     perf: bool = False  # --perf: llama.cpp keeps its internal timings (no_perf off)
     threads_batch: int = 0  # 0: same as the generation threads
     cpu: CpuParams = CpuParams()  # -C/-Cr, --cpu-strict, --prio, --poll: the generation thread pool

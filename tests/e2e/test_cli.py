@@ -172,13 +172,13 @@ def test_unimplemented_flags_warn_and_serve(model_lock: None) -> None:
         assert httpx.get(server.url + "/props").json()["total_slots"] == 1
         log = server.log()
     video = "video input and the encoder's batch"
-    for flag, row in (("--video-ffmpeg-dir", video), ("--video-fps", video),
-                      ("--no-warmup", "llama-server internals")):
+    for flag, row in (("--video-ffmpeg-dir", video), ("--video-fps", video)):
         assert log.count(f'warning: {flag} is ignored: see "ignored flags: {row}" under Differences from '
                          "llama-server (docs/reference/http-llamacpp.md)\n") == 1
     for flag in ("-kvu", "-ngl", "--mlock", "-fa", "-r", "-ot", "--override-kv", "--dry-multiplier",
-                 "--xtc-probability"):
+                 "--xtc-probability", "--no-warmup"):
         assert f"warning: {flag} " not in log  # they act
+    assert "warming up the model" not in log  # --no-warmup: the first request pays the backends' first use
     assert log.count('warning: LLAMA_ARG_RPC (--rpc) is ignored: '
                      'see "ignored flags: remote devices and fitting to memory"') == 1
     assert "LLAMA_ARG_N_GPU_LAYERS" not in log
@@ -191,6 +191,7 @@ def test_default_slots_serve_a_class_at_once(model_lock: None) -> None:
         props = httpx.get(server.url + "/props").json()
         assert props["total_slots"] == 16 and props["default_generation_settings"]["n_ctx"] == 4096
         assert re.search(r"llama_context: kv_unified\s+= true\n", server.log())
+        assert "warming up the model with an empty run" in server.log()  # --warmup is llama-server's default
         slots = httpx.get(server.url + "/slots").json()
         assert len(slots) == 16 and {s["n_ctx"] for s in slots} == {4096}
 

@@ -106,6 +106,18 @@ class LoadedModel:
                                  llama_cpp.llama_model_n_layer(self.model.model))
         return ctx
 
+    def warm_up(self, ctx: _internals.LlamaContext, n_batch: int) -> None:
+        """llama-server's warm-up (--warmup, on by default): one decode of BOS and EOS, then the memory cleared.
+        The backends' first-use costs (kernels loaded, a GPU's BLAS handles and buffers, the compute graph's
+        allocation) are paid here at load instead of in the first request's TTFT."""
+        tokens = [t for t in (self.model.token_bos(), self.model.token_eos()) if t != llama_cpp.LLAMA_TOKEN_NULL]
+        tokens = (tokens or [0])[:max(1, n_batch)]
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        llama_cpp.llama_decode(ctx.ctx, llama_cpp.llama_batch_get_one(array, len(tokens)))
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx.ctx), True)
+        llama_cpp.llama_synchronize(ctx.ctx)
+        llama_cpp.llama_perf_context_reset(ctx.ctx)
+
     def lora_scales(self, request: tuple[tuple[int, float], ...] | None = None) -> tuple[float, ...]:
         """Every adapter's scale, in id order: the server's, or a request's own (llama-server's
         construct_lora_list: an adapter the request leaves out gets 0, an unknown id is ignored)."""

@@ -100,6 +100,9 @@ class Scheduler(SlotAdmission):
         params = context_params(model.options, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_slots,
                                 n_threads=n_threads, kv_unified=kv_unified)
         self.ctx = model.new_context(params)
+        if model.options.warmup:
+            log.info("warming up the model with an empty run (--no-warmup to disable)")
+            model.warm_up(self.ctx, params.n_batch)
         self.adapters = AdapterTurns(model, self.ctx)  # per-request LoRA scales, a set per step
         self.n_ctx = self.ctx.n_ctx()
         self.n_batch = params.n_batch

@@ -125,9 +125,13 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
         if limits.models is not None and not limits.allows_model((entry := registry.resolve(name)).spec.names):
             raise ModelNotFoundError(name or entry.name)
         acquiring = registry.acquire(name, autoload=autoload_override(request), wake=wake)
-        # a resumable stream (X-Conversation-Id) outlives its client, as llama-server's "detached" request does
-        watched = registry.router and RESUMABLE_HEADER not in request.headers
-        entry, backend = await (until_gone(request, acquiring, registry.release) if watched else acquiring)
+        conversation_id = request.headers.get(RESUMABLE_HEADER, "") if registry.router else ""
+        if conversation_id:  # a resumable stream outlives its client, as llama-server's "detached" request does
+            entry, backend = await registry.waiting_streams.wait(caller_of(request).name, conversation_id, acquiring)
+        elif registry.router:
+            entry, backend = await until_gone(request, acquiring, registry.release)
+        else:
+            entry, backend = await acquiring
     except ModelMissingError:
         if missing is None:
             raise

@@ -33,6 +33,7 @@ from kinetic.model_registry.downloads import Download, Downloads
 from kinetic.model_registry.entry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelState
 from kinetic.model_registry.events import ModelEvents
 from kinetic.model_registry.idle_sleep import IdleSleep
+from kinetic.model_registry.waiting_streams import WaitingStreams
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class ModelRegistry:
         self.derived: dict[str, DerivedModel] = {}  # /api/create's models, served through their base's backend
         self.store = DerivedStore(None)
         self.events = ModelEvents()  # GET /models/sse
+        self.waiting_streams = WaitingStreams()  # resumable streams whose request waits for its model
         self.downloads = Downloads(settings, self.events, self._downloaded)  # POST /models, /api/pull
         self._load_lock = asyncio.Lock()  # one load at a time: loading is CPU work too
         self.sleeper: IdleSleep | None = IdleSleep(self.entries, settings.sleep_idle_seconds) \

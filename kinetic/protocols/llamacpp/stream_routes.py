@@ -7,6 +7,8 @@ The id travels in the query string, as in llama-server, because a router's ids e
 slashes. On a keyed server the ids are the caller's own: an id the caller has no stream on is a 404 on
 all three routes, whether another key has one or nobody does, so a 404 tells nothing about other keys.
 On an open server DELETE answers 204 for any id and lookup an empty list, as llama-server does.
+In a router, an id whose request still waits for its model (model_registry/waiting_streams.py) is a 503 to
+GET (retry: the stream appears once the model is loaded), and DELETE cancels that request.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from kinetic.classroom.identity import caller_of
-from kinetic.errors import InvalidRequestError, NotFoundError
+from kinetic.errors import InvalidRequestError, NotFoundError, UnavailableError
 from kinetic.model_registry.deps import server_state
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.stream_buffers import StreamBuffer, StreamBuffers
@@ -60,6 +62,8 @@ def _offset(raw: str, buffer: StreamBuffer) -> int:
 async def get_stream(request: Request, conv_id: str = "") -> StreamingResponse:
     buffer = _buffers(request).get(caller_of(request).name, _conversation_id(conv_id))
     if buffer is None:
+        if server_state(request.app).registry.waiting_streams.waiting(caller_of(request).name, conv_id):
+            raise UnavailableError("Stream owner model is loading, retry later")  # a router's load: retry
         raise NotFoundError(NOT_FOUND)
     offset = _offset(request.query_params.get("from", ""), buffer)
     return replay_stream(buffer, offset)
@@ -67,7 +71,9 @@ async def get_stream(request: Request, conv_id: str = "") -> StreamingResponse:
 
 @router.delete("/v1/stream")
 async def delete_stream(request: Request, conv_id: str = "") -> Response:
-    stopped = _buffers(request).stop(caller_of(request).name, _conversation_id(conv_id))
+    owner = caller_of(request).name
+    waiting = server_state(request.app).registry.waiting_streams.stop(owner, _conversation_id(conv_id))
+    stopped = _buffers(request).stop(owner, conv_id) or waiting
     if not stopped and _keyed(request):
         raise NotFoundError(NOT_FOUND)
     return Response(status_code=204)

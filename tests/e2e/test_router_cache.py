@@ -163,8 +163,9 @@ def test_reload_reads_the_cache_again(router: KineticServer, hf_home: Path) -> N
     assert tokenize(router, INFILL).status_code == 404
 
 
-def test_no_models_autoload_answers_400_until_the_model_is_loaded(model_lock: None, hf_home: Path) -> None:
-    with KineticServer("-c", "1024", "-np", "1", "--no-models-autoload", env={"HF_HOME": str(hf_home)}) as server:
+def test_no_models_autoload_answers_400_until_the_model_is_loaded(model_lock: None, tmp_path: Path) -> None:
+    env = {"HF_HOME": str(new_cache(tmp_path))}
+    with KineticServer("-c", "1024", "-np", "1", "--no-models-autoload", env=env) as server:
         assert httpx.get(server.url + "/props").json()["models_autoload"] is False
         body = {"model": STORY, "messages": HELLO, "max_tokens": 4}
         refused = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
@@ -194,10 +195,10 @@ def test_a_preset_beside_the_cache_dedup_and_reload(model_lock: None, tmp_path: 
         assert tokenize(server, "story").status_code == 404
 
 
-def test_a_client_that_leaves_while_queued_costs_no_model_its_room(model_lock: None, hf_home: Path) -> None:
+def test_a_client_that_leaves_while_queued_costs_no_model_its_room(model_lock: None, tmp_path: Path) -> None:
     """llama-server's debug timing (each load and each request held 2 s) lines requests up behind a busy
     model: a request that gives up in the line does not evict it, and the line is served in arrival order."""
-    env = {"HF_HOME": str(hf_home), "LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}
+    env = {"HF_HOME": str(new_cache(tmp_path)), "LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}
     with KineticServer("-c", "1024", "-np", "1", "--models-max", "1", env=env) as server:
         load(server, VISION)
         busy = threading.Thread(target=tokenize, args=(server, VISION))
@@ -228,3 +229,17 @@ def test_a_client_that_leaves_while_queued_costs_no_model_its_room(model_lock: N
             httpx.post(server.url + "/tokenize", json={"model": INFILL, "content": "hi"}, timeout=1,
                        headers={"X-Conversation-Id": "lab-7"})
         wait_until(lambda: status(server, INFILL) == "loaded", f"{INFILL} loaded for a client that left", 30)
+
+        # while its model is on its way, a resumable stream is a 503 to resume and a stop cancels its request
+        answer: dict[str, httpx.Response] = {}
+        body = {"model": STORY, "messages": HELLO, "max_tokens": 4, "stream": True}
+        parked = threading.Thread(target=lambda: answer.setdefault("r", httpx.post(
+            server.url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": "lab-8"}, timeout=60)))
+        parked.start()
+        time.sleep(0.5)
+        stream = server.url + "/v1/stream"
+        assert httpx.get(stream, params={"conv_id": "lab-8", "from": 0}).status_code == 503
+        assert httpx.delete(stream, params={"conv_id": "lab-8"}).status_code == 204
+        parked.join(60)
+        assert answer["r"].status_code == 400 and "cancelled" in answer["r"].json()["error"]["message"]
+        assert httpx.get(stream, params={"conv_id": "lab-8", "from": 0}).status_code == 404

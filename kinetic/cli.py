@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import signal
 import socket
 import sys
@@ -117,6 +118,7 @@ def serve(settings: ServerSettings) -> int:
     from kinetic.server.shutdown import DrainingServer
     from kinetic.server.static_path import StaticPath
     from kinetic.server.transport import TransportConfig, TransportLimits
+    from kinetic.server.vertex import VertexSetupError, vertex_settings
 
     for flag in settings.ignored_flags:
         print(warning(flag), file=sys.stderr)
@@ -126,6 +128,16 @@ def serve(settings: ServerSettings) -> int:
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
         print(variable_warning(name), file=sys.stderr)
+    try:
+        vertex = vertex_settings(os.environ)  # Vertex AI sets AIP_MODE=PREDICTION and the AIP_* variables
+    except VertexSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    port = settings.port
+    if vertex is not None and vertex.port != port:
+        print(f"warning: Vertex AI (AIP_MODE=PREDICTION): listening on AIP_HTTP_PORT {vertex.port}, not --port {port}",
+              file=sys.stderr)
+    port = vertex.port if vertex is not None else port
     try:
         if settings.router_mode:
             models, loading = router_registry(settings)
@@ -154,9 +166,9 @@ def serve(settings: ServerSettings) -> int:
         config_holder["server"].should_exit = True
 
     try:
-        sockets = bind_sockets(settings.hosts, settings.port, reuse_port=settings.reuse_port)
+        sockets = bind_sockets(settings.hosts, port, reuse_port=settings.reuse_port)
     except OSError as exc:
-        print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot listen on {exc.filename}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
     addresses = []
     scheme = "https" if settings.ssl_cert_file else "http"
@@ -170,7 +182,11 @@ def serve(settings: ServerSettings) -> int:
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
         print(f"listening on {', '.join(addresses)}", flush=True)
 
-    app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
+    try:
+        app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure, vertex=vertex)
+    except VertexSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
     served: ASGIApp = StaticPath(app, settings.path) if settings.path else app

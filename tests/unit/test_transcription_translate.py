@@ -61,7 +61,8 @@ def test_the_chat_is_llama_servers() -> None:
     assert isinstance(audio, MediaPart) and audio.modality == "audio" and audio.data == clip and audio.param == "file"
     asked = transcription.to_chat_request(TranscriptionRequest(prompt="Words, please", language="fr", max_tokens=5,
                                                                temperature=0.2), clip, template_source="")
-    assert asked.messages[0].parts is not None and asked.messages[0].parts[0] == TextPart("Words, please (language: fr)")
+    parts = asked.messages[0].parts
+    assert parts is not None and parts[0] == TextPart("Words, please (language: fr)")
     assert asked.options.max_tokens == 5 and asked.options.sampling.get("temperature") == pytest.approx(0.2)
 
 

@@ -100,6 +100,9 @@ def test_streamed_transcript_ends_with_the_done_event(client: OpenAI) -> None:
 def test_the_route_without_v1_is_the_same_route(served: tuple[KineticServer, Path]) -> None:
     response = transcribe(served, path="/audio/transcriptions", response_format="json")
     assert response.status_code == 200 and response.json()["usage"]["input_tokens"] >= AUDIO_EMBEDDINGS + 5
+    wait_until(lambda: any(r.route == "/audio/transcriptions" and r.media is not None and r.media.audio == 1
+                           and r.prompt_tokens == response.json()["usage"]["input_tokens"]
+                           for r in read_ledger(served[1])), "the ledger line of /audio/transcriptions", timeout=10)
 
 
 def test_a_file_that_is_not_audio_is_a_400_naming_file(client: OpenAI, served: tuple[KineticServer, Path]) -> None:

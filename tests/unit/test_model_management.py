@@ -1,6 +1,6 @@
 """Model management without a model: derived models (stored, read back, put on requests), Ollama's names and
-/api/create's fields, and a download that cannot start (offline, a hub that does not answer): a one-line
-400 at once."""
+/api/create's fields, a download that cannot start (offline and not cached, a hub that does not answer): a
+one-line 400 at once, and one offline from the cache."""
 
 from __future__ import annotations
 
@@ -146,10 +146,44 @@ def test_a_derived_model_with_a_template_renders_its_chats_with_it_and_the_base_
     assert refused.status_code == 400 and "template" in refused.json()["error"]
 
 
-def test_a_download_offline_is_a_one_line_400() -> None:
-    with pytest.raises(InvalidRequestError) as refused:
-        plan("org/repo-GGUF:Q4_K_M", ServerSettings(offline=True))
-    assert "the network is off" in refused.value.message and "\n" not in refused.value.message
+def lay_out_cache(home: Path, repo: str, files: dict[str, bytes]) -> None:
+    """A Hugging Face cache laid out by hand (as huggingface_hub writes it) holding `files` of `repo`."""
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    for name, data in files.items():
+        (folder / "snapshots" / revision / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "snapshots" / revision / name).write_bytes(data)
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    lay_out_cache(tmp_path, "org/repo-GGUF", {"repo-Q4_K_M.gguf": b"GGUF1", "repo-Q8_0.gguf": b"GGUF22",
+                                              "mmproj-repo-F16.gguf": b"GGUF333"})
+    lay_out_cache(tmp_path, "org/split-GGUF", {"split-Q4_K_M-00001-of-00002.gguf": b"GGUF"})  # a shard is missing
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    return tmp_path
+
+
+def test_a_download_offline_of_a_model_not_in_the_cache_is_a_one_line_400(offline_cache: Path) -> None:
+    for name in ("org/other-GGUF:Q4_K_M", "org/repo-GGUF:Q2_K", "org/split-GGUF:Q4_K_M"):
+        with pytest.raises(InvalidRequestError) as refused:
+            plan(name, ServerSettings(offline=True))
+        message = refused.value.message
+        assert "not in the Hugging Face cache" in message and "the network is off" in message, message
+        assert "\n" not in message and refused.value.param == "model"
+
+
+@pytest.mark.parametrize("offline", [{"offline": True}, {"env": "1"}])
+def test_a_download_offline_of_a_cached_model_reads_its_files_from_the_cache(
+        offline_cache: Path, monkeypatch: pytest.MonkeyPatch, offline: dict[str, object]) -> None:
+    if "env" in offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    download = plan("org/repo-GGUF:Q8_0", ServerSettings(offline=offline.get("offline") is True))
+    assert download.cached_only and download.repo == "org/repo-GGUF"
+    assert download.files == ["repo-Q8_0.gguf", "mmproj-repo-F16.gguf"]  # the model, then its projector
 
 
 def test_a_download_from_a_hub_that_does_not_answer_is_a_one_line_400_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -251,6 +251,14 @@ class PromptProgress:
     processed: int
     time_ms: float
 
+    def timings(self) -> Timings:
+        """The prompt's timings so far (llama-server's timings_per_token on a progress event): nothing predicted."""
+        return Timings(cache_n=self.cache, prompt_n=self.processed - self.cache, prompt_ms=self.time_ms,
+                       predicted_n=0, predicted_ms=0.0)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
 
 @dataclass(frozen=True)
 class StructuredCall:

@@ -311,6 +311,7 @@ class ModelInfo:
     # "attention": one KV cell per token, trimmed to any prefix; "hybrid" (LFM2, Qwen3.5) and "recurrent"
     # (Mamba): layers whose state is one snapshot per sequence, valid only at the position it reached
     memory_kind: MemoryKind = "attention"
+    eog_ids: tuple[int, ...] = ()  # every end-of-generation token (EOS, EOT, <end_of_turn>...): what ignore_eos bans
 
     @property
     def ftype(self) -> str:

@@ -166,7 +166,6 @@ class LlamaEngine:
             except BaseException:
                 scheduler.close()  # its context and decode thread go with the failed load
                 raise
-        _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
         self._projector = projector
         self.slot_n_ctx = scheduler.slot_n_ctx

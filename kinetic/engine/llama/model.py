@@ -79,6 +79,7 @@ class LoadedModel:
             fim_tokens={name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.vocab))
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
             memory_kind=self._memory_kind(),
+            eog_ids=self.eog_tokens,
         )
 
     def _memory_kind(self) -> MemoryKind:

@@ -9,6 +9,8 @@ The hub's address points at a port nothing listens on, so any request to the net
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,8 +42,17 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(REVISION)
     for quant in ("Q4_K_M", "Q8_0"):
-        (snapshot / f"tiny-gemma-{quant}.gguf").symlink_to(bundled_model_path())
+        cached_copy(bundled_model_path(), snapshot / f"tiny-gemma-{quant}.gguf")
     return {"models": models, "hf": root / "hf"}
+
+
+def cached_copy(source: Path, target: Path) -> None:
+    """A hard link (a copy across file systems), never a symlink: deleting a cached model deletes the file its
+    link resolves to, which must not be the bundled model itself."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 @pytest.fixture(scope="module")

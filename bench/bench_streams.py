@@ -46,6 +46,7 @@ from load import (  # noqa: E402
     kinetic_server,
     lab_request,
     llama_server,
+    llama_server_default_flags,
     median,
     percentile,
     run_students,
@@ -239,22 +240,26 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true",
                         help="start both servers with their own defaults (no -c, -np): what a bare start serves")
     parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--same-kernels", action="store_true",
+                        help="both servers without repacked weights (default: each at its own defaults)")
     args = parser.parse_args()
     args.model = model_path(args.model)
     args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
     args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
-    # Both load without repacked weights: kinetic's default (kinetic/engine/llama/params.py), and on a CPU
-    # with AMX llama-server's repacked kernels crash on the bundled model.
-    flags = ["-t", str(args.threads), "--no-repack"]
+    # Each server at its own defaults: llama-server repacks weights (except on AMX, where that crashes), kinetic
+    # does not, since repacked kernels make a cached prompt's answer differ from a fresh one (docs/models.md).
+    # --same-kernels loads both without repacking, to compare the servers rather than the kernels.
+    flags = ["-t", str(args.threads)]
     if not args.defaults:
         flags += ["-c", str(args.ctx), "-np", str(args.parallel)]
+    kernels = ["--no-repack"] if args.same_kernels else llama_server_default_flags()
     from filelock import FileLock
 
     with FileLock(str(MODEL_LOCK_PATH)):
         candidates = [] if args.no_kinetic else [kinetic_server(args.model, flags + args.kinetic_flags.split())]
-        own = flags
+        own = flags + kernels
         if args.llama_server_flags:  # its own -c/-np replace the shared ones
-            own = ["-t", str(args.threads), "--no-repack", *args.llama_server_flags.split()]
+            own = ["-t", str(args.threads), *kernels, *args.llama_server_flags.split()]
         other = None if args.no_llama_server else llama_server(args.llama_server, args.model, own)
         if other is not None:
             candidates.append(other)

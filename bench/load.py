@@ -82,6 +82,17 @@ def kinetic_server(model: str, flags: list[str]) -> Server:
     return Server("kinetic", [sys.executable, "-m", "kinetic", "serve", "-m", model, *flags])
 
 
+def llama_server_default_flags() -> list[str]:
+    """What starts llama-server at its own defaults wherever they run: it repacks weights by default, but on a
+    CPU with AMX its repacked kernels crash on the bundled Gemma's first decode (FACTS.md), so there it loads
+    without them, as kinetic does by default everywhere."""
+    try:
+        amx = "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        amx = False
+    return ["--no-repack"] if amx else []
+
+
 def llama_server(binary: str | None, model: str, flags: list[str]) -> Server | None:
     path = binary or shutil.which("llama-server") or ("/tmp/lsbuild/bin/llama-server"
                                                       if Path("/tmp/lsbuild/bin/llama-server").exists() else None)

@@ -22,6 +22,7 @@ qwen35 --measure`): see docs/instructors/index.md. Writing one takes about half 
 are random bytes laid out as Q8_0 blocks, not floats quantized one by one) and about 1 GiB of memory.
 
     python bench/bench_model.py qwen35 [--measure]   # writes it if missing, prints its path and sizes
+    python bench/bench_model.py qwen35 --tokenizer .gpu-bundle/gemma-vocab.gguf   # without the bundled model
 """
 
 from __future__ import annotations
@@ -203,10 +204,10 @@ def flops_per_token(model: Path) -> tuple[float, float]:
     return 2.0 * layers, 2.0 * (layers + output)
 
 
-def bench_model(kind: str) -> Path:
-    """The cached bench model of `kind` (written on first use from the bundled Gemma's tokenizer)."""
-    from kinetic.backends.gguf_files import bundled_model_path
-
+def bench_model(kind: str, tokenizer: Path | None = None) -> Path:
+    """The cached bench model of `kind`, written on first use with the tokenizer of `tokenizer` (a GGUF whose
+    tokenizer.* keys are the bundled Gemma's, e.g. bench/gpu/make_vocab.py's, where the bundled model's package
+    is not installed) or else of the bundled Gemma."""
     if kind not in KINDS:
         raise SystemExit(f"unknown bench model {kind!r}: one of {', '.join(KINDS)}")
     target = cache_dir() / f"kinetic-bench-{kind}-v{FORMAT_VERSION}.gguf"
@@ -214,7 +215,11 @@ def bench_model(kind: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"writing the bench model {target} (once, about half a minute)", file=sys.stderr)
-    return write_model(kind, bundled_model_path(), target)
+    if tokenizer is None:
+        from kinetic.backends.gguf_files import bundled_model_path
+
+        tokenizer = bundled_model_path()
+    return write_model(kind, tokenizer, target)
 
 
 def measure(model: Path, threads: int) -> None:
@@ -240,8 +245,10 @@ def main() -> None:
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("--measure", action="store_true", help="time its prompt and decode on llama-server")
     parser.add_argument("-t", "--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--tokenizer", type=Path,
+                        help="GGUF to take the tokenizer from when writing (default: the bundled Gemma)")
     args = parser.parse_args()
-    path = bench_model(args.kind)
+    path = bench_model(args.kind, args.tokenizer)
     prompt, generated = flops_per_token(path)
     print(f"{path} ({path.stat().st_size / 2**30:.2f} GiB): {prompt / 1e9:.2f} GFLOPs a prompt token, "
           f"{generated / 1e9:.2f} a generated one")

@@ -17,6 +17,7 @@ Three modes, each measured in one run with the servers taking turns (never decod
     python bench/bench_streams.py classroom --model tiny:lfm2     # a hybrid model (docs/models.md)
     python bench/bench_streams.py classroom --model bench:qwen35  # the course's family at its cost (bench_model.py)
     python bench/bench_streams.py class-size --no-kinetic "--llama-server-flags=-c 8192 -np 1"  # its best flags
+    python bench/bench_streams.py streams --json streams.json  # the tables also as JSON (bench/gpu/report.py)
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
@@ -25,6 +26,7 @@ vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kine
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -110,7 +112,13 @@ def aggregate_tps(run: list[Timed]) -> float:
     return sum(r.tokens for r in run) / (max(r.ended for r in run) - min(r.started for r in run))
 
 
-def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
+def records(headers: list[str], rows: list[list[Any]]) -> list[dict[str, Any]]:
+    """A printed table's rows as JSON objects keyed by its column names (NaN, which JSON lacks, as null)."""
+    return [{h: None if isinstance(v, float) and math.isnan(v) else v for h, v in zip(headers, row, strict=True)}
+            for row in rows]
+
+
+def mode_streams(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     counts = [int(n) for n in args.streams.split(",")]
     figures: dict[tuple[str, int], list[list[Timed]]] = {}
     for _ in range(args.rounds):
@@ -130,8 +138,10 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
         waits = [1000 * r.ttft - r.prompt_ms for run in rounds for r in run if r.ok]
         rows.append([name, n, aggregate, per_stream, 1000 * percentile(ttfts, 0.5), 1000 * percentile(ttfts, 0.95),
                      percentile(prompt_ms, 0.5), percentile(waits, 0.5)])
-    print(table(["server", "streams", "aggregate tok/s", "per-stream tok/s", "TTFT p50 ms", "TTFT p95 ms",
-                 "prompt_ms p50", "TTFT - prompt_ms p50"], rows))
+    headers = ["server", "streams", "aggregate tok/s", "per-stream tok/s", "TTFT p50 ms", "TTFT p95 ms",
+               "prompt_ms p50", "TTFT - prompt_ms p50"]
+    print(table(headers, rows))
+    result: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds, "rows": records(headers, rows)}
     if len(servers) > 1:
         print()
         ratio_rows = []
@@ -144,14 +154,17 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> None:
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round else "-"
             ratio_rows.append([n, k[0] / ls[0], spread, k[1] / ls[1], k[2] / ls[2]])
         print("kinetic / llama-server (above 1 is kinetic faster, except TTFT where below 1 is better)")
-        print(table(["streams", "aggregate", "aggregate, rounds min-max", "per-stream decode", "TTFT p50"],
-                    ratio_rows))
+        ratio_headers = ["streams", "aggregate", "aggregate, rounds min-max", "per-stream decode", "TTFT p50"]
+        print(table(ratio_headers, ratio_rows))
+        result["ratios"] = records(ratio_headers, ratio_rows)
     if args.in_process:  # the servers are idle now: their threads do not spin
         ttft, tps = in_process(args.model, args.tokens, args.threads, args.ctx)
         k = summary[("kinetic", 1)]
         print()
         print(f"in-process llama-cpp-python, one stream: decode {tps:.1f} tok/s, TTFT {1000 * ttft:.0f} ms; "
               f"kinetic/in-process decode {k[1] / tps:.2f}, TTFT {k[2] / ttft:.2f}")
+        result["in_process"] = {"decode tok/s": tps, "TTFT ms": 1000 * ttft}
+    return result
 
 
 def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[list[Timed], LoadRun]:
@@ -160,7 +173,7 @@ def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[lis
                                 for i, q in enumerate(questions)])
 
 
-def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> None:
+def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     rows = []
     p95: dict[str, float] = {}
     for server in servers:
@@ -173,13 +186,18 @@ def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> None:
                      1000 * max(ttfts, default=math.nan), min(cached, default=-1), run.wall,
                      f"{100 * run.cpu_share:.0f}%"])
     print(f"{args.students} students, {args.spacing}s apart, {args.tokens} tokens each, -np {args.parallel}")
-    print(table(["server", "served", "TTFT p50 ms", "TTFT p95 ms", "TTFT max ms", "least cache_n after the first",
-                 "wall s", "generator CPU"], rows))
+    headers = ["server", "served", "TTFT p50 ms", "TTFT p95 ms", "TTFT max ms", "least cache_n after the first",
+               "wall s", "generator CPU"]
+    print(table(headers, rows))
+    result: dict[str, Any] = {"students": args.students, "spacing s": args.spacing, "tokens": args.tokens,
+                              "rows": records(headers, rows)}
     if len(servers) > 1:
-        print(f"kinetic/llama-server TTFT p95: {p95['kinetic'] / p95['llama-server']:.2f}")
+        result["TTFT p95 ratio"] = p95["kinetic"] / p95["llama-server"]
+        print(f"kinetic/llama-server TTFT p95: {result['TTFT p95 ratio']:.2f}")
+    return result
 
 
-def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
+def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     sizes = sorted(int(n) for n in args.sizes.split(","))
     rows = []
     largest: dict[str, int] = {s.name: 0 for s in servers}
@@ -209,10 +227,12 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> None:
     slots = ", ".join(f"{s.name} {s.slots()}" for s in servers)
     print(f"slots: {slots}; students think 2-5 s between 32-token streamed lab requests, plus one greedy; "
           f"{args.duration:.0f} s a size")
-    print(table(["server", "students", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms", "requests/s",
-                 "generator CPU"], rows))
+    headers = ["server", "students", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms", "requests/s",
+               "generator CPU"]
+    print(table(headers, rows))
     print("largest class with p95 TTFT <= 2 s (and <= 1% errors): "
           + ", ".join(f"{k} {v}" for k, v in largest.items()))
+    return {"duration s": args.duration, "rows": records(headers, rows), "largest class": largest}
 
 
 def main() -> None:
@@ -242,6 +262,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=40.0)
     parser.add_argument("--same-kernels", action="store_true",
                         help="both servers without repacked weights (default: each at its own defaults)")
+    parser.add_argument("--json", type=Path, help="also write the tables to this file as JSON")
     args = parser.parse_args()
     args.model = model_path(args.model)
     args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
@@ -270,7 +291,11 @@ def main() -> None:
             for server in candidates:
                 started.append(server.__enter__())
             run: dict[str, Any] = {"streams": mode_streams, "classroom": mode_classroom, "class-size": mode_class_size}
-            run[args.mode](args, started)
+            result = run[args.mode](args, started)
+            if args.json:
+                servers = {s.name: " ".join(s.command) for s in started}
+                args.json.write_text(json.dumps({"mode": args.mode, "model": args.model, "servers": servers,
+                                                 "parallel": args.parallel, "ctx": args.ctx, **result}, indent=1))
         finally:
             for server in started:
                 server.__exit__(None, None, None)

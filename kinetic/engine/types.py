@@ -288,6 +288,28 @@ Event = TextDelta | PromptProgress | Finished
 
 
 @dataclass(frozen=True)
+class DeviceInfo:
+    """One of ggml's devices (`CUDA0`, `Metal`, `Vulkan0`, `CPU`), as llama.cpp names and describes it."""
+
+    name: str
+    description: str
+    type: str  # CPU, GPU, IGPU, ACCEL
+    memory_total: int  # bytes
+    memory_free: int  # bytes, at load
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Where llama.cpp put a model's layers at load (what llama-server logs as "offloaded N/M layers to GPU")."""
+
+    backends: tuple[str, ...]  # ggml's registered backends, e.g. ("CUDA", "CPU")
+    devices: tuple[DeviceInfo, ...]  # the devices the offloaded layers went to; the CPU's alone when none
+    layers_offloaded: int
+    layers: int  # the model's layers plus its output layer, llama.cpp's count
+    cpu_reason: str = ""  # why nothing was offloaded ("" when some layers were)
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What a loaded model says about itself (shown by /props, /v1/models, /api/show...)."""
 
@@ -311,6 +333,7 @@ class ModelInfo:
     # "attention": one KV cell per token, trimmed to any prefix; "hybrid" (LFM2, Qwen3.5) and "recurrent"
     # (Mamba): layers whose state is one snapshot per sequence, valid only at the position it reached
     memory_kind: MemoryKind = "attention"
+    offload: Offload | None = None  # None for a model another server runs
     eog_ids: tuple[int, ...] = ()  # every end-of-generation token (EOS, EOT, <end_of_turn>...): what ignore_eos bans
 
     @property

@@ -1,8 +1,8 @@
 """llama-server's flags act on what a request gets (issue 23): sampling flags become every protocol's
 defaults (a request's own field wins), and model and context flags change what llama.cpp loads.
 
-Two servers of the bundled model: `constrained` with sampling defaults, a JSON schema, a stop string
-and a q8_0 KV cache; `special` with --special, --ignore-eos, a logit bias, -kvu, --no-mmap and a
+Two servers of the bundled model: `constrained` with sampling defaults, a JSON schema, a stop string,
+a q8_0 KV cache and -ngl 99; `special` with --special, --ignore-eos, a logit bias, -kvu, --no-mmap and a
 metadata override. Both save a slot, so their KV caches' sizes can be compared.
 """
 
@@ -38,7 +38,7 @@ def constrained(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> I
                        "--seed", "3", "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.1",
                        "--samplers", "top_k;temperature",
                        "--json-schema", json.dumps(SCHEMA), "-r", r"\x7d", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
-                       "-ngl", "99", "-tb", "1", "--slot-save-path", str(slots)) as server:
+                       "-ngl", "99", "-tb", "1", "--slot-save-path", str(slots), "--metrics") as server:
         yield server
 
 
@@ -134,6 +134,31 @@ def test_tensor_placement_flags_reach_llama_cpp_and_props(special: KineticServer
     assert llama["tensor_overrides"] == [r"blk\.0\.attn_q\.weight=CPU", r"\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU",
                                          r"blk\.0\.ffn_(up|down|gate)\.=CPU"]
     assert completion(special)["tokens_predicted"] == 3
+
+
+def test_the_offload_is_logged_at_start_and_shown_in_props_and_metrics(constrained: KineticServer,
+                                                                      special: KineticServer) -> None:
+    """-ngl 99: the start says what llama-server says about the offload ("offloaded N/M layers to GPU"), and /props
+    and /metrics show the devices. On a build without a GPU backend (CI's) that is the CPU, in one line."""
+    shown = httpx.get(constrained.url + "/props").json()["offload"]
+    metrics = httpx.get(constrained.url + "/metrics").text
+    assert shown["layers"] == 19  # Gemma 3 270M's 18 layers and its output layer
+    if shown["backends"] == ["CPU"]:
+        assert shown["layers_offloaded"] == 0 and shown["cpu_reason"] == "this llama.cpp build has no GPU backend"
+        assert [d["type"] for d in shown["devices"]] == ["CPU"] and shown["devices"][0]["memory_total"] > 0
+        assert "offloaded 0/19 layers to GPU: this llama.cpp build has no GPU backend (backends: CPU); the model " \
+               "runs on the CPU" in constrained.log()
+    else:
+        assert shown["layers_offloaded"] == 19 and all(d["type"] != "CPU" for d in shown["devices"])
+        assert "offloaded 19/19 layers to GPU" in constrained.log()
+    device = shown["devices"][0]
+    assert f'kinetic:device_info{{name="{device["name"]}",description="{device["description"]}",' \
+           f'type="{device["type"]}"}} 1' in metrics.splitlines()
+    assert f"kinetic:layers_offloaded {shown['layers_offloaded']}" in metrics.splitlines()
+    assert "kinetic:layers 19" in metrics.splitlines()
+    # -dev none: nothing offloaded, whatever the build, and the start says why
+    assert httpx.get(special.url + "/props").json()["offload"]["cpu_reason"] == "-dev none"
+    assert "offloaded 0/19 layers to GPU: -dev none" in special.log()
 
 
 def test_override_kv_changes_the_models_metadata(constrained: KineticServer, special: KineticServer) -> None:

@@ -1,4 +1,5 @@
-"""ggml's devices and buffer types, for -dev, --list-devices, -ot, --cpu-moe and --n-cpu-moe.
+"""ggml's backends, devices and buffer types, for -dev, --list-devices, -ot, --cpu-moe, --n-cpu-moe and the
+offload log (offload.py).
 
 llama-cpp-python binds none of ggml's backend registry, and leaves llama_model_params' `devices` and
 `tensor_buft_overrides` as bare pointers; these are ctypes bindings to the ggml libraries it ships, and
@@ -47,6 +48,9 @@ def _ggml() -> ctypes.CDLL:
     pointer, size = ctypes.c_void_p, ctypes.c_size_t
     for name, argtypes, restype in (
         ("ggml_backend_load_all", [], None),
+        ("ggml_backend_reg_count", [], size),
+        ("ggml_backend_reg_get", [size], pointer),
+        ("ggml_backend_reg_name", [pointer], ctypes.c_char_p),
         ("ggml_backend_dev_count", [], size),
         ("ggml_backend_dev_get", [size], pointer),
         ("ggml_backend_dev_by_name", [ctypes.c_char_p], pointer),
@@ -62,6 +66,13 @@ def _ggml() -> ctypes.CDLL:
         function.argtypes, function.restype = argtypes, restype
     lib.ggml_backend_load_all()  # backends built as loadable modules register here (a no-op when linked in)
     return lib
+
+
+def backends() -> list[str]:
+    """The names of ggml's registered backends (`CUDA`, `Metal`, `Vulkan`, `CPU`...): what this build can run on."""
+    lib = _ggml()
+    registry = (lib.ggml_backend_reg_get(i) for i in range(lib.ggml_backend_reg_count()))
+    return [lib.ggml_backend_reg_name(reg).decode() for reg in registry]
 
 
 def devices() -> list[Device]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,15 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp import _logger as llama_logger
 
+from kinetic.engine.llama import offload
 from kinetic.engine.llama.control_vector import apply_control_vector, load_control_vectors
 from kinetic.engine.llama.params import init_numa, model_params
 from kinetic.engine.llama.threads import attach_threadpools
 from kinetic.engine.options import LlamaOptions
 from kinetic.engine.types import MemoryKind, ModelInfo
 from kinetic.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +59,9 @@ class LoadedModel:
         self.lora = [self._load_lora(Path(adapter), 0.0 if options.lora_init_without_apply else scale)
                      for adapter, scale in options.lora]
         self.control_vector = load_control_vectors(options.control_vectors) if options.control_vectors else None
+        placed = offload.placement(options, llama_cpp.llama_model_n_layer(self.model.model))
+        for line in offload.log_lines(placed):
+            log.info("%s: %s", path.name, line)
         self.vocab = self.model.vocab
         self.n_vocab = self.model.n_vocab()
         self._pieces: dict[int, bytes] = {}  # token -> its text, as the decode loop asks for every token
@@ -79,6 +86,7 @@ class LoadedModel:
             fim_tokens={name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(self.vocab))
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
             memory_kind=self._memory_kind(),
+            offload=placed,
             eog_ids=self.eog_tokens,
         )
 

@@ -1,5 +1,7 @@
 """GET /metrics in Prometheus text: llama-server's counters and gauges under its own names, then
-kinetic's lines per key name (who waits for a slot, and each key's requests, tokens and errors).
+kinetic's lines per key name (who waits for a slot, and each key's requests, tokens and errors), and
+kinetic's lines about where the model runs (kinetic:device_info, kinetic:layers_offloaded, kinetic:layers),
+which llama-server's /metrics does not show.
 
 Pure: the route passes in the engine's stats and the class's figures."""
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kinetic.engine.types import EngineStats
+from kinetic.engine.types import EngineStats, Offload
 
 # llama-server's names, help texts and order: counters, then gauges (server-task.cpp to_metrics)
 COUNTERS = (
@@ -57,8 +59,21 @@ def key_counter_lines(by_key: Mapping[str, Mapping[str, int]], viewer: str | Non
     return lines
 
 
+def offload_lines(offload: Offload) -> list[str]:
+    """The devices the model runs on (one `kinetic:device_info` line each, valued 1) and its offloaded layers."""
+    lines = ["# HELP kinetic:device_info A device the model's layers run on (the CPU when none was offloaded).",
+             "# TYPE kinetic:device_info gauge"]
+    lines += [f'kinetic:device_info{{name="{_key_label(d.name)}",description="{_key_label(d.description)}",'
+              f'type="{d.type}"}} 1' for d in offload.devices]
+    lines += ["# HELP kinetic:layers_offloaded Layers llama.cpp offloaded to a GPU (-ngl), of kinetic:layers.",
+              "# TYPE kinetic:layers_offloaded gauge", f"kinetic:layers_offloaded {offload.layers_offloaded}",
+              "# HELP kinetic:layers The model's layers as llama.cpp counts them (the output layer included).",
+              "# TYPE kinetic:layers gauge", f"kinetic:layers {offload.layers}"]
+    return lines
+
+
 def metrics_text(stats: EngineStats, *, viewer: str | None = None,
-                 by_key: Mapping[str, Mapping[str, int]] | None = None) -> str:
+                 by_key: Mapping[str, Mapping[str, int]] | None = None, offload: Offload | None = None) -> str:
     """Prometheus text: llama-server's counters and gauges under its names, then kinetic's per-key
     lines (`by_key`: the dashboard's figures per key name), which show a student (`viewer`) their own
     line only."""
@@ -78,4 +93,6 @@ def metrics_text(stats: EngineStats, *, viewer: str | None = None,
         lines.append(f'llamacpp:requests_deferred_by_key{{key="{_key_label(client)}"}} {count}')
     if by_key is not None:
         lines += key_counter_lines(by_key, viewer)
+    if offload is not None:
+        lines += offload_lines(offload)
     return "\n".join(lines) + "\n"

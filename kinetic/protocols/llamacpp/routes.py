@@ -18,6 +18,7 @@ from kinetic.chat.types import PreparedRequest
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
+from kinetic.engine.types import Offload
 from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
 from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
@@ -179,11 +180,20 @@ async def get_metrics(request: Request) -> Response:
         return _metrics(request, backend)
 
 
+def _offload(backend: ModelBackend) -> Offload | None:
+    """Where the model runs, once it is loaded (a model another server runs has no such lines)."""
+    try:
+        info = backend.describe().info
+    except UnavailableError:  # still loading: the counters show, the devices not yet
+        return None
+    return info.offload if info is not None else None
+
+
 def _metrics(request: Request, backend: ModelBackend) -> Response:
     if not backend.config.switches.metrics:
         raise NotSupportedError("This server does not support metrics endpoint. Start it with `--metrics`")
     text = metrics.metrics_text(backend.stats(scrape=True), viewer=_viewer(request),
-                                  by_key=app_state(request.app).class_stats.figures_by_key())
+                                  by_key=app_state(request.app).class_stats.figures_by_key(), offload=_offload(backend))
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # spelled as llama-server spells it: its own test suite reads the header with this exact case
     response.raw_headers.append((b"Process-Start-Time-Unix", str(backend.started).encode()))

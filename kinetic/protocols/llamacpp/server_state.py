@@ -10,6 +10,7 @@ from kinetic.engine.types import (
     GenerationRequest,
     Modalities,
     ModelInfo,
+    Offload,
     SamplingParams,
     SlotFileResult,
     SlotState,
@@ -80,7 +81,17 @@ def props(state: ServedState) -> dict[str, Any]:
         "ui_settings": state.ui_settings,
         # kinetic's addition: what the model and context flags (-ngl, -fa, -ctk...) asked of llama.cpp
         "llama_params": state.llama_params,
+        # kinetic's addition: where llama.cpp put the model (llama-server only logs it)
+        **({"offload": offload_props(info.offload)} if info.offload is not None else {}),
     }
+
+
+def offload_props(offload: Offload) -> dict[str, Any]:
+    """/props's `offload`: the backends, the devices the layers run on, and how many layers were offloaded."""
+    return {"backends": list(offload.backends),
+            "devices": [{"name": d.name, "description": d.description, "type": d.type,
+                         "memory_total": d.memory_total, "memory_free": d.memory_free} for d in offload.devices],
+            "layers_offloaded": offload.layers_offloaded, "layers": offload.layers, "cpu_reason": offload.cpu_reason}
 
 
 def lora_scales(body: Any) -> dict[int, float]:

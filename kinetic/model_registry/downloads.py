@@ -234,9 +234,12 @@ def remove_cached(name: str) -> bool:
     others = [p for p in model.parent.glob("*.gguf") if p not in links and p != projector]
     if projector is not None and not others:  # the projector goes with the repo's last model, not before
         links.append(projector)
+    # the repo's own folder (models--ORG--REPO), which holds its blobs; the snapshot's file may sit in sub-folders
+    repo_folder = next((p for p in model.parents if p.name.startswith("models--")), model.parent).resolve()
     for link in links:
         blob = link.resolve()
         link.unlink(missing_ok=True)
-        if blob != link:
+        # the blob goes only when it is the cache's own: a link a user made to a file elsewhere leaves that file
+        if blob != link and blob.is_relative_to(repo_folder):
             blob.unlink(missing_ok=True)
     return True

@@ -16,7 +16,7 @@ from kinetic.config.settings import ServerSettings
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
 from kinetic.model_registry.derived_backend import dressed, with_defaults
-from kinetic.model_registry.downloads import plan
+from kinetic.model_registry.downloads import plan, remove_cached
 from kinetic.protocols.ollama import manage
 from kinetic.protocols.ollama.types import CreateRequest
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
@@ -220,3 +220,25 @@ def test_a_single_model_server_serves_a_derived_model_by_name_and_its_own_name_a
         assert taken.status_code == 400 and "a name of its own" in taken.json()["error"]
         assert client.post("/api/pull", json={"model": "hf.co/a/b"}).status_code == 501  # router mode only
         assert client.post("/models", json={"model": "a/b"}).status_code == 404  # llama-server's, router only
+
+
+def test_removing_a_cached_model_never_deletes_a_file_outside_the_cache(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache entry that is a link to a file elsewhere (a hand-made cache, a shared model) loses the link, not the
+    file; a blob of the cache's own goes with its link."""
+    outside = tmp_path / "shared" / "model.gguf"
+    outside.parent.mkdir()
+    outside.write_bytes(b"GGUF-shared")
+    lay_out_cache(tmp_path, "org/linked-GGUF", {})
+    repo = tmp_path / "hub" / "models--org--linked-GGUF"
+    snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text()
+    snapshot.mkdir(parents=True)
+    (snapshot / "linked-Q4_K_M.gguf").symlink_to(outside)
+    blob = repo / "blobs" / "0123abcd"
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF-own")
+    (snapshot / "linked-Q8_0.gguf").symlink_to(blob)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert remove_cached("org/linked-GGUF:Q4_K_M") and outside.read_bytes() == b"GGUF-shared"
+    assert not (snapshot / "linked-Q4_K_M.gguf").exists()
+    assert remove_cached("org/linked-GGUF:Q8_0") and not blob.exists()

@@ -42,7 +42,7 @@ def check(name: str, url: str) -> bool:
     print(f"{name}: usage {data.get('usage')} timings {data.get('timings')}")
     props = httpx.get(url + "/props", timeout=10).json()
     placed = props.get("offload")  # kinetic's: where llama.cpp put the model (llama-server only logs it)
-    where = (f"; offloaded {placed['layers_offloaded']}/{placed['layers']} layers to "
+    where = (f"; offloaded {placed['layers_offloaded']}/{placed['layers']} layers, running on "
              + ", ".join(f"{d['name']} ({d['description']})" for d in placed["devices"]) if placed else "")
     print(f"{name}: /props total_slots={props.get('total_slots')}{where}")
     return True

@@ -29,7 +29,8 @@ KEPT_DAYS = 15  # two weeks and a day: a week's budget and the week before it (c
 RECENT = 20  # requests a key's standing lists
 # Routes that run no model, or only look: a key over budget or outside its hours may still call them.
 # Every other POST spends tokens, so a new generation route is counted without being listed here.
-FREE_ROUTES = frozenset({"/tokenize", "/detokenize", "/apply-template", "/api/show", "/v1/messages/count_tokens"})
+FREE_ROUTES = frozenset({"/tokenize", "/detokenize", "/apply-template", "/api/show", "/v1/messages/count_tokens",
+                         "/v1/streams/lookup"})
 # A key's own standing answers outside its hours too: that is where it reads why it is refused.
 ALWAYS_OPEN = frozenset({"/v1/me"})
 RECENT_FIELDS = ("time", "route", "status", "model", "prompt_tokens", "completion_tokens", "duration_s", "stream")

@@ -23,6 +23,7 @@ from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
 from kinetic.protocols.common.app_parts import install
+from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
 from kinetic.server.error_funnel import install_error_funnel, validation_message
@@ -110,6 +111,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     app.state.server = state
     install(app, RunningCompletions())  # for /v1/chat/completions/control
     install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
+    install(app, StreamBuffers())  # X-Conversation-Id's kept streams (GET /v1/stream)
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

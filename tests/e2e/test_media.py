@@ -68,7 +68,7 @@ def media_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def gemma(model_lock: None, media_folder: Path) -> Iterator[KineticServer]:
     with KineticServer("-mm", str(tiny_projector("gemma3")), "-c", "4096", "-np", "2", "-a", "seer",
-                       "--slot-save-path", "slots", "--media-path", str(media_folder)) as server:
+                       "--media-path", str(media_folder)) as server:
         yield server
 
 
@@ -323,13 +323,6 @@ def test_a_stream_with_an_image_cancelled_midway_leaves_nothing(gemma: KineticSe
         time.sleep(0.05)
     assert idle(gemma.url)
     assert chat(gemma.url, image_message(png_image(64, 64, 51))).status_code == 200
-
-
-def test_a_slot_holding_an_image_is_not_saved_to_a_file(gemma: KineticServer) -> None:
-    slot_id = 0
-    chat(gemma.url, image_message(png_image(64, 64, 61)), id_slot=slot_id)
-    saved = httpx.post(gemma.url + f"/slots/{slot_id}?action=save", json={"filename": "with-image.bin"}, timeout=60)
-    assert saved.status_code == 400 and "image" in saved.json()["error"]["message"]
 
 
 # ------------------------------------------------------------------ the chat page

@@ -85,7 +85,7 @@ def test_slot_file_is_llama_servers_and_an_older_plain_list_restores(flagged: tu
     ("/slots/0?action=explode", {"filename": "x.bin"}, "Invalid action"),
     ("/slots/0?action=save", {"filename": "../x.bin"}, "Invalid filename"),
     ("/slots/0?action=restore", {"filename": "never-saved.bin"},
-     "Unable to restore slot, no available space in KV cache or invalid slot save file"),
+     "Unable to restore slot: No available space in KV cache or invalid slot save file"),
 ])
 def test_slot_action_errors(flagged: tuple[str, Path], path: str, body: dict, message: str) -> None:
     response = post(flagged[0], path, body)

@@ -222,6 +222,37 @@ def test_stop_aborts_the_request_and_frees_the_slot(page: Any, browser_context: 
     assert page.inner_text("#status").startswith("stopped") and page.is_enabled("#send")
 
 
+def test_reloading_mid_answer_picks_the_answer_up_again(page: Any, server: KineticServer) -> None:
+    sent: list[tuple[str, str, str | None]] = []
+    page.on("request", lambda request: sent.append((request.method, request.url.split("?")[0],
+                                                    request.headers.get("x-conversation-id"))))
+    open_chat(page, server, KEYS["carol"])
+    page.fill("#max-tokens", "400")
+    page.click(".options summary")
+    page.fill("#extra", '{"ignore_eos": true}')
+    page.fill("#message", "Count from one to one thousand.")
+    page.click("#send")
+    page.wait_for_function("(() => { const t = document.querySelector('.turn.assistant.streaming .content');"
+                           " return t && t.textContent.length > 20; })()")
+    before_reload = page.inner_text(".turn.assistant .content")
+    page.reload()  # the key and the answer under way are in this tab's sessionStorage
+    turn = page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=note]").evaluate_handle(
+        "node => node.closest('.turn')").as_element()
+    shown = numbers(turn)
+    assert shown["note"].strip() == "resumed after a reload"
+    assert int(shown["completion-tokens"].split()[-1]) == 400  # the reload did not cut the answer short
+    answer = turn.query_selector(".content").inner_text()
+    assert answer.startswith(before_reload.strip()) and len(answer) > len(before_reload)
+    assert [t.inner_text() for t in page.query_selector_all(".turn.user")] == ["Count from one to one thousand."]
+    assert page.inner_text("#status") == "ready" and page.is_enabled("#send")
+    assert page.evaluate("sessionStorage.getItem('kinetic.pendingAnswer')") is None
+    [(_, _, stream_id)] = [entry for entry in sent if entry[1].endswith("/v1/chat/completions")]
+    assert stream_id, "the chat page sends X-Conversation-Id"
+    assert ("GET", server.url + "/v1/stream", None) in sent  # the reloaded page read the kept stream
+    assert not any(slot["is_processing"] for slot in slots(server))
+    page.screenshot(path=str(ARTIFACTS / "chat-resumed.png"), full_page=True)
+
+
 def test_dashboard_counts_requests_by_key_name(page: Any, server: KineticServer) -> None:
     from openai import AuthenticationError, OpenAI
 

@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import secrets
 import time
 import weakref
@@ -27,6 +28,7 @@ from llama_cpp import _logger as llama_logger
 
 from kinetic.engine.llama.devices import devices
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.llama.slots import HeldMedia
 from kinetic.engine.options import ProjectorOptions
 from kinetic.engine.types import MediaSpan, Modalities
 from kinetic.errors import InvalidRequestError, ModelLoadError
@@ -39,6 +41,9 @@ MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token
 # stand-in ids live below 0 (never a vocabulary id) and within int32 (slot files, the host cache)
 _STAND_IN_RANGE = 2**31 - 2
 _CHUNK_TEXT, _CHUNK_IMAGE, _CHUNK_AUDIO = 0, 1, 2
+# media_key's form; mtmd's helper names a file the same way (sha256 of its bytes, hex), so a slot file llama-server
+# saved names its images as kinetic does. Any other id (none, a video frame's) gets stand-ins of its own
+_CONTENT_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 def media_key(data: bytes) -> str:
@@ -48,7 +53,7 @@ def media_key(data: bytes) -> str:
 
 def stand_ins(key: str, n: int) -> list[int]:
     """`n` negative ids drawn from `key`: two different files part at their first position."""
-    base = int(key[:15], 16)
+    base = int(key[:15], 16) if _CONTENT_KEY.fullmatch(key) else int(media_key(key.encode("utf-8"))[:15], 16)
     return [-1 - (base + i) % _STAND_IN_RANGE for i in range(n)]
 
 
@@ -161,6 +166,48 @@ class Projector:
             spans.append(span)
             tokens.extend(stand_ins(key, n_pos))
         return tokens, tuple(spans)
+
+    # ------------------------------------------------------------ slot files (the decode thread idle)
+
+    def held(self, spans: list[MediaSpan], upto: int) -> tuple[HeldMedia, ...]:
+        """The spans before position `upto` as a slot file records them (mtmd_input_chunk_save). A span mtmd
+        cannot record is left out: a save of the slot then says the slot holds media it cannot write."""
+        held: list[HeldMedia] = []
+        for span in spans:
+            if span.end > upto:
+                continue
+            chunk = span.chunk
+            assert isinstance(chunk, OwnedChunk)
+            size = ctypes.c_size_t(0)
+            if self.mtmd.mtmd_input_chunk_save(chunk.pointer, None, 0, ctypes.byref(size)) != 0 or not size.value:
+                log.warning("mtmd could not record the %s at position %d for slot files", span.modality, span.start)
+                continue
+            buffer = ctypes.create_string_buffer(size.value)
+            if self.mtmd.mtmd_input_chunk_save(chunk.pointer, buffer, size.value, None) != 0:
+                log.warning("mtmd could not record the %s at position %d for slot files", span.modality, span.start)
+                continue
+            held.append(HeldMedia(start=span.start, n_pos=span.n_pos, n_tokens=span.n_tokens, key=span.key,
+                                  record=buffer.raw))
+        return tuple(held)
+
+    def read_record(self, record: bytes) -> tuple[int, int, str]:
+        """A slot file's media record (mtmd_input_chunk_load) as (positions, embeddings, content key).
+        Raises ValueError with llama-server's reason for a record it would refuse."""
+        mtmd = self.mtmd
+        chunk = mtmd.mtmd_input_chunk_load(record, len(record))
+        if not chunk:
+            raise ValueError("Cannot load media chunk from server tokens state")
+        try:
+            if mtmd.mtmd_input_chunk_get_type(chunk) == _CHUNK_TEXT:
+                raise ValueError("Invalid tokens in slot save file")
+            n_pos = int(mtmd.mtmd_input_chunk_get_n_pos(chunk))
+            n_tokens = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+            key = (mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode("utf-8", "replace")
+        finally:
+            mtmd.mtmd_input_chunk_free(chunk)
+        if n_pos <= 0 or n_tokens <= 0:
+            raise ValueError("Invalid tokens in slot save file")
+        return n_pos, n_tokens, key
 
     # ------------------------------------------------------------ the decode thread
 

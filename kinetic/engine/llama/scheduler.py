@@ -484,7 +484,11 @@ class Scheduler(SlotAdmission):
         slot.to_evaluate = []
         slot.checkpoints = []
         slot.breaks = []
-        slot.media = {}  # what the cells hold stays keyed by the stand-ins; the encoded chunks can go
+        # what the cells hold stays keyed by the stand-ins; the encoded chunks can go, their records (for slot
+        # files) stay
+        slot.held_media = self.projector.held(list(slot.media.values()), len(slot.tokens)) \
+            if slot.media and self.projector is not None else ()
+        slot.media = {}
         slot.last_used = next(self._use_counter)
         # Tokens queued for this slot but never decoded are not in the cache: forget them.
         if not llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, len(slot.tokens), -1):

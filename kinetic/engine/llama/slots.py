@@ -13,6 +13,23 @@ from kinetic.engine.text import TextAssembler
 from kinetic.engine.types import Event, GenerationRequest, MediaSpan, SlotState, Timings
 
 
+@dataclass(frozen=True)
+class HeldMedia:
+    """An image or clip a slot's cells hold, as a slot file records it: where its stand-ins sit in the token
+    list, and mtmd's saved chunk (`record`: its size, layout and content key, not its pixels; llama-server's
+    mtmd_input_chunk_save), which is all a restore needs, since the cells already hold its embeddings."""
+
+    start: int
+    n_pos: int
+    n_tokens: int
+    key: str
+    record: bytes
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_pos
+
+
 class SlotBusyError(Exception):
     """The slot a slot action named is serving a request."""
 
@@ -63,6 +80,8 @@ class Slot:
     n_draft_accepted: int = 0
     media: dict[int, MediaSpan] = field(default_factory=dict)  # the job's images and clips by first position
     lora: tuple[float, ...] = ()  # the adapter scales its cells were computed with
+    # the media among `tokens` once a job has ended (its encoded chunks are freed then) or a file restored them
+    held_media: tuple[HeldMedia, ...] = ()
 
     @property
     def is_processing(self) -> bool:

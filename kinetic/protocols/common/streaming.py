@@ -2,6 +2,10 @@
 
 A client that goes away must free its slot at once: streams race the body against the ASGI
 `http.disconnect` message, and non-streamed generations are raced the same way.
+
+Except a stream sent with `X-Conversation-Id` (llama-server's resumable streams): its generation runs
+to its end whether or not its client stays, into a kept buffer (stream_buffers.py) that any later
+`GET /v1/stream` replays. Only the header makes a generation outlive its connection.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import Outcome, hand_over
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import KineticError, ServerError
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.sse_ping import with_pings
+from kinetic.protocols.common.stream_buffers import StreamBuffer, StreamBuffers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,12 +112,64 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
                 await close()
 
 
-def event_stream(frames: AsyncIterator[bytes], media_type: str = "text/event-stream",
-                 ping_s: float = -1) -> StreamingResponse:
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    if ping_s > 0 and media_type == "text/event-stream":  # never in NDJSON, where a comment is no line
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE = "text/event-stream"
+CONVERSATION_ID_HEADER = "X-Conversation-Id"
+
+
+def event_stream(frames: AsyncIterator[bytes], media_type: str = SSE, ping_s: float = -1) -> StreamingResponse:
+    if ping_s > 0 and media_type == SSE:  # never in NDJSON, where a comment is no line
         frames = with_pings(frames, ping_s)
-    return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=headers)
+    return DisconnectAwareStreamingResponse(frames, media_type=media_type, headers=STREAM_HEADERS)
+
+
+def replay_stream(buffer: StreamBuffer, offset: int) -> StreamingResponse:
+    """A kept stream read from byte `offset`, then live until it ends (its pings are kept in it, as
+    llama-server keeps them, so offsets count the same bytes). Leaving stops the reading, never the generation."""
+    return event_stream(buffer.read_from(offset), SSE)
+
+
+async def _keep(frames: AsyncIterator[bytes], buffer: StreamBuffer) -> None:
+    try:
+        async for frame in frames:
+            buffer.append(frame)
+    finally:
+        close = getattr(frames, "aclose", None)
+        if close is not None:
+            await close()
+        buffer.finish()
+
+
+class KeptStreamResponse(DisconnectAwareStreamingResponse):
+    """A stream sent with X-Conversation-Id: the generation writes into its kept buffer, and the client
+    reads that buffer live. A client that leaves stops reading; the generation goes on to its end (or to
+    DELETE /v1/stream), and the response returns only then, so the request's ledger line holds the
+    whole answer, once."""
+
+    def __init__(self, frames: AsyncIterator[bytes], buffer: StreamBuffer):
+        super().__init__(buffer.read_from(0), media_type=SSE, headers=STREAM_HEADERS)
+        self.frames = frames
+        self.buffer = buffer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        producer = asyncio.ensure_future(_keep(self.frames, self.buffer))
+        self.buffer.on_stop(producer.cancel)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.gather(producer, return_exceptions=True)
+
+
+def stream_response(request: Request, frames: AsyncIterator[bytes], media_type: str = SSE) -> StreamingResponse:
+    """The frames as the response's body; kept for replay when the request names a conversation (SSE
+    streams only, as llama-server keeps them: Ollama's NDJSON is not llama-server's)."""
+    conversation_id = request.headers.get(CONVERSATION_ID_HEADER, "")
+    ping_s = ping_interval(request)
+    if conversation_id and media_type == SSE:
+        buffers = installed(request.app, StreamBuffers)
+        kept = with_pings(frames, ping_s) if ping_s > 0 else frames
+        return KeptStreamResponse(kept, buffers.open(caller_of(request).name, conversation_id))
+    return event_stream(frames, media_type, ping_s=ping_s)
 
 
 @dataclass(frozen=True)
@@ -161,7 +219,7 @@ async def respond(request: Request, generation: Generation, *, stream: bool, enc
     encoder's outcome (which `to_body` fills for a whole answer) goes to the ledger."""
     hand_over(request.scope, encoder.outcome)
     if stream:
-        return event_stream(encode_events(generation, encoder), media_type, ping_s=ping_interval(request))
+        return stream_response(request, encode_events(generation, encoder), media_type)
     deltas, finished = await until_disconnect(request, generation.result())
     return JSONResponse(to_body(deltas, finished))
 
@@ -205,8 +263,8 @@ async def respond_many(request: Request, generations: list[Generation], *, strea
     of their bodies in order (all cancelled if the client leaves)."""
     hand_over(request.scope, *(encoder.outcome for encoder in encoders))
     if stream:
-        return event_stream(merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]),
-                            ping_s=ping_interval(request))
+        return stream_response(request,
+                               merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]))
 
     async def all_results() -> list[tuple[list[TextDelta], Finished]]:
         try:

@@ -1,7 +1,8 @@
 """llama-server native routes: /health, /props, /slots, /metrics, /completion (and /completions),
 /infill, /embedding (and /embeddings), /rerank (and its aliases), /tokenize, /detokenize, /apply-template,
 /cors-proxy; the router's /models/load, /models/unload, /models/sse (POST and DELETE /models: model_routes.py),
-and kinetic's /models/drain and /models/undrain."""
+the resumable streams' /v1/stream and /v1/streams/lookup (stream_routes.py), and kinetic's /models/drain and
+/models/undrain."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from kinetic.protocols.llamacpp import (
     rerank,
     server_state,
     slot_folder,
+    stream_routes,
     tokens,
     translate,
 )
@@ -50,6 +52,7 @@ from kinetic.protocols.llamacpp.types import (
 router = APIRouter()
 router.include_router(cors_proxy.router)
 router.include_router(model_routes.router)
+router.include_router(stream_routes.router)
 BUILD_INFO = f"b{__version__}-kinetic"
 
 

@@ -7,7 +7,8 @@ const $ = (id) => document.getElementById(id);
 const keyStore = kinetic.keyStore("kinetic.apiKey");
 // `images`: data: URLs attached to the next message (the model's projector reads them); `chatId`: this
 // conversation's name on the server when it keeps chats (`history`: --chat-history is on)
-const state = { model: "", messages: [], controller: null, images: [], chatId: null, history: false };
+// `streamId`: the X-Conversation-Id of the answer under way (null when none is)
+const state = { model: "", messages: [], controller: null, streamId: null, images: [], chatId: null, history: false };
 
 function setStatus(text) {
   $("status").textContent = text;
@@ -59,6 +60,7 @@ async function loadProps() {
   $("send").disabled = false;
   loadStanding().catch(() => {});
   if (state.history) await refreshHistory();
+  if (!state.controller) await resumeAnswer();
 }
 
 // One line for the key's own standing (GET /v1/me): its name, tokens left and when they reset, why
@@ -139,7 +141,7 @@ async function openChat(id) {
 }
 
 function startNewChat() {
-  state.controller?.abort();
+  stopAnswer();
   state.messages = [];
   state.images = [];
   state.chatId = null;
@@ -252,6 +254,27 @@ async function attach(files) {
   showAttachments();
 }
 
+// The answer being streamed, kept in this tab's sessionStorage while it comes: its stream id (sent as
+// X-Conversation-Id, so the server keeps generating it when the page goes away) and the conversation up to
+// its question. A reload mid-answer reads it back and picks the answer up from GET /v1/stream.
+const PENDING = "kinetic.pendingAnswer";
+
+function rememberPending(pending) {
+  try {
+    sessionStorage.setItem(PENDING, JSON.stringify(pending));
+  } catch {
+    // a conversation too large for sessionStorage (many images): this answer is not resumable, nothing else changes
+  }
+}
+
+function pendingAnswer() {
+  try {
+    return JSON.parse(sessionStorage.getItem(PENDING) ?? "null");
+  } catch {
+    return null;
+  }
+}
+
 async function send(text) {
   let body;
   const images = state.images;
@@ -266,7 +289,39 @@ async function send(text) {
   state.images = [];
   showAttachments();
   addTurn("user", text, images);
-  const turn = addTurn("assistant");
+  const streamId = newChatId();
+  rememberPending({ streamId, chatId: state.chatId, messages: state.messages });
+  await followAnswer(addTurn("assistant"), streamId, (signal) => fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: kinetic.headers(keyStore.get(), { "Content-Type": "application/json", "X-Conversation-Id": streamId }),
+    body: JSON.stringify(body),
+    signal,
+  }));
+}
+
+// After a reload: the answer that was still coming, read again from its first byte and then live.
+async function resumeAnswer() {
+  const pending = pendingAnswer();
+  if (!pending?.streamId || !Array.isArray(pending.messages)) return;
+  state.messages = pending.messages;
+  state.chatId = pending.chatId ?? null;
+  showConversation(state.messages);
+  const url = `/v1/stream?conv_id=${encodeURIComponent(pending.streamId)}&from=0`;
+  await followAnswer(addTurn("assistant"), pending.streamId,
+    (signal) => fetch(url, { headers: kinetic.headers(keyStore.get()), signal }), { resumed: true });
+}
+
+// Stops the answer under way: the fetch ends, and the server stops generating it (the stream id keeps a
+// generation going past its connection, so closing the connection alone would not).
+function stopAnswer() {
+  if (!state.controller) return;
+  state.controller.abort();
+  fetch(`/v1/stream?conv_id=${encodeURIComponent(state.streamId)}`, {
+    method: "DELETE", headers: kinetic.headers(keyStore.get()),
+  }).catch(() => {});
+}
+
+async function followAnswer(turn, streamId, request, { resumed = false } = {}) {
   const content = turn.querySelector(".content");
   const reasoningBox = turn.querySelector(".reasoning");
   const reasoning = reasoningBox.querySelector("pre");
@@ -275,27 +330,28 @@ async function send(text) {
   let answer = "";
 
   state.controller = new AbortController();
+  state.streamId = streamId;
   $("send").disabled = true;
   $("stop").disabled = false;
-  setStatus("generating…");
+  setStatus(resumed ? "picking the answer up again…" : "generating…");
   turn.classList.add("streaming");
   const started = performance.now();
+  let reloading = false;
+  const noteReload = () => { reloading = true; };
+  window.addEventListener("pagehide", noteReload);
   try {
-    const res = await fetch("/v1/chat/completions", {
-      method: "POST",
-      headers: kinetic.headers(keyStore.get(), { "Content-Type": "application/json" }),
-      body: JSON.stringify(body),
-      signal: state.controller.signal,
-    });
+    const res = await request(state.controller.signal);
     if (!res.ok) {
       const message = await kinetic.errorText(res);
       if (res.status === 401) keyStore.clear();
-      throw new Error(message);
+      throw new Error(res.status === 404 && resumed ? "the unfinished answer is no longer kept on the server" : message);
     }
+    if (resumed) setStatus("generating…");
     await readEvents(res, (chunk) => {
       if (chunk.error) throw new Error(chunk.error.message ?? JSON.stringify(chunk.error));
       const delta = chunk.choices?.[0]?.delta ?? {};
-      if ((delta.content || delta.reasoning_content) && numbers.ttftMs === undefined) {
+      // a resumed answer's first token came before the reload: no TTFT to show
+      if ((delta.content || delta.reasoning_content) && numbers.ttftMs === undefined && !resumed) {
         numbers.ttftMs = performance.now() - started;
       }
       if (delta.reasoning_content) {
@@ -317,6 +373,7 @@ async function send(text) {
         numbers.promptTokens ??= chunk.timings.prompt_n + chunk.timings.cache_n;
       }
     });
+    if (resumed) numbers.note = "resumed after a reload";
     setStatus("ready");
   } catch (error) {
     if (error.name === "AbortError") {
@@ -329,16 +386,20 @@ async function send(text) {
       if (String(error.message).startsWith("HTTP 401")) loadProps().catch((e) => setStatus(String(e.message)));
     }
   } finally {
+    window.removeEventListener("pagehide", noteReload);
     turn.classList.remove("streaming");
     showNumbers(stats, numbers);
+    // the page going away mid-answer: the answer stays pending, for the reloaded page to pick up
+    if (!reloading) sessionStorage.removeItem(PENDING);
     const answered = Boolean(answer || numbers.note);
     if (answered) state.messages.push({ role: "assistant", content: answer });
     else state.messages.pop(); // nothing came back: the question is not part of the conversation
     state.controller = null;
+    state.streamId = null;
     $("send").disabled = false;
     $("stop").disabled = true;
     loadStanding().catch(() => {});
-    if (answered && state.history) saveChat().catch((error) => setStatus(String(error.message ?? error)));
+    if (answered && state.history && !reloading) saveChat().catch((error) => setStatus(String(error.message ?? error)));
   }
 }
 
@@ -370,8 +431,7 @@ $("message").addEventListener("paste", (event) => {
   attach(files).catch((error) => setStatus(String(error.message ?? error)));
 });
 
-// Aborting the fetch closes the connection; the server sees the disconnect and frees the slot.
-$("stop").addEventListener("click", () => state.controller?.abort());
+$("stop").addEventListener("click", stopAnswer);
 
 $("new-chat").addEventListener("click", startNewChat);
 

@@ -24,6 +24,8 @@ from kinetic.server.log_setup import LOG_FORMAT, configure_logging
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
+    from kinetic.server.vertex import VertexSettings
+
 log = logging.getLogger("kinetic")
 
 
@@ -111,6 +113,18 @@ def reload_keys_on_sighup(keys: KeyRing) -> None:
     signal.signal(signal.SIGHUP, reload)
 
 
+def vertex_environment(port: int) -> VertexSettings | None:
+    """Vertex AI's AIP_* variables when it runs the server (AIP_MODE=PREDICTION), whose AIP_HTTP_PORT replaces
+    --port as in llama-server (raises VertexSetupError for values it cannot serve)."""
+    from kinetic.server.vertex import vertex_settings
+
+    vertex = vertex_settings(os.environ)
+    if vertex is not None and vertex.port != port:
+        print(f"warning: Vertex AI (AIP_MODE=PREDICTION): listening on AIP_HTTP_PORT {vertex.port}, not --port {port}",
+              file=sys.stderr)
+    return vertex
+
+
 def serve(settings: ServerSettings) -> int:
     from kinetic.model_registry.deps import server_state
     from kinetic.server.api_prefix import ApiPrefix
@@ -127,6 +141,7 @@ def serve(settings: ServerSettings) -> int:
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
         print(variable_warning(name), file=sys.stderr)
+    port = vertex.port if (vertex := vertex_environment(settings.port)) is not None else settings.port
     try:
         if settings.router_mode or cache_router(settings):
             models, loading = router_registry(settings)
@@ -155,9 +170,9 @@ def serve(settings: ServerSettings) -> int:
         config_holder["server"].should_exit = True
 
     try:
-        sockets = bind_sockets(settings.hosts, settings.port, reuse_port=settings.reuse_port)
+        sockets = bind_sockets(settings.hosts, port, reuse_port=settings.reuse_port)
     except OSError as exc:
-        print(f"error: cannot listen on {exc.filename}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot listen on {exc.filename}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
     addresses = []
     scheme = "https" if settings.ssl_cert_file else "http"
@@ -171,7 +186,7 @@ def serve(settings: ServerSettings) -> int:
         # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
         print(f"listening on {', '.join(addresses)}", flush=True)
 
-    app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure)
+    app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure, vertex=vertex)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
     served: ASGIApp = StaticPath(app, settings.path) if settings.path else app
@@ -290,4 +305,11 @@ def run_serve(argv: Sequence[str]) -> int:
     if settings.list_devices:
         return list_devices()
     configure_logging(settings)
-    return serve(settings)
+    # the server's modules need the serve extra: imported here, as serve() imports them
+    from kinetic.server.vertex import VertexSetupError
+
+    try:
+        return serve(settings)
+    except VertexSetupError as exc:  # AIP_* values the server cannot serve, found before it listens or as it starts
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -168,18 +168,27 @@ def best_mmproj(files: list[str], model: str) -> str | None:
     return best_sibling(files, model, MMPROJ_KEYWORD)
 
 
-def cached_hf_file(repo: str, quant: str | None, hf_file: str | None,
-                   mmproj: bool = False) -> tuple[Path, Path | None]:
-    """The GGUF an -hf spec names, and with `mmproj` the repo's projector beside it, from the Hugging Face
-    cache only (LocalEntryNotFoundError if the model is absent)."""
+def cached_hf_names(repo: str, quant: str | None, hf_file: str | None = None,
+                    mmproj: bool = False) -> tuple[str, str | None]:
+    """The repo file an -hf spec names, and with `mmproj` the repo's projector beside it (or None), chosen
+    among the GGUFs the Hugging Face cache holds (LocalEntryNotFoundError if the repo is absent)."""
     import huggingface_hub
 
     snapshot = Path(huggingface_hub.snapshot_download(repo, local_files_only=True))
     # what the cache holds is the offline file list, as llama.cpp's get_cached_files reads it
     files = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf")]
     filename = hf_file or pick_repo_gguf(repo, files, quant)
+    return filename, best_mmproj(files, filename) if mmproj else None
+
+
+def cached_hf_file(repo: str, quant: str | None, hf_file: str | None,
+                   mmproj: bool = False) -> tuple[Path, Path | None]:
+    """The GGUF an -hf spec names, and with `mmproj` the repo's projector beside it, from the Hugging Face
+    cache only (LocalEntryNotFoundError if the model or one of its shards is absent)."""
+    import huggingface_hub
+
+    filename, projector = cached_hf_names(repo, quant, hf_file, mmproj)
     paths = [huggingface_hub.hf_hub_download(repo, shard, local_files_only=True) for shard in shard_names(filename)]
-    projector = best_mmproj(files, filename) if mmproj else None
     if projector is None:
         return Path(paths[0]), None
     return Path(paths[0]), Path(huggingface_hub.hf_hub_download(repo, projector, local_files_only=True))

@@ -377,7 +377,11 @@ class ChatLayer:
             chosen["grammar"] = grammar
         if options.logit_bias is not None:
             chosen["logit_bias"] = self.logit_bias(options.logit_bias)
-        return replace(self.defaults.sampling, **chosen)
+        params = replace(self.defaults.sampling, **chosen)
+        if params.ignore_eos:  # llama-server's: a -inf bias per end-of-generation token, shown in the settings
+            banned = dict.fromkeys(self.engine.require_ready().eog_ids, float("-inf"))
+            params = replace(params, logit_bias={**params.logit_bias, **banned})
+        return params
 
     def logit_bias(self, raw: dict[int | str, float]) -> dict[int, float]:
         """Token-id keys as they are; text keys give every token of the text the bias."""

@@ -251,6 +251,14 @@ class PromptProgress:
     processed: int
     time_ms: float
 
+    def timings(self) -> Timings:
+        """The prompt's timings so far (llama-server's timings_per_token on a progress event): nothing predicted."""
+        return Timings(cache_n=self.cache, prompt_n=self.processed - self.cache, prompt_ms=self.time_ms,
+                       predicted_n=0, predicted_ms=0.0)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
 
 @dataclass(frozen=True)
 class StructuredCall:
@@ -326,6 +334,7 @@ class ModelInfo:
     # (Mamba): layers whose state is one snapshot per sequence, valid only at the position it reached
     memory_kind: MemoryKind = "attention"
     offload: Offload | None = None  # None for a model another server runs
+    eog_ids: tuple[int, ...] = ()  # every end-of-generation token (EOS, EOT, <end_of_turn>...): what ignore_eos bans
 
     @property
     def ftype(self) -> str:

@@ -55,12 +55,15 @@ def get_registry(request: Request) -> ModelRegistry:
 
 
 async def requested_model(request: Request) -> str | None:
-    """The model a request names: `?model=`, else the JSON body's `model` (the body is read once and
-    kept by Starlette, so the route's own body parsing reads the same bytes)."""
+    """The model a request names: `?model=`, else the body's `model`, JSON or a multipart form's field (the
+    body is read once and kept by Starlette, so the route's own body parsing reads the same bytes)."""
     if name := request.query_params.get("model"):
         return name
     if request.method != "POST":
         return None
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):  # an upload (transcriptions)
+        field = (await request.form()).get("model")
+        return field if isinstance(field, str) else None
     try:
         body = json.loads(await request.body() or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError):

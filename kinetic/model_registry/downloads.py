@@ -8,6 +8,8 @@ Progress goes out on /models/sse as llama-server's router words it (`model_statu
 `download_progress` with `{"progress": {URL: {"done", "total"}}}`, then `download_finished` or
 `download_failed`); when it is done the model joins the router's list (source `cache`, removable).
 `/models/unload` cancels it: the next chunk read raises, and huggingface_hub drops its partial file.
+Offline (--offline, HF_HUB_OFFLINE), a model the cache already holds is "downloaded" from it the same way,
+with the same events (each file complete at once); only one that needs the network is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +29,7 @@ import anyio
 from kinetic.backends.gguf_files import (
     best_mmproj,
     cached_hf_file,
+    cached_hf_names,
     hub_files,
     offline_mode,
     pick_repo_gguf,
@@ -51,6 +55,7 @@ class Download:
     repo: str
     files: list[str]  # the repo files to fetch, model shards first, then its projector
     aliases: tuple[str, ...] = ()  # the names it gets besides `name` once downloaded (/api/pull's hf.co/...)
+    cached_only: bool = False  # offline: every file is read from the cache, none is asked of the hub
     progress: dict[str, dict[str, int]] = field(default_factory=dict)  # URL -> {"done", "total"}
     cancelled: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
@@ -103,8 +108,7 @@ def plan(name: str, settings: ServerSettings) -> Download:
     except ModelLoadError as exc:
         raise InvalidRequestError(str(exc).replace("-hf value", "model"), param="model") from None
     if offline_mode(settings.offline):
-        raise InvalidRequestError(f"cannot download {name}: the network is off (--offline or HF_HUB_OFFLINE); "
-                                  "start kinetic without it to download models", param="model")
+        return plan_cached(name, repo, quant)
     try:
         files = hub_files(repo, settings.hf_token)
         model = pick_repo_gguf(repo, files, quant)
@@ -119,6 +123,23 @@ def plan(name: str, settings: ServerSettings) -> Download:
                                   f"({type(exc).__name__}: {first})", param="model") from None
     projector = best_mmproj(files, model)
     return Download(name=name, repo=repo, files=shard_names(model) + ([projector] if projector else []))
+
+
+def plan_cached(name: str, repo: str, quant: str | None) -> Download:
+    """Blocking, offline: the same download, of files the Hugging Face cache already holds (found as -hf finds
+    them at start); only a model that would need the network is refused."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        cached_hf_file(repo, quant, None, mmproj=True)  # every shard and the projector are there
+        model, projector = cached_hf_names(repo, quant, None, mmproj=True)
+    except (LocalEntryNotFoundError, ModelLoadError):
+        raise InvalidRequestError(f"cannot download {name}: it is not in the Hugging Face cache "
+                                  f"({constants.HF_HUB_CACHE}) and the network is off (--offline or HF_HUB_OFFLINE); "
+                                  "start kinetic without it to download models", param="model") from None
+    return Download(name=name, repo=repo, files=shard_names(model) + ([projector] if projector else []),
+                    cached_only=True)
 
 
 class Downloads:
@@ -176,10 +197,12 @@ class Downloads:
             url = download.url(filename)
             download.progress.setdefault(url, {"done": 0, "total": 0})
             bar = partial(ProgressBar, download, report, url)  # huggingface_hub calls it with the bar's arguments
-            huggingface_hub.hf_hub_download(download.repo, filename, token=self.settings.hf_token,
-                                            tqdm_class=bar)  # type: ignore[call-overload]  # any callable, its docs say
+            path = huggingface_hub.hf_hub_download(download.repo, filename, token=self.settings.hf_token,
+                                                   local_files_only=download.cached_only,
+                                                   tqdm_class=bar)  # type: ignore[call-overload]  # any callable
+            # a file found in the cache draws no bar: it counts as fetched whole, at its size
             row = download.progress[url]
-            row["done"] = row["total"] = max(row["total"], row["done"])  # a cached file counts as fetched
+            row["done"] = row["total"] = max(row["total"], row["done"], Path(path).stat().st_size)
             report()
 
     def stop(self) -> None:
@@ -211,9 +234,12 @@ def remove_cached(name: str) -> bool:
     others = [p for p in model.parent.glob("*.gguf") if p not in links and p != projector]
     if projector is not None and not others:  # the projector goes with the repo's last model, not before
         links.append(projector)
+    # the repo's own folder (models--ORG--REPO), which holds its blobs; the snapshot's file may sit in sub-folders
+    repo_folder = next((p for p in model.parents if p.name.startswith("models--")), model.parent).resolve()
     for link in links:
         blob = link.resolve()
         link.unlink(missing_ok=True)
-        if blob != link:
+        # the blob goes only when it is the cache's own: a link a user made to a file elsewhere leaves that file
+        if blob != link and blob.is_relative_to(repo_folder):
             blob.unlink(missing_ok=True)
     return True

@@ -28,6 +28,7 @@ from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
 from kinetic.server.error_funnel import install_error_funnel, validation_message
 from kinetic.server.gate import RequestGate
+from kinetic.server.vertex import VertexSettings, install_vertex
 from kinetic.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,11 @@ def server_parts(registry: ModelRegistry) -> ServerState:
 
 
 def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None = None,
-               on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+               on_load_failure: Callable[[BaseException], None] | None = None,
+               vertex: VertexSettings | None = None) -> FastAPI:
     """The app over `registry`. A single model loads in the background (every route answers 503
-    until it is ready); a router is ready at once."""
+    until it is ready); a router is ready at once. `vertex`: Vertex AI's predict (and health) route
+    over all the others (AIP_MODE=PREDICTION)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,6 +119,8 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)
     app.include_router(web_router)  # the pages: no protocol of their own, errors in the default envelope
+    if vertex is not None:
+        install_vertex(app, vertex)
     add_gate(app, state)
     add_ledger(app, state)
     return app

@@ -109,6 +109,24 @@ def test_stream_helper_and_timings_on_the_wire(openai_client: openai.OpenAI, liv
     assert completed["timings"]["predicted_n"] == completed["response"]["usage"]["output_tokens"]
 
 
+def test_stream_with_prompt_progress_and_timings_per_token(live_server: KineticServer) -> None:
+    """llama-server's telemetry on a Responses stream: `return_progress` puts prompt_progress on
+    response.in_progress events, `timings_per_token` the timings on each token's delta."""
+    body = {"input": "This is a test " * 40, "max_output_tokens": 4, "stream": True, "return_progress": True,
+            "timings_per_token": True, "cache_prompt": False}
+    with httpx.stream("POST", live_server.url + "/v1/responses", json=body, timeout=120) as r:
+        data = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: ")]
+    progress = [d for d in data if "prompt_progress" in d]
+    assert progress and all(d["type"] == "response.in_progress" for d in progress)
+    assert all(d["prompt_progress"]["total"] > 0 and d["prompt_progress"]["processed"] >= d["prompt_progress"]["cache"]
+               for d in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [d for d in data if d["type"] == "response.output_text.delta" and "timings" in d]
+    assert deltas and all("prompt_per_second" in d["timings"] and "predicted_per_second" in d["timings"]
+                          for d in deltas)
+    assert data[-1]["type"] == "response.completed" and "usage" in data[-1]["response"] and "timings" in data[-1]
+
+
 # ------------------------------------------------------------------------ structured output
 
 

@@ -290,3 +290,14 @@ def test_metrics_have_every_llama_server_name(base_url: str) -> None:
     values = {line.split()[0].removeprefix("llamacpp:"): float(line.split()[1])
               for line in httpx.get(base_url + "/metrics").text.splitlines() if line.startswith("llamacpp:")}
     assert values["predicted_tokens_seconds"] > 0 and values["n_busy_slots_per_decode"] >= 1
+
+
+def test_ignore_eos_shows_its_bans_in_generation_settings_logit_bias(base_url: str) -> None:
+    """llama-server's test_ignore_eos.py: ignore_eos puts a null (-inf) bias per end-of-generation token in
+    generation_settings.logit_bias; without it the list is empty."""
+    body = {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0.0}
+    banned = post(base_url, "/completion", {**body, "ignore_eos": True}).json()["generation_settings"]["logit_bias"]
+    assert banned and all(entry["bias"] is None for entry in banned)
+    assert {1, 106} <= {entry["token"] for entry in banned}  # Gemma's EOS and <end_of_turn>
+    plain = post(base_url, "/completion", {**body, "ignore_eos": False}).json()["generation_settings"]["logit_bias"]
+    assert plain == []

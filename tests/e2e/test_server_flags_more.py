@@ -191,3 +191,38 @@ def test_rerank_needs_the_flag(sleepy: tuple[KineticServer, Path]) -> None:
     answer = httpx.post(sleepy[0].url + "/rerank", json={"query": "q", "documents": ["a"]}, timeout=60)
     assert answer.status_code == 501
     assert answer.json()["error"]["message"] == "This server does not support reranking. Start it with `--reranking`"
+
+
+def metric(server: KineticServer, name: str) -> float:
+    (line,) = [ln for ln in httpx.get(server.url + "/metrics").text.splitlines() if ln.startswith(f"llamacpp:{name} ")]
+    return float(line.split()[1])
+
+
+def test_metrics_across_a_sleep_report_the_last_window_once_and_keep_the_counters(
+        sleepy: tuple[KineticServer, Path]) -> None:
+    """llama-server's test_sleep.py: asleep, /metrics is the snapshot taken at sleep (kinetic's per-key lines aside:
+    they count the class's requests, which go on); its rate gauges are reported by one scrape, then the window is
+    empty, and waking does not report them again; the counters run on."""
+    server, _ = sleepy
+
+    def model_lines(text: str) -> list[str]:
+        return [line for line in text.splitlines() if "_by_key" not in line]
+
+    greedy(server.url)
+    httpx.get(server.url + "/metrics")
+    awake = httpx.get(server.url + "/metrics").text  # the window after a scrape is empty
+    wait_until(lambda: httpx.get(server.url + "/props").json()["is_sleeping"], "the model falls asleep", 30)
+    assert model_lines(httpx.get(server.url + "/metrics").text) == model_lines(awake)
+
+    greedy(server.url)  # wakes it; its throughput is the window no scrape has reported yet
+    wait_until(lambda: httpx.get(server.url + "/props").json()["is_sleeping"], "the model falls asleep", 30)
+    assert metric(server, "predicted_tokens_seconds") > 0  # the last generation's, once
+    assert metric(server, "predicted_tokens_seconds") == 0
+    predicted = metric(server, "tokens_predicted_total")
+    assert predicted > float(next(ln for ln in awake.splitlines() if ln.startswith("llamacpp:tokens_predicted_total "))
+                             .split()[1])
+    assert httpx.get(server.url + "/props").json()["is_sleeping"] is True  # scrapes do not wake it
+    assert httpx.post(server.url + "/tokenize", json={"content": "Hello"}).status_code == 200
+    assert httpx.get(server.url + "/props").json()["is_sleeping"] is False
+    assert metric(server, "predicted_tokens_seconds") == 0
+    assert metric(server, "tokens_predicted_total") == predicted  # counted on from before the sleep

@@ -59,6 +59,20 @@ def test_request_values_win_and_text_bias_keys_are_tokenized(layer: ChatLayer) -
     assert generation.sampling.logit_bias == {65: -5.0, 66: -5.0, 7: 1.0}
 
 
+def test_ignore_eos_bans_every_end_of_generation_token_in_the_bias_as_llama_server_shows_it() -> None:
+    """llama-server's ignore_eos: a -inf logit_bias per EOG token, after the request's own (test_ignore_eos.py)."""
+    engine = ScriptedEngine([])
+    engine.loaded.set()
+    engine.load()
+    engine.info = replace(engine.info, eog_ids=(1, 106))
+    layer = ChatLayer(engine, ChatTemplate(builtin_template("gemma"), "builtin:gemma"), ServerDefaults())
+    options = GenerationOptions(sampling=SamplingOptions({"ignore_eos": True}, logit_bias={7: 1.0, 1: 2.0}))
+    generation, _ = layer.prepare_chat(ChatRequest(messages=(user("hi"),), options=options))
+    assert generation.sampling.logit_bias == {7: 1.0, 1: float("-inf"), 106: float("-inf")}
+    plain, _ = layer.prepare_chat(ChatRequest(messages=(user("hi"),)))
+    assert plain.sampling.logit_bias == {} and not plain.sampling.ignore_eos
+
+
 def test_tools_are_rendered_for_auto_not_for_none_and_forced_gets_a_grammar(layer: ChatLayer) -> None:
     auto_request, auto = layer.prepare_chat(ChatRequest(messages=(user("hi"),), tools=(WEATHER,)))
     assert auto.tool_mode == "auto" and "get_weather" in bytes(auto_request.prompt_tokens).decode()

@@ -1,6 +1,6 @@
 """Model management without a model: derived models (stored, read back, put on requests), Ollama's names and
-/api/create's fields, and a download that cannot start (offline, a hub that does not answer): a one-line
-400 at once."""
+/api/create's fields, a download that cannot start (offline and not cached, a hub that does not answer): a
+one-line 400 at once, and one offline from the cache."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kinetic.config.settings import ServerSettings
 from kinetic.errors import InvalidRequestError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
 from kinetic.model_registry.derived_backend import dressed, with_defaults
-from kinetic.model_registry.downloads import plan
+from kinetic.model_registry.downloads import plan, remove_cached
 from kinetic.protocols.ollama import manage
 from kinetic.protocols.ollama.types import CreateRequest
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app
@@ -146,10 +146,44 @@ def test_a_derived_model_with_a_template_renders_its_chats_with_it_and_the_base_
     assert refused.status_code == 400 and "template" in refused.json()["error"]
 
 
-def test_a_download_offline_is_a_one_line_400() -> None:
-    with pytest.raises(InvalidRequestError) as refused:
-        plan("org/repo-GGUF:Q4_K_M", ServerSettings(offline=True))
-    assert "the network is off" in refused.value.message and "\n" not in refused.value.message
+def lay_out_cache(home: Path, repo: str, files: dict[str, bytes]) -> None:
+    """A Hugging Face cache laid out by hand (as huggingface_hub writes it) holding `files` of `repo`."""
+    folder = home / "hub" / f"models--{repo.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    for name, data in files.items():
+        (folder / "snapshots" / revision / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "snapshots" / revision / name).write_bytes(data)
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    lay_out_cache(tmp_path, "org/repo-GGUF", {"repo-Q4_K_M.gguf": b"GGUF1", "repo-Q8_0.gguf": b"GGUF22",
+                                              "mmproj-repo-F16.gguf": b"GGUF333"})
+    lay_out_cache(tmp_path, "org/split-GGUF", {"split-Q4_K_M-00001-of-00002.gguf": b"GGUF"})  # a shard is missing
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    return tmp_path
+
+
+def test_a_download_offline_of_a_model_not_in_the_cache_is_a_one_line_400(offline_cache: Path) -> None:
+    for name in ("org/other-GGUF:Q4_K_M", "org/repo-GGUF:Q2_K", "org/split-GGUF:Q4_K_M"):
+        with pytest.raises(InvalidRequestError) as refused:
+            plan(name, ServerSettings(offline=True))
+        message = refused.value.message
+        assert "not in the Hugging Face cache" in message and "the network is off" in message, message
+        assert "\n" not in message and refused.value.param == "model"
+
+
+@pytest.mark.parametrize("offline", [{"offline": True}, {"env": "1"}])
+def test_a_download_offline_of_a_cached_model_reads_its_files_from_the_cache(
+        offline_cache: Path, monkeypatch: pytest.MonkeyPatch, offline: dict[str, object]) -> None:
+    if "env" in offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    download = plan("org/repo-GGUF:Q8_0", ServerSettings(offline=offline.get("offline") is True))
+    assert download.cached_only and download.repo == "org/repo-GGUF"
+    assert download.files == ["repo-Q8_0.gguf", "mmproj-repo-F16.gguf"]  # the model, then its projector
 
 
 def test_a_download_from_a_hub_that_does_not_answer_is_a_one_line_400_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,3 +220,25 @@ def test_a_single_model_server_serves_a_derived_model_by_name_and_its_own_name_a
         assert taken.status_code == 400 and "a name of its own" in taken.json()["error"]
         assert client.post("/api/pull", json={"model": "hf.co/a/b"}).status_code == 501  # router mode only
         assert client.post("/models", json={"model": "a/b"}).status_code == 404  # llama-server's, router only
+
+
+def test_removing_a_cached_model_never_deletes_a_file_outside_the_cache(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache entry that is a link to a file elsewhere (a hand-made cache, a shared model) loses the link, not the
+    file; a blob of the cache's own goes with its link."""
+    outside = tmp_path / "shared" / "model.gguf"
+    outside.parent.mkdir()
+    outside.write_bytes(b"GGUF-shared")
+    lay_out_cache(tmp_path, "org/linked-GGUF", {})
+    repo = tmp_path / "hub" / "models--org--linked-GGUF"
+    snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text()
+    snapshot.mkdir(parents=True)
+    (snapshot / "linked-Q4_K_M.gguf").symlink_to(outside)
+    blob = repo / "blobs" / "0123abcd"
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF-own")
+    (snapshot / "linked-Q8_0.gguf").symlink_to(blob)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert remove_cached("org/linked-GGUF:Q4_K_M") and outside.read_bytes() == b"GGUF-shared"
+    assert not (snapshot / "linked-Q4_K_M.gguf").exists()
+    assert remove_cached("org/linked-GGUF:Q8_0") and not blob.exists()

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from kinetic.chat.types import AnswerFormat, MediaPart, TextPart, ToolCall, ToolChoice
-from kinetic.engine.types import Finished, TextDelta, Timings, Usage
+from kinetic.engine.types import Finished, PromptProgress, TextDelta, Timings, Usage
 from kinetic.errors import InvalidRequestError, ServerError
 from kinetic.protocols.responses import translate
 from kinetic.protocols.responses.types import ResponsesRequest
@@ -257,6 +257,33 @@ def test_streamed_reasoning_is_its_own_item_before_the_message() -> None:
     assert reasoning == "why" and [d["output_index"] for n, d in seen if n == "response.output_text.delta"] == [1]
     output = seen[-1][1]["response"]["output"]
     assert [i["type"] for i in output] == ["reasoning", "message"] and output[1]["content"][0]["text"] == "Paris"
+
+
+def test_prompt_progress_is_on_response_in_progress_events_and_timings_on_each_tokens_last_event() -> None:
+    """llama-server's return_progress and timings_per_token on a Responses stream (its
+    test_responses_stream_with_llama_telemetry): the first progress opens the response, later ones are more
+    response.in_progress events; each carries prompt_progress, and with timings_per_token the timings so far."""
+    req = request(stream=True, return_progress=True, timings_per_token=True)
+    assert translate.to_chat_request(req).options.return_progress
+    assert not translate.to_chat_request(request(return_progress=True)).options.return_progress  # a stream's only
+    encoder = translate.EventEncoder(context(req, answer_format()))
+    frames = encoder.encode(PromptProgress(total=40, cache=0, processed=0, time_ms=0.0))
+    frames += encoder.encode(PromptProgress(total=40, cache=0, processed=32, time_ms=5.0))
+    frames += encoder.encode(TextDelta(text="Hi", token_id=0, timings=Timings(0, 40, 7.0, 1, 0.0)))
+    seen = events(frames + encoder.encode(finished("Hi")))
+    progress = [(name, data["prompt_progress"]) for name, data in seen if "prompt_progress" in data]
+    assert progress == [("response.in_progress", {"total": 40, "cache": 0, "processed": 0, "time_ms": 0.0}),
+                        ("response.in_progress", {"total": 40, "cache": 0, "processed": 32, "time_ms": 5.0})]
+    assert [name for name, _ in seen][:3] == ["response.created", "response.in_progress", "response.in_progress"]
+    timed = [(name, data["timings"]) for name, data in seen if "timings" in data]
+    assert [name for name, _ in timed] == ["response.in_progress", "response.in_progress",
+                                           "response.output_text.delta", "response.completed"]
+    assert timed[1][1]["prompt_n"] == 32 and timed[1][1]["predicted_n"] == 0 and timed[2][1]["prompt_n"] == 40
+    assert all({"prompt_per_second", "predicted_per_second"} <= set(t) for _, t in timed)
+    assert [data["sequence_number"] for _, data in seen] == list(range(len(seen)))
+    plain = stream(context(request(stream=True), answer_format()), ["Hi"], finished("Hi"))
+    assert not any("prompt_progress" in data or name != "response.completed" and "timings" in data
+                   for name, data in plain)
 
 
 def test_a_failure_midway_is_an_error_event() -> None:

@@ -53,6 +53,7 @@ from kinetic.errors import (
 # with 4 slots), and in one cell pool a slot costs no memory until it holds tokens.
 AUTO_SLOTS = 16
 SLOT_POLL_S = 0.05  # how often a slot action looks again at a busy slot
+RATE_GAUGES = ("prompt_tokens_seconds", "predicted_tokens_seconds")  # /metrics gauges over the window between scrapes
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class LlamaEngine:
         # --sleep-idle-seconds (kinetic/model_registry/idle_sleep.py): unloaded until woken, its description kept
         self.sleeping = False
         self._asleep: tuple[ModelInfo, EngineStats] | None = None
+        self._asleep_rates_shown = False  # a scrape while asleep reported the snapshot's rate gauges
         self._asleep_modalities = Modalities()
         self._scrape = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0.0,
                         "tokens_predicted_seconds_total": 0.0}  # counters at the previous /metrics scrape
@@ -166,7 +168,6 @@ class LlamaEngine:
             except BaseException:
                 scheduler.close()  # its context and decode thread go with the failed load
                 raise
-        _ = model.eog_tokens  # scan once now rather than inside the first ignore_eos request
         self._model = model
         self._projector = projector
         self.slot_n_ctx = scheduler.slot_n_ctx
@@ -199,6 +200,7 @@ class LlamaEngine:
         """Blocking: frees the weights and contexts of an idle model; /props, /v1/models and /metrics still
         describe it (as llama-server's cached answers do) until wake() loads it again."""
         self._asleep = (self._require_model().info, self.stats())
+        self._asleep_rates_shown = False
         self._asleep_modalities = self.modalities
         self.sleeping = True
         self.close()
@@ -207,8 +209,16 @@ class LlamaEngine:
         gc.collect()
 
     def wake(self) -> None:
-        """Blocking: loads the model again after sleep()."""
+        """Blocking: loads the model again after sleep(). The counters run on from where they were (llama-server's
+        metrics outlive its sleep); a rate window a scrape reported while asleep is not reported again."""
         self.load()
+        scheduler = self._scheduler
+        if scheduler is not None and self._asleep is not None:
+            for name, value in self._asleep[1].counters.items():
+                before = scheduler.metrics.get(name, 0)
+                scheduler.metrics[name] = max(before, value) if name == "n_tokens_max" else before + value
+            if self._asleep_rates_shown:
+                self._scrape = {name: self._asleep[1].counters.get(name, 0.0) for name in self._scrape}
         self.sleeping = False
 
     def require_ready(self) -> ModelInfo:
@@ -403,7 +413,11 @@ class LlamaEngine:
         the digest) leave that baseline alone."""
         scheduler = self._scheduler
         if scheduler is None and self.sleeping and self._asleep is not None:
-            return self._asleep[1]
+            info, snapshot = self._asleep
+            if scrape:  # as llama-server: the snapshot's rates are reported once, then the window is empty
+                self._asleep = (info, replace(snapshot, gauges={**snapshot.gauges, **dict.fromkeys(RATE_GAUGES, 0.0)}))
+                self._asleep_rates_shown = True
+            return snapshot
         if scheduler is None:
             return EngineStats(counters={}, requests_processing=0, requests_deferred=0)
         counters = dict(scheduler.metrics)

@@ -87,6 +87,7 @@ class LoadedModel:
                         for name in ("pre", "suf", "mid", "rep", "sep", "pad")},
             memory_kind=self._memory_kind(),
             offload=placed,
+            eog_ids=self.eog_tokens,
         )
 
     def _memory_kind(self) -> MemoryKind:

@@ -209,15 +209,17 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 async def respond(request: Request, generation: Generation, *, stream: bool, encoder: Encoder,
                   to_body: Callable[[list[TextDelta], Finished], Any],
-                  media_type: str = "text/event-stream") -> Response:
+                  media_type: str = "text/event-stream",
+                  render: Callable[[Any], Response] = JSONResponse) -> Response:
     """A generation the way the client asked for it: an event stream (SSE, or NDJSON for Ollama),
-    or one JSON body at the end (the generation is cancelled if the client leaves before then). The
-    encoder's outcome (which `to_body` fills for a whole answer) goes to the ledger."""
+    or one body at the end, JSON unless `render` says otherwise (the generation is cancelled if the
+    client leaves before then). The encoder's outcome (which `to_body` fills for a whole answer) goes
+    to the ledger."""
     hand_over(request.scope, encoder.outcome)
     if stream:
         return stream_response(request, encode_events(generation, encoder), media_type)
     deltas, finished = await until_disconnect(request, generation.result())
-    return JSONResponse(to_body(deltas, finished))
+    return render(to_body(deltas, finished))
 
 
 async def merge_frames(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:

@@ -23,7 +23,6 @@ from kinetic.engine.types import (
     Finished,
     PromptProgress,
     TextDelta,
-    Timings,
     TokenLogprob,
 )
 from kinetic.errors import InvalidRequestError, KineticError
@@ -224,11 +223,9 @@ class NativeEncoder:
             return [sse_data(_final(event, self.ctx, content="", tokens=[]))]
         if isinstance(event, PromptProgress):
             chunk = self._partial("", [])
-            chunk["prompt_progress"] = {"total": event.total, "cache": event.cache, "processed": event.processed,
-                                        "time_ms": event.time_ms}
-            if self.ctx.timings_per_token:  # the prompt's timings so far; nothing predicted yet
-                chunk["timings"] = Timings(cache_n=event.cache, prompt_n=event.processed - event.cache,
-                                           prompt_ms=event.time_ms, predicted_n=0, predicted_ms=0.0).to_dict()
+            chunk["prompt_progress"] = event.to_dict()
+            if self.ctx.timings_per_token:
+                chunk["timings"] = event.timings().to_dict()
             return [sse_data(chunk)]
         self.n_predicted += 1
         self.outcome.chunk(event.text)

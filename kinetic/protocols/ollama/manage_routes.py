@@ -16,13 +16,22 @@ from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError
 from kinetic.model_registry.deps import RegistryDep
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.downloads import Download
-from kinetic.model_registry.registry import ModelNotFoundError
+from kinetic.model_registry.registry import ModelNotFoundError, ModelRegistry
 from kinetic.model_registry.removal import remove_model
 from kinetic.protocols.ollama import manage
+from kinetic.protocols.ollama.names import check_name
 from kinetic.protocols.ollama.types import CopyRequest, CreateRequest, DeleteRequest, PullRequest
 
 router = APIRouter()
 NDJSON = "application/x-ndjson"
+
+
+def known_or_valid(registry: ModelRegistry, name: str, field: str) -> str:
+    """A name that refers to a model: one kinetic serves passes as it is (its names come from files and -a,
+    which Ollama's grammar does not bind); any other is held to the grammar, as Ollama holds it."""
+    if registry.find(name) is None and registry.derived_model(name) is None:
+        check_name(name, field)
+    return name
 
 
 def _line(body: dict[str, Any]) -> bytes:
@@ -63,7 +72,7 @@ async def pull(body: PullRequest, registry: RegistryDep) -> Response:
     name = body.model or body.name or ""
     if not name:
         raise InvalidRequestError("model is required", param="model")
-    repo = manage.hf_repo(name)
+    repo = manage.hf_repo(check_name(name, "model"))
     if not registry.router:
         raise NotSupportedError("pulling a model needs router mode, where one server serves several models: start "
                                 "kinetic with --models-dir DIR or --models-preset FILE")
@@ -81,6 +90,8 @@ async def pull(body: PullRequest, registry: RegistryDep) -> Response:
 @router.post("/api/create")
 async def create(body: CreateRequest, registry: RegistryDep) -> Response:
     name, source = manage.check_create(body)
+    check_name(name, "model")
+    known_or_valid(registry, source, "from")
     try:
         base = registry.base_of(source)
     except ModelNotFoundError:
@@ -100,6 +111,8 @@ async def copy(body: CopyRequest, registry: RegistryDep) -> Response:
     if not body.source or not body.destination:
         field = "source" if not body.source else "destination"
         raise InvalidRequestError(f"{field} is required", param=field)
+    known_or_valid(registry, body.source, "source")
+    check_name(body.destination, "destination")
     try:
         base = registry.base_of(manage.model_name(body.source))
     except ModelNotFoundError:
@@ -115,6 +128,7 @@ async def delete(body: DeleteRequest, registry: RegistryDep) -> Response:
     name = manage.model_name(body.model or body.name or "")
     if not name:
         raise InvalidRequestError("model is required", param="model")
+    known_or_valid(registry, name, "model")
     if registry.remove_derived(name):
         return Response(status_code=200)
     if not registry.router:

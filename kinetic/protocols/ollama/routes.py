@@ -4,6 +4,7 @@ and the legacy /api/embeddings; model management (/api/pull, /api/create...) is 
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from typing import Annotated, Any
@@ -31,6 +32,17 @@ NDJSON = "application/x-ndjson"
 # In router mode the body's `model` picks the model; Ollama's own words when it is missing or unknown.
 OllamaBackendDep = Annotated[ModelBackend, Depends(backend_dependency(missing="model is required",
                                                                       unknown='model "{name}" not found'))]
+
+
+async def shown_name(request: Request, registry: RegistryDep) -> None:
+    """/api/show's name held to Ollama's grammar (a 400) before the model is looked up (a 404)."""
+    try:
+        body = json.loads(await request.body() or b"null")  # Starlette keeps the bytes for the route's own parse
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return  # the route's validation answers the bad body
+    name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
+    if isinstance(name, str) and name:
+        manage_routes.known_or_valid(registry, name, "model")
 
 
 def served_model(backend: ModelBackend) -> translate.ServedModel:
@@ -78,7 +90,7 @@ async def ps(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
                        if (b := loaded(e)) and caller.limits.allows_model(e.spec.names)]}
 
 
-@router.post("/api/show")
+@router.post("/api/show", dependencies=[Depends(shown_name)])  # listed first: it runs before the lookup
 async def show(body: ShowRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
     model = served_model(backend)
     translate.check_model(body.model or body.name or "", model)

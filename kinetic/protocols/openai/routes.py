@@ -1,13 +1,14 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models (chat and models also
-without /v1; /completions and /embeddings without it are llama-server's native routes)."""
+"""OpenAI routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/audio/transcriptions, /v1/models
+(chat, transcriptions and models also without /v1; /completions and /embeddings without it are llama-server's
+native routes)."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from kinetic.backends.base import embeddings_off, require
 from kinetic.classroom.identity import caller_of
@@ -18,13 +19,14 @@ from kinetic.model_registry import listing
 from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
-from kinetic.protocols.openai import translate
+from kinetic.protocols.openai import transcription, translate
 from kinetic.protocols.openai.control import REASONING_END, RunningCompletion, RunningCompletions, control
 from kinetic.protocols.openai.types import (
     ChatCompletionRequest,
     CompletionRequest,
     ControlRequest,
     EmbeddingRequest,
+    TranscriptionRequest,
 )
 
 router = APIRouter()
@@ -99,6 +101,25 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
     embedded = await backend.embed(items, params)
     hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, backend.name)
+
+
+@router.post("/v1/audio/transcriptions")
+@router.post("/audio/transcriptions")
+async def create_transcription(body: Annotated[TranscriptionRequest, Form()], file: Annotated[UploadFile, File()],
+                               request: Request, backend: BackendDep) -> Response:
+    """OpenAI's multipart upload, read by the model's audio projector as one chat turn (llama-server's)."""
+    described = backend.describe()
+    transcription.check_model_hears(described.modalities, backend.name)
+    clip = await file.read()
+    transcription.check_request(body, clip)
+    chat = transcription.to_chat_request(body, clip, template_source=described.template.source
+                                         if described.template else "")
+    generation_request, answer_format = await backend.prepare_chat(chat)
+    ctx = transcription.transcription_context(body, clip, answer_format, model=backend.name)
+    generation = await backend.start(generation_request)
+    return await respond(request, generation, stream=bool(body.stream), encoder=transcription.TranscriptEncoder(ctx),
+                         to_body=partial(transcription.to_transcription, ctx=ctx),
+                         render=PlainTextResponse if body.response_format == "text" else JSONResponse)
 
 
 @router.get("/v1/models")

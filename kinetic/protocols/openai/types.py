@@ -77,3 +77,16 @@ class ControlRequest(WireModel):
     id: str = ""
     action: str = ""
     model: str | None = None  # router mode: accepted; a completion is found by its id whatever its model
+
+
+class TranscriptionRequest(WireModel):
+    """POST /v1/audio/transcriptions' form fields besides `file` (the route takes the upload itself), as
+    llama-server reads them. https://platform.openai.com/docs/api-reference/audio/createTranscription"""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    response_format: str = "json"
+    temperature: float | None = None
+    stream: bool | None = None
+    max_tokens: int | None = None  # llama-server's (OpenAI's form has none): the answer's token limit

@@ -210,7 +210,8 @@ def to_chat_request(req: ResponsesRequest) -> ChatRequest:
                                          ("n_predict", req.n_predict), ("max_tokens", req.max_tokens)])
     return ChatRequest(
         messages=to_messages(req),
-        options=common.generation_options(req, max_tokens=max_tokens),
+        options=replace(common.generation_options(req, max_tokens=max_tokens),
+                        return_progress=bool(req.stream and req.return_progress)),
         tools=to_tools(req),
         tool_choice=tool_choice(req),
         parallel_tool_calls=req.parallel_tool_calls is True,
@@ -236,6 +237,7 @@ class ResponseContext:
     model: str
     answer_format: AnswerFormat
     echo: dict[str, Any]  # request settings a response object repeats
+    timings_per_token: bool = False  # llama-server's: each streamed event of a token carries the timings so far
     outcome: Outcome = field(default_factory=Outcome)
 
     def __post_init__(self) -> None:
@@ -257,7 +259,7 @@ def response_context(req: ResponsesRequest, answer_format: AnswerFormat, *, mode
         "top_p": req.top_p,
     }
     return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, answer_format=answer_format,
-                           echo=echo)
+                           echo=echo, timings_per_token=bool(req.stream and req.timings_per_token))
 
 
 def usage_dict(finished: Finished) -> dict[str, Any]:
@@ -344,6 +346,9 @@ class _Item:
     call_id: str = ""
 
 
+Frame = tuple[str, dict[str, Any]]  # an SSE event's name and data, written out once the event is complete
+
+
 @dataclass
 class EventEncoder:
     """Engine events -> Responses' typed SSE events: response.created and response.in_progress,
@@ -364,8 +369,8 @@ class EventEncoder:
     def outcome(self) -> Outcome:
         return self.ctx.outcome
 
-    def _event(self, kind: str, **data: Any) -> bytes:
-        frame = sse_event(kind, {"type": kind, "sequence_number": self.sequence, **data})
+    def _event(self, kind: str, **data: Any) -> Frame:
+        frame = (kind, {"type": kind, "sequence_number": self.sequence, **data})
         self.sequence += 1
         return frame
 
@@ -373,13 +378,13 @@ class EventEncoder:
     def _open(self) -> _Item | None:
         return self.items[-1] if self.items and len(self.done) < len(self.items) else None
 
-    def _start(self) -> list[bytes]:
+    def _start(self) -> list[Frame]:
         self.started = True
         response = _response(self.ctx, status="in_progress", output=[])
         return [self._event("response.created", response=response),
                 self._event("response.in_progress", response=response)]
 
-    def _close(self) -> list[bytes]:
+    def _close(self) -> list[Frame]:
         item = self._open
         if item is None:
             return []
@@ -399,15 +404,15 @@ class EventEncoder:
         self.done.append(wire)
         return frames + [self._event("response.output_item.done", output_index=item.index, item=wire)]
 
-    def _add(self, item: _Item, wire: dict[str, Any]) -> list[bytes]:
+    def _add(self, item: _Item, wire: dict[str, Any]) -> list[Frame]:
         frames = self._close()
         self.items.append(item)
         return frames + [self._event("response.output_item.added", output_index=item.index, item=wire)]
 
-    def _text(self, kind: str, text: str) -> list[bytes]:
+    def _text(self, kind: str, text: str) -> list[Frame]:
         if not text:
             return []
-        frames: list[bytes] = []
+        frames: list[Frame] = []
         item = self._open
         if item is None or item.kind != kind:
             prefix = "msg_" if kind == "message" else "rs_"
@@ -426,8 +431,8 @@ class EventEncoder:
         return frames + [self._event(delta_kind, item_id=item.id, output_index=item.index, content_index=0,
                                      delta=text, **extra)]
 
-    def _call(self, delta: CallDelta) -> list[bytes]:
-        frames: list[bytes] = []
+    def _call(self, delta: CallDelta) -> list[Frame]:
+        frames: list[Frame] = []
         item = self._open
         if item is None or item.call_index != delta.index:
             call_id = delta.id or new_call_id()
@@ -442,18 +447,31 @@ class EventEncoder:
                                       output_index=item.index, delta=delta.arguments))
         return frames
 
-    def _frames(self, piece: AnswerPiece) -> list[bytes]:
+    def _frames(self, piece: AnswerPiece) -> list[Frame]:
         frames = self._text("reasoning", piece.reasoning) + self._text("message", piece.content)
         for delta in piece.calls:
             frames += self._call(delta)
         return frames
 
     def encode(self, event: Event) -> list[bytes]:
-        if isinstance(event, PromptProgress):  # asked for by llama.cpp's /completion only: nothing to send here
-            return []
+        return [sse_event(kind, data) for kind, data in self._encode(event)]
+
+    def _encode(self, event: Event) -> list[Frame]:
+        if isinstance(event, PromptProgress):
+            # llama-server: the first event opens the response; a later one is another response.in_progress.
+            # Either way the last frame carries the progress (and with timings_per_token, the prompt's timings).
+            frames = self._start() if not self.started else [self._event(
+                "response.in_progress", response=_response(self.ctx, status="in_progress", output=[]))]
+            frames[-1][1]["prompt_progress"] = event.to_dict()
+            if self.ctx.timings_per_token:
+                frames[-1][1]["timings"] = event.timings().to_dict()
+            return frames
         frames = [] if self.started else self._start()
         if isinstance(event, TextDelta):
-            return frames + self._frames(self.answer.push(event.text))
+            frames += self._frames(self.answer.push(event.text))
+            if frames and self.ctx.timings_per_token and event.timings is not None:
+                frames[-1][1]["timings"] = event.timings.to_dict()  # on the token's last event, as llama-server
+            return frames
         for piece in self.answer.finish(event.calls):
             frames += self._frames(piece)
         frames += self._close()
@@ -465,4 +483,4 @@ class EventEncoder:
 
     def error(self, err: KineticError) -> list[bytes]:
         """Responses' own `error` event, which ends the stream."""
-        return [self._event("error", code=err.kind, message=err.message, param=err.param)]
+        return [sse_event(*self._event("error", code=err.kind, message=err.message, param=err.param))]

@@ -146,6 +146,10 @@ class ResponsesRequest(SamplingFields):
     store: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: str | None = None
+    # llama-server's, on a stream: the timings so far on each token's events, and prompt_progress while the
+    # prompt is read (on response.in_progress events)
+    timings_per_token: bool | None = False
+    return_progress: bool | None = False
 
 
 class InputTokensRequest(ResponsesRequest):

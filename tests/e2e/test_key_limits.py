@@ -148,7 +148,9 @@ def test_a_key_sees_and_uses_only_its_models(servers: Servers) -> None:
 
 def metrics(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", headers=auth(ADMIN), timeout=10).text
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    # a label value may hold spaces (kinetic:device_info{description="..."}): the value is after the last one
+    samples = (line.rpartition(" ") for line in text.splitlines() if line and line[0] != "#")
+    return {name: float(value) for name, _, value in samples}
 
 
 def queue(url: str) -> dict[str, Any]:

@@ -114,7 +114,10 @@ def test_special_tokens_ignore_eos_and_logit_bias_act(special: KineticServer) ->
     assert params["ignore_eos"] is True
     forced = completion(special, return_tokens=True)
     assert forced["tokens"] == [START_OF_TURN] * 3 and forced["content"] == "<start_of_turn>" * 3  # --special
-    assert forced["generation_settings"]["logit_bias"] == [{"bias": 100.0, "token": START_OF_TURN}]
+    bias = forced["generation_settings"]["logit_bias"]
+    assert bias[0] == {"bias": 100.0, "token": START_OF_TURN}
+    # --ignore-eos: every end-of-generation token at -inf, shown as null, as llama-server shows it
+    assert bias[1:] and all(entry["bias"] is None for entry in bias[1:])
     # the request's own (empty) bias replaces the server's
     own = completion(special, logit_bias=[], ignore_eos=False, return_tokens=True)
     assert own["generation_settings"]["logit_bias"] == [] and own["tokens"] != [START_OF_TURN] * 3
@@ -298,7 +301,10 @@ def test_a_lora_adapter_changes_greedy_output_and_scale_0_restores_it(lora: Kine
 def adapted_at(url: str, scale: float | None, path: str = "/completion") -> dict[str, Any]:
     body: dict[str, Any] = {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "cache_prompt": False}
     if path == "/v1/chat/completions":
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
+        # fresh like the others: the alone request reused the concurrent one's cached head, and on an AVX-512 EPYC
+        # its answer then parted from the fresh one's at a near tie (2026-12-04), which is not what this test is about
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0,
+                "cache_prompt": False}
     if scale is not None:
         body["lora"] = [{"id": 0, "scale": scale}]
     answer = httpx.post(url + path, json=body, timeout=120, verify=False)  # the https server's certificate is its own

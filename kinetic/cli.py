@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
+from kinetic.classroom.ledger import ledger_path_problem
 from kinetic.config.args import InfoRequested, parse_serve_args
 from kinetic.config.flag_status import variable_warning, warning
 from kinetic.config.settings import ServerSettings, SettingsError
@@ -141,6 +142,10 @@ def serve(settings: ServerSettings) -> int:
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
         print(variable_warning(name), file=sys.stderr)
+    # before the model loads: a device or a FIFO as the ledger would be read back without end
+    if settings.ledger and (problem := ledger_path_problem(settings.ledger)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     port = vertex.port if (vertex := vertex_environment(settings.port)) is not None else settings.port
     try:
         if settings.router_mode:

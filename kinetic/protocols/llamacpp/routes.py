@@ -20,7 +20,13 @@ from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Offload
-from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
+from kinetic.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    NotSupportedError,
+    RecordUnwritableError,
+    UnavailableError,
+)
 from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
@@ -58,8 +64,19 @@ BUILD_INFO = f"b{__version__}-kinetic"
 
 @router.get("/health")
 @router.get("/v1/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}  # the gate answers 503 while the (single) model loads
+async def health(request: Request) -> dict[str, str]:
+    """llama-server's `{"status": "ok"}` (the gate answers 503 while the single model loads). With
+    --ledger, a `ledger` field says whether the class record is written ("ok") or why not; while it
+    cannot be, this is a 503 as requests are (a 200 with --ledger-best-effort, which serves anyway)."""
+    ledger = app_state(request.app).ledger
+    if ledger is None:
+        return {"status": "ok"}
+    if ledger.writable():  # after a failure, a probe: space freed is seen here, before the next request
+        return {"status": "ok", "ledger": "ok"}
+    problem = ledger.problem or "cannot write the class record"
+    if not ledger.best_effort:
+        raise RecordUnwritableError(problem)
+    return {"status": "ok", "ledger": problem}
 
 
 @router.get("/props")

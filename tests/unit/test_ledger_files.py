@@ -25,7 +25,8 @@ from kinetic.cli import main
 
 
 def line(client: str, tokens: int) -> str:
-    return LedgerRecord(time=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"), client=client, route="/v1/chat/completions", status=200,
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return LedgerRecord(time=now, client=client, route="/v1/chat/completions", status=200,
                         prompt_tokens=tokens, completion_tokens=1).to_line()
 
 

@@ -217,10 +217,11 @@ class LedgerWriter:
     """Appends records to one file: one line each, written whole with one write() under a lock, with no
     buffer in between, so a line is in the file (the OS's) before the answer's last byte leaves.
 
-    A write that fails (ENOSPC, EIO, a read-only file) is undone (the file is cut back to where the
-    line began, so no torn line stays in the middle) and leaves `problem` set: the request gate then
-    refuses requests (kinetic.errors.RecordUnwritableError) until `writable()` finds, by a probe write
-    that is cut back too, that the file takes lines again. Nothing is ever kept to be written later."""
+    Before a request that generates, the request gate asks `writable()`: a probe write, cut back at
+    once; while it fails the request is refused (kinetic.errors.RecordUnwritableError), and the first
+    probe that succeeds serves again. A write that fails all the same (ENOSPC, EIO, a read-only file)
+    is undone (the file is cut back to where the line began, so no torn line stays in the middle) and
+    leaves `problem` set for /health and the dashboard. Nothing is ever kept to be written later."""
 
     def __init__(self, path: str | Path, *, content: bool = False, best_effort: bool = False):
         self.path = Path(path)
@@ -239,9 +240,9 @@ class LedgerWriter:
         self._append(record.to_line().encode("utf-8"), keep=True)
 
     def writable(self) -> bool:
-        """True while lines are written; after a failure, a probe write (cut back at once) decides."""
-        if self.problem is None:
-            return True
+        """Whether a line can be written now, by a probe write of a line's size that is cut back at once
+        (a few microseconds: asked before each request that generates, so a disk that filled since the
+        last line refuses the request before its answer, and a disk with room again serves it)."""
         try:
             self._append(b" " * PROBE_BYTES, keep=False)
         except OSError:

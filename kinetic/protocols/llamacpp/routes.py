@@ -71,7 +71,7 @@ async def health(request: Request) -> dict[str, str]:
     ledger = app_state(request.app).ledger
     if ledger is None:
         return {"status": "ok"}
-    if ledger.writable():  # after a failure, a probe: space freed is seen here, before the next request
+    if ledger.writable():  # a probe write: space freed is seen here, before the next request
         return {"status": "ok", "ledger": "ok"}
     problem = ledger.problem or "cannot write the class record"
     if not ledger.best_effort:

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
-from kinetic.classroom.ledger import LedgerWriter
+from kinetic.classroom.ledger import LedgerWriter, recorded
 from kinetic.classroom.limits import Limits
 from kinetic.classroom.outcome import note_error
 from kinetic.classroom.roles import needs_admin, require_admin, role_of
@@ -102,19 +102,20 @@ class RequestGate:
             response = refuse(scope, refusal)
         elif path not in PUBLIC_PATHS and (limit := self.budgets.refusal(caller, scope["method"], path)) is not None:
             response = refuse(scope, limit)
-        elif (unrecordable := self._record_refusal(scope["method"])) is not None:
+        elif (unrecordable := self._record_refusal(scope["method"], path)) is not None:
             response = refuse(scope, unrecordable)
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
         await response(scope, receive, send_with_cors)
 
-    def _record_refusal(self, method: str) -> KineticError | None:
-        """The 503 for a request that would change or generate something while the ledger cannot be
-        written (unless --ledger-best-effort). Reads (GET: /slots, /metrics, /health) still answer, so
-        the instructor can look at what is wrong."""
+    def _record_refusal(self, method: str, path: str) -> KineticError | None:
+        """The 503 for a recorded request that would change or generate something while the ledger
+        cannot be written (unless --ledger-best-effort). Reads (GET: /slots, /metrics, /health) still
+        answer, so the instructor can look at what is wrong."""
         ledger = self.ledger
-        if ledger is None or ledger.best_effort or method in READ_METHODS or ledger.writable():
+        if (ledger is None or ledger.best_effort or method in READ_METHODS or not recorded(path)
+                or ledger.writable()):
             return None
         return RecordUnwritableError(ledger.problem or "cannot write the class record")
 

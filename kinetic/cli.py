@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
+from kinetic.classroom.ledger import ledger_path_problem
 from kinetic.config.args import InfoRequested, parse_serve_args
 from kinetic.config.flag_status import variable_warning, warning
 from kinetic.config.settings import ServerSettings, SettingsError
@@ -125,6 +126,20 @@ def vertex_environment(port: int) -> VertexSettings | None:
     return vertex
 
 
+def ledger_start_problem(path: str | None) -> str | None:
+    """Why --ledger cannot be used, in one line (None when it can): a device or a FIFO would be read
+    back without end, a directory or an unwritable file would fail every request."""
+    if not path:
+        return None
+    if (problem := ledger_path_problem(path)) is not None:
+        return problem
+    try:
+        Path(path).open("a", encoding="utf-8").close()
+    except OSError as exc:
+        return f"cannot write the ledger {path}: {exc.strerror}"
+    return None
+
+
 def serve(settings: ServerSettings) -> int:
     from kinetic.model_registry.deps import server_state
     from kinetic.server.api_prefix import ApiPrefix
@@ -141,6 +156,9 @@ def serve(settings: ServerSettings) -> int:
               + ("" if settings.cors_origins is not None else " (change with --cors-origins)"), file=sys.stderr)
     for name in settings.ignored_env:
         print(variable_warning(name), file=sys.stderr)
+    if (problem := ledger_start_problem(settings.ledger)) is not None:  # before the model loads
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     port = vertex.port if (vertex := vertex_environment(settings.port)) is not None else settings.port
     try:
         if settings.router_mode or cache_router(settings):
@@ -158,12 +176,6 @@ def serve(settings: ServerSettings) -> int:
     except KeyFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if settings.ledger:
-        try:
-            Path(settings.ledger).open("a", encoding="utf-8").close()
-        except OSError as exc:
-            print(f"error: cannot write the ledger {settings.ledger}: {exc.strerror}", file=sys.stderr)
-            return 1
     config_holder: dict[str, DrainingServer] = {}
 
     def stop_on_load_failure(exc: BaseException) -> None:

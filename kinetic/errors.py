@@ -136,6 +136,20 @@ class ClientDisconnected(Exception):
     answer is written (the server funnels it to a bare 499)."""
 
 
+class RecordUnwritableError(UnavailableError):
+    """--ledger: the class record cannot be written (a full disk, an I/O error, a read-only file), so
+    the request is refused before any answer is generated: an answer nobody can grade is worse than none."""
+
+    def __init__(self, problem: str, *, retry_after: int = 10):
+        super().__init__(f"{problem}; the request was refused before any answer was generated: "
+                         "tell the instructor (the server serves again once the ledger can be written)")
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class ModelLoadError(Exception):
     """The model file is missing, unreadable or not a GGUF: raised before the server starts."""
 

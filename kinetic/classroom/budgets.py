@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kinetic.classroom.caller import Caller
-from kinetic.classroom.ledger import LedgerRecord
+from kinetic.classroom.ledger import LedgerRecord, ledger_lines
 from kinetic.classroom.limits import Budget
 from kinetic.classroom.stats import tokens_of
 from kinetic.errors import ForbiddenError, KineticError, RateLimitError
@@ -99,13 +99,11 @@ class Budgets:
     def load_ledger(self, path: str | Path) -> int:
         """Reads back the records of the last KEPT_DAYS from a ledger file (`client`, `time` and the
         token counts of each JSON line); a line that does not read is skipped. Returns the lines counted."""
-        try:
-            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
+        if not Path(path).exists():
             return 0
         since = self.clock() - timedelta(days=KEPT_DAYS)
         counted = 0
-        for line in lines:
+        for line in ledger_lines(path):  # one line at a time: a year's ledger is not held in memory
             record = LedgerRecord.from_line(line)
             if record is None:
                 continue

@@ -19,11 +19,14 @@ server's web pages and the dashboard's polling are not recorded.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,41 +134,163 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class LedgerWriter:
-    """Appends records to one file: one line each, written whole under a lock and flushed."""
+PROBE_BYTES = 4096  # what a probe write takes: a line, as a full disk would have to hold it
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a longer "line" read back is skipped, so a start's memory stays bounded
+TORN_SUFFIX = ".torn"
 
-    def __init__(self, path: str | Path, *, content: bool = False):
+
+def _kind_of(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words (None for a regular file)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return None if stat.S_ISREG(mode) else next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+def ledger_path_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be a ledger (one line), or None: it must be a regular file or not exist yet.
+    A device (/dev/full, /dev/zero) or a FIFO would be read back without end at start."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot use {path} as the ledger: {exc.strerror}"
+    kind = _kind_of(mode)
+    return None if kind is None else f"cannot use {path} as the ledger: it is {kind}, not a regular file"
+
+
+def set_aside_torn_tail(path: str | Path) -> int:
+    """A last line without its newline (the server died while appending it) is moved to `<path>.torn`
+    and cut from the ledger, so every line left parses and the next record starts a line of its own.
+    Returns the bytes set aside (0 for a whole file). Reads backwards in blocks: memory stays bounded."""
+    path = Path(path)
+    try:
+        handle = path.open("r+b")
+    except FileNotFoundError:
+        return 0
+    with handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return 0
+        end = size  # look for the last newline, one block at a time
+        cut = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            handle.seek(start)
+            block = handle.read(end - start)
+            if (at := block.rfind(b"\n")) >= 0:
+                cut = start + at + 1
+                break
+            end = start
+        handle.seek(cut)
+        with Path(str(path) + TORN_SUFFIX).open("ab") as torn:
+            while chunk := handle.read(1024 * 1024):
+                torn.write(chunk)
+            torn.flush()
+            os.fsync(torn.fileno())
+        handle.truncate(cut)
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.warning("the ledger %s ended in a torn line (%d bytes, written when the server stopped mid-append): "
+                "moved to %s%s", path, size - cut, path, TORN_SUFFIX)
+    return size - cut
+
+
+def ledger_lines(path: str | Path, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The complete lines of a ledger, one at a time (a line still being written, with no newline yet,
+    is left out; a line over `max_line` bytes is skipped, so reading stays bounded in memory)."""
+    with Path(path).open("rb") as handle:
+        while line := handle.readline(max_line):
+            if not line.endswith(b"\n"):
+                if len(line) < max_line:
+                    return  # the end of the file, mid-line
+                while (rest := handle.readline(max_line)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an over-long line
+                continue
+            yield line.decode("utf-8", errors="replace")
+
+
+class LedgerWriter:
+    """Appends records to one file: one line each, written whole with one write() under a lock, with no
+    buffer in between, so a line is in the file (the OS's) before the answer's last byte leaves.
+
+    Before a request that generates, the request gate asks `writable()`: a probe write, cut back at
+    once; while it fails the request is refused (kinetic.errors.RecordUnwritableError), and the first
+    probe that succeeds serves again. A write that fails all the same (ENOSPC, EIO, a read-only file)
+    is undone (the file is cut back to where the line began, so no torn line stays in the middle) and
+    leaves `problem` set for /health and the dashboard. Nothing is ever kept to be written later."""
+
+    def __init__(self, path: str | Path, *, content: bool = False, best_effort: bool = False):
         self.path = Path(path)
         self.content = content
+        self.best_effort = best_effort  # --ledger-best-effort: serve anyway (the gate asks this)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self.problem: str | None = None  # why the last write or probe failed; None while lines are written
 
     def __call__(self, record: LedgerRecord) -> None:  # a LedgerMiddleware sink
         self.write(record)
 
     def write(self, record: LedgerRecord) -> None:
-        line = record.to_line()
+        """Appends the record's line; raises OSError (after marking the ledger unwritable) when it cannot."""
+        self._append(record.to_line().encode("utf-8"), keep=True)
+
+    def writable(self) -> bool:
+        """Whether a line can be written now, by a probe write of a line's size that is cut back at once
+        (a few microseconds: asked before each request that generates, so a disk that filled since the
+        last line refuses the request before its answer, and a disk with room again serves it)."""
+        try:
+            self._append(b" " * PROBE_BYTES, keep=False)
+        except OSError:
+            return False
+        return True
+
+    def _append(self, data: bytes, *, keep: bool) -> None:
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
+            start = os.fstat(self._fd).st_size
+            try:
+                written = 0
+                while written < len(data):
+                    n = os.write(self._fd, data[written:])
+                    if n == 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    written += n
+            except OSError as exc:
+                self._cut_back(start)
+                self._failed(exc)
+                raise
+            if not keep:
+                self._cut_back(start)
+            if self.problem is not None:
+                self.problem = None
+                log.warning("the ledger %s is written again", self.path)
+
+    def _cut_back(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as exc:  # a device cannot be cut; a file whose disk fails may not be either
+            log.warning("cannot cut the ledger %s back to %d bytes: %s", self.path, size, exc.strerror)
+
+    def _failed(self, exc: OSError) -> None:
+        problem = f"cannot write the class record (the ledger {self.path}): {exc.strerror or exc}"
+        if self.problem is None:
+            then = ("requests are served unrecorded (--ledger-best-effort)" if self.best_effort
+                    else "requests are refused until it can be written")
+            log.error("%s; %s", problem, then)
+        self.problem = problem
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            os.close(self._fd)
 
 
 def read_ledger(path: str | Path) -> list[LedgerRecord]:
     """Every complete line of a ledger; a line still being written (no newline yet) is left out."""
-    records = []
-    with Path(path).open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if not line.endswith("\n"):
-                break
-            record = LedgerRecord.from_line(line)
-            if record is not None:
-                records.append(record)
-    return records
+    return [record for line in ledger_lines(path) if (record := LedgerRecord.from_line(line)) is not None]
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
@@ -300,7 +425,7 @@ class LedgerMiddleware:
         for sink in self.sinks:
             try:
                 sink(record)
-            except (OSError, ValueError):  # a full disk must not take the answer down with it
+            except (OSError, ValueError):  # the writer has said so and marked the ledger (the gate refuses next)
                 pass
             except Exception:  # nor a bug in a sink: the answer has been sent already
                 log.exception("request record sink %r failed", sink)

@@ -421,6 +421,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("ledger", ("--ledger",), "append one JSON line per request to this file (who, route, status, usage, "
          "timings)", metavar="FNAME"),
     Flag("ledger_content", ("--ledger-content",), "also write each request's prompt and answer text in the ledger"),
+    Flag("ledger_best_effort", ("--ledger-best-effort",), "serve requests even while the ledger cannot be written "
+         "(a full disk): they go unrecorded (off: they get 503 until it can)"),
     Flag("chat_history", ("--chat-history",), "keep the chat page's conversations on the server, in this folder, "
          "one subfolder per key name (a student finds them again on another PC)", metavar="DIR"),
     Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),

@@ -258,6 +258,7 @@ class ServerSettings(SpeculationSettings):
     max_queue: Annotated[int, Field(ge=0)] = 0
     ledger: str | None = None
     ledger_content: bool = False
+    ledger_best_effort: bool = False
     chat_history: str | None = None
     chat_template: TemplateName | None = None
     chat_template_file: ExistingFile | None = None

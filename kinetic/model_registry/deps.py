@@ -26,6 +26,7 @@ from kinetic.classroom.caller import Caller
 from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
+from kinetic.classroom.ledger import LedgerWriter
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
@@ -42,6 +43,7 @@ class ServerState:
     end_streams: Callable[[], Coroutine[Any, Any, None]]  # the end of a shutdown's drain
     load_error: BaseException | None = None  # why the one model failed to load (the CLI prints it)
     chat_store: ChatStore | None = None  # --chat-history: the chat page's saved conversations
+    ledger: LedgerWriter | None = None  # --ledger: the class record's file, and whether it can be written
 
 
 def server_state(app: Starlette) -> ServerState:

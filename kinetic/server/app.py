@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
-from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter
+from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, set_aside_torn_tail
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ServerError, UnavailableError
 from kinetic.model_registry import idle_sleep
@@ -65,6 +65,7 @@ def add_gate(app: FastAPI, state: ServerState) -> None:
     settings = state.registry.settings
     app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     app.add_middleware(RequestGate, registry=state.registry, keys=state.keys, budgets=state.budgets,
+                       ledger=state.ledger,
                        cors_origins=settings.cors_policy, body_timeout=settings.body_timeout,
                        cors_methods=settings.cors_methods, cors_headers=settings.cors_headers,
                        cors_credentials=settings.cors_credentials)
@@ -73,9 +74,7 @@ def add_gate(app: FastAPI, state: ServerState) -> None:
 def add_ledger(app: FastAPI, state: ServerState) -> None:
     """The request recorder, added last: outermost, so it also sees the gate's 401s. Its records feed
     the dashboard always, the keys' budgets, and the ledger file with --ledger."""
-    settings = state.registry.settings
-    writer = LedgerWriter(settings.ledger, content=settings.ledger_content) if settings.ledger else None
-    app.add_middleware(LedgerMiddleware, writer=writer, sinks=[state.class_stats, state.budgets],
+    app.add_middleware(LedgerMiddleware, writer=state.ledger, sinks=[state.class_stats, state.budgets],
                        keyed=bool(state.keys))
 
 
@@ -83,13 +82,17 @@ def server_parts(registry: ModelRegistry) -> ServerState:
     settings = registry.settings
     keys = settings.key_ring()
     budgets = Budgets()
-    if settings.ledger and keys:  # what the keys used before a restart still counts against their budgets
-        budgets.load_ledger(settings.ledger)
+    ledger = None
+    if settings.ledger:
+        set_aside_torn_tail(settings.ledger)  # a crash mid-append: the next line must start a line of its own
+        ledger = LedgerWriter(settings.ledger, content=settings.ledger_content, best_effort=settings.ledger_best_effort)
+        if keys:  # what the keys used before a restart still counts against their budgets
+            budgets.load_ledger(settings.ledger)
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
     chat_store = ChatStore(settings.chat_history) if settings.chat_history else None
     return ServerState(registry=registry, keys=keys, budgets=budgets, class_stats=ClassStats(), end_streams=end_streams,
-                       chat_store=chat_store)
+                       chat_store=chat_store, ledger=ledger)
 
 
 def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None = None,

@@ -1,7 +1,8 @@
 """The request gate, in front of every route: CORS, the preflight, "loading" (503), the API key (401)
 and the admin role (403), the key's limits (403 outside its dates or hours, 429 over its budget, with
-`x-ratelimit-*` headers), and a deadline on reading the body (408). It resolves the request's one
-Caller (classroom/caller.py), which everything after it reads."""
+`x-ratelimit-*` headers), the class record (503 while the ledger cannot be written), and a deadline
+on reading the body (408). It resolves the request's one Caller (classroom/caller.py), which
+everything after it reads."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
+from kinetic.classroom.ledger import LedgerWriter, recorded
 from kinetic.classroom.limits import Limits
 from kinetic.classroom.outcome import note_error
 from kinetic.classroom.roles import needs_admin, require_admin, role_of
-from kinetic.errors import KineticError, RequestTimeoutError, UnauthorizedError, UnavailableError
+from kinetic.errors import KineticError, RecordUnwritableError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import error_response
 from kinetic.web.routes import is_public_page
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+READ_METHODS = frozenset({"GET", "HEAD"})
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
@@ -30,8 +33,9 @@ class RequestGate:
 
     def __init__(self, app: ASGIApp, *, registry: ModelRegistry, keys: KeyRing, budgets: Budgets, cors_origins: str,
                  body_timeout: float, cors_methods: str = CORS_METHODS, cors_headers: str | None = None,
-                 cors_credentials: bool = True):
+                 cors_credentials: bool = True, ledger: LedgerWriter | None = None):
         self.app = app
+        self.ledger = ledger  # --ledger: a request it cannot record is refused before it is answered
         self.registry = registry
         self.keys = keys
         self.budgets = budgets
@@ -98,10 +102,22 @@ class RequestGate:
             response = refuse(scope, refusal)
         elif path not in PUBLIC_PATHS and (limit := self.budgets.refusal(caller, scope["method"], path)) is not None:
             response = refuse(scope, limit)
+        elif (unrecordable := self._record_refusal(scope["method"], path)) is not None:
+            response = refuse(scope, unrecordable)
         else:
             await self._call_app(_as_json(scope, headers), receive, send_with_cors)
             return
         await response(scope, receive, send_with_cors)
+
+    def _record_refusal(self, method: str, path: str) -> KineticError | None:
+        """The 503 for a recorded request that would change or generate something while the ledger
+        cannot be written (unless --ledger-best-effort). Reads (GET: /slots, /metrics, /health) still
+        answer, so the instructor can look at what is wrong."""
+        ledger = self.ledger
+        if (ledger is None or ledger.best_effort or method in READ_METHODS or not recorded(path)
+                or ledger.writable()):
+            return None
+        return RecordUnwritableError(ledger.problem or "cannot write the class record")
 
     def _admin_refusal(self, sent: str) -> KineticError | None:
         """A management route: None for the admin, else the 403 (a student) or 401 (no key) to answer."""

@@ -148,5 +148,7 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
         "upstreams": upstreams,
         "queue": {"processing": processing, "deferred": deferred, "deferred_by_key": dict(sorted(by_key.items())),
                   "max_queue": registry.settings.max_queue},
+        # None without --ledger; else "ok" or why the class record cannot be written (the page shows it)
+        "ledger": None if state.ledger is None else ("ok" if state.ledger.writable() else state.ledger.problem),
         **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),
     }

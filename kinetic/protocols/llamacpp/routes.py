@@ -20,7 +20,13 @@ from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Offload
-from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError, UnavailableError
+from kinetic.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    NotSupportedError,
+    RecordUnwritableError,
+    UnavailableError,
+)
 from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
@@ -58,8 +64,18 @@ BUILD_INFO = f"b{__version__}-kinetic"
 
 @router.get("/health")
 @router.get("/v1/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}  # the gate answers 503 while the (single) model loads
+async def health(request: Request) -> dict[str, str]:
+    """llama-server's `{"status": "ok"}` (the gate answers 503 while the single model loads), kept
+    exactly so while all is well (a lab's students paste it). With --ledger, while the class record
+    cannot be written this is a 503 naming it, as requests are; with --ledger-best-effort, which serves
+    anyway, a 200 whose `ledger` field says why requests go unrecorded."""
+    ledger = app_state(request.app).ledger
+    if ledger is None or ledger.writable():  # a probe write: space freed is seen here, before the next request
+        return {"status": "ok"}
+    problem = ledger.problem or "cannot write the class record"
+    if not ledger.best_effort:
+        raise RecordUnwritableError(problem)
+    return {"status": "ok", "ledger": problem}
 
 
 @router.get("/props")

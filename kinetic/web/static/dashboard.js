@@ -156,6 +156,10 @@ async function poll() {
     drawQueue(stats.queue, stats.totals);
     drawStudents(stats.students);
     drawChart(stats.throughput);
+    // --ledger: why the class record cannot be written (requests get 503 until it can), said first
+    const ledgerProblem = stats.ledger && stats.ledger !== "ok" ? stats.ledger : "";
+    $("ledger-alert").hidden = !ledgerProblem;
+    $("ledger-alert").textContent = ledgerProblem;
     $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
     await kinetic.sleep(POLL_MS);
   }

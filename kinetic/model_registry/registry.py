@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import anyio
 
@@ -142,6 +143,16 @@ class ModelRegistry:
             if self.find(taken) is not None or self.derived_model(taken) is not None:
                 raise InvalidRequestError(f"model '{taken}' already exists", param="model")
         return await self.downloads.start(name, aliases)
+
+    def add_aliases(self, entry: ModelEntry, aliases: tuple[str, ...]) -> None:
+        """More names for a served model (/api/pull of a model already here, by its `hf.co/...` name)."""
+        for alias in aliases:
+            taken = self.find(alias)
+            if (taken is not None and taken is not entry) or self.derived_model(alias) is not None:
+                raise InvalidRequestError(f"model '{alias}' already exists", param="model")
+        entry.spec = replace(entry.spec, aliases=tuple(dict.fromkeys((*entry.spec.aliases, *aliases))))
+        for alias in aliases:
+            self._by_name[alias] = entry
 
     def _downloaded(self, download: Download) -> None:
         self.add(ModelSpec(name=download.name, aliases=download.aliases, hf_repo=download.name, source="cache"))

@@ -200,4 +200,9 @@ def test_serve_refuses_a_bad_key_file_or_an_unwritable_ledger_with_one_line(tmp_
     keys.write_text("sk-1 mario.rossi\n")
     proc = run([sys.executable, "-m", "kinetic", "serve", "--port", "0", "--api-key-file", str(keys),
                 "--ledger", str(tmp_path)], "http://x")  # a folder, not a file
-    assert proc.returncode == 1 and "cannot write the ledger" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("it is a directory, not a regular file")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    (tmp_path / "plain").write_text("")
+    proc = run([sys.executable, "-m", "kinetic", "serve", "--port", "0", "--api-key-file", str(keys),
+                "--ledger", str(tmp_path / "plain" / "ledger.jsonl")], "http://x")  # under a file
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("as the ledger: Not a directory")

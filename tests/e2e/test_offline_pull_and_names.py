@@ -1,6 +1,7 @@
 """A router started offline over a Hugging Face cache laid out on disk (issue 44 part 4): llama-server's
-POST /models and Ollama's /api/pull of a model the cache holds succeed with the same progress as a real
-download, each file complete at once, and the model is served; one the cache lacks is a one-line 400. Ollama's
+POST /models of a model that reached the cache after the start succeeds with the same progress as a real
+download, each file complete at once, and the model is served; Ollama's /api/pull of a model the router lists
+from the cache answers as Ollama does for a model it has; one the cache lacks is a one-line 400. Ollama's
 name grammar on create, copy, delete, pull and show: its 400s, through the ollama client and httpx.
 
 The hub's address points at a port nothing listens on, so any request to the network would fail the test.
@@ -90,9 +91,15 @@ class Listener:
         return [e for e in self.events if e["model"] == model]
 
 
-def test_post_models_offline_takes_a_cached_model_with_the_events_of_a_download(
+def test_post_models_offline_takes_a_model_cached_since_the_start_with_the_events_of_a_download(
         server: KineticServer, folders: dict[str, Path]) -> None:
-    name = f"{REPO}:Q4_K_M"
+    """The cache's models at the start are listed already (llama-server's router answers "already exists" for
+    them); one that reached the cache while the server ran (another program's download) is taken offline."""
+    listed = httpx.post(server.url + "/models", json={"model": f"{REPO}:Q4_K_M"}, timeout=30)
+    assert listed.status_code == 400 and "already exists" in listed.json()["error"]["message"]
+    name = f"{REPO}:Q5_K_M"
+    snapshot = folders["hf"] / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / REVISION
+    cached_copy(bundled_model_path(), snapshot / "tiny-gemma-Q5_K_M.gguf")
     before = cache_listing(folders)
     listener = Listener(server)
     assert httpx.post(server.url + "/models", json={"model": name}, timeout=30).json() == {"success": True}
@@ -102,7 +109,7 @@ def test_post_models_offline_takes_a_cached_model_with_the_events_of_a_download(
     assert events[-1]["event"] == "download_finished"
     progress = [e["data"]["progress"] for e in events if e["event"] == "download_progress"]
     [(url, row)] = progress[-1].items()
-    assert url.endswith(f"/{REPO}/resolve/main/tiny-gemma-Q4_K_M.gguf") and row == {"done": SIZE, "total": SIZE}
+    assert url.endswith(f"/{REPO}/resolve/main/tiny-gemma-Q5_K_M.gguf") and row == {"done": SIZE, "total": SIZE}
 
     models = {m["id"]: m for m in httpx.get(server.url + "/models", timeout=30).json()["data"]}
     assert models[name]["source"] == "cache" and models[name]["can_remove"] is True

@@ -77,6 +77,12 @@ async def pull(body: PullRequest, registry: RegistryDep) -> Response:
         raise NotSupportedError("pulling a model needs router mode, where one server serves several models: start "
                                 "kinetic with --models-dir DIR or --models-preset FILE")
     aliases = (manage.model_name(name),) if manage.model_name(name) != repo else ()
+    served = registry.find(repo)
+    if served is not None and not served.spec.remote and served.spec.path is not None:
+        # Ollama answers a pull of a model it has with the pull's lines, every layer already complete
+        registry.add_aliases(served, aliases)
+        files = [served.spec.path, *([served.spec.mmproj] if served.spec.mmproj else [])]
+        return _lines(manage.pulled_lines(files), body.stream)
     download = await registry.download(repo, aliases)
     if body.stream is not False:
         # subscribed before any await: the download's first progress comes after one

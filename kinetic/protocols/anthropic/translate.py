@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.answer import AnswerPiece, parse_answer
 from kinetic.chat.types import (
     AnswerFormat,
     ChatRequest,
@@ -50,6 +50,7 @@ from kinetic.protocols.anthropic.types import (
 )
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import sse_event
 
 STOP_REASONS = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
@@ -295,23 +296,14 @@ class _Block:
 
 
 @dataclass
-class EventEncoder:
+class EventEncoder(AnswerEncoder[MessageContext]):
     """Engine events -> Anthropic's named SSE events: a thinking block (if any), text, then one
     tool_use block per call with its input streamed as input_json_delta; a ping after the start,
     as Anthropic sends one."""
 
-    ctx: MessageContext
     started: bool = False
     index: int = -1
     open_block: _Block | None = None
-    answer: AnswerStream = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.answer_format)
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.ctx.outcome
 
     def _start(self) -> list[bytes]:
         self.started = True

@@ -43,6 +43,9 @@ from kinetic.protocols.common.types import (
 from kinetic.protocols.common.types import TextPart as WireText
 
 MAX_TOP_LOGPROBS = 20
+# OpenAI's structured-output types, the same in Chat Completions' response_format and Responses' text.format
+FORMAT_TYPES = ("text", "json_object", "json_schema")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object, and a json_schema sent without its schema
 ALPHANUMERIC = string.ascii_letters + string.digits
 
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kinetic.chat import types as neutral
-from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.answer import AnswerPiece, parse_answer
 from kinetic.chat.toolcalls import ParsedCall
 from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta, TokenLogprob
 from kinetic.errors import KineticError
+from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import ndjson_line
 from kinetic.protocols.ollama.model_facts import timestamp
 from kinetic.protocols.ollama.types import ChatRequest, GenerateRequest
@@ -132,21 +133,12 @@ class _PendingCall:
 
 
 @dataclass
-class LineEncoder:
+class LineEncoder(AnswerEncoder[ReplyContext]):
     """Engine events -> NDJSON lines: one per piece of thinking or content, the tool calls whole in
     one line once the answer is complete (Ollama sends parsed calls, not argument fragments), then
     the final `done: true` line with the metrics."""
 
-    ctx: ReplyContext
-    answer: AnswerStream = field(init=False)
     calls: dict[int, _PendingCall] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.answer_format)
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.ctx.outcome
 
     def _lines(self, piece: AnswerPiece, logprob: TokenLogprob | None = None) -> list[bytes]:
         for delta in piece.calls:

@@ -42,7 +42,6 @@ from kinetic.protocols.ollama.types import (
 # The `X as X` imports above are re-exports: kinetic.protocols.ollama.routes and kinetic.server.app take the
 # model facts and the replies from this module.
 
-ANY_OBJECT: dict[str, Any] = {"type": "object"}  # format "json": Ollama's JSON grammar has an object at its root
 
 
 # --------------------------------------------------------------------------------- inward
@@ -83,7 +82,8 @@ def output_constraint(fmt: Format) -> neutral.OutputConstraint:
     if fmt is None or fmt == "":
         return neutral.OutputConstraint()
     if fmt == "json":
-        return neutral.OutputConstraint(schema=ANY_OBJECT, param="format")
+        # Ollama's JSON grammar has an object at its root
+        return neutral.OutputConstraint(schema=common.ANY_OBJECT, param="format")
     if isinstance(fmt, dict):
         return neutral.OutputConstraint(schema=fmt, param="format")
     raise field_error("format", f'must be "json" or a JSON schema object, but got {fmt!r}')

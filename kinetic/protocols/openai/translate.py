@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.answer import AnswerPiece, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import (
@@ -29,12 +29,10 @@ from kinetic.classroom.outcome import Outcome
 from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.native import generation_settings, native_result
 from kinetic.protocols.common.streaming import sse_data, sse_done
 from kinetic.protocols.openai.types import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponseFormat
-
-RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def completion_id() -> str:
@@ -101,16 +99,16 @@ def output_constraint(req: ChatCompletionRequest) -> OutputConstraint:
     if fmt.type == "json_schema":
         spec = fmt.json_schema
         if spec is None:  # some clients put the schema at the top of response_format
-            schema = fmt.schema_ if fmt.schema_ is not None else ANY_OBJECT
+            schema = fmt.schema_ if fmt.schema_ is not None else common.ANY_OBJECT
             return OutputConstraint(grammar=grammar, schema=schema, param="response_format.schema")
         if not isinstance(spec, dict):
             raise field_error("response_format.json_schema", "must be an object")
-        schema = spec.get("schema", ANY_OBJECT)
+        schema = spec.get("schema", common.ANY_OBJECT)
         if not isinstance(schema, dict):
             raise field_error("response_format.json_schema.schema",
                               f"invalid JSON schema: must be an object, but got {type(schema).__name__}")
         return OutputConstraint(grammar=grammar, schema=schema, param="response_format.json_schema.schema")
-    names = ", ".join(f'"{t}"' for t in RESPONSE_FORMAT_TYPES)
+    names = ", ".join(f'"{t}"' for t in common.FORMAT_TYPES)
     raise InvalidRequestError(f"response_format type must be one of {names}, but got: {fmt.type}",
                               param="response_format.type")
 
@@ -265,17 +263,11 @@ def call_delta(delta: CallDelta) -> dict[str, Any]:
     return {"index": delta.index, "function": {"arguments": delta.arguments}}
 
 
-class ChunkEncoder:
+@dataclass
+class ChunkEncoder(AnswerEncoder[ChatContext]):
     """Engine events -> `data: {chat.completion.chunk}` frames, ending with `data: [DONE]`."""
 
-    def __init__(self, ctx: ChatContext):
-        self.ctx = ctx
-        self.answer = AnswerStream(ctx.answer_format)
-        self.started = False
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.ctx.outcome
+    started: bool = False
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return sse_data({"choices": choices, "created": self.ctx.created, "id": self.ctx.id,

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kinetic.chat.answer import AnswerPiece, AnswerStream, parse_answer
+from kinetic.chat.answer import AnswerPiece, parse_answer
 from kinetic.chat.reasoning import REASONING_FORMATS
 from kinetic.chat.toolcalls import CallDelta, new_call_id
 from kinetic.chat.types import (
@@ -36,6 +36,7 @@ from kinetic.engine.types import Event, Finished, PromptProgress, TextDelta
 from kinetic.errors import InvalidRequestError, KineticError, field_error, range_error
 from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
+from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import sse_event
 from kinetic.protocols.responses.types import (
     ContentPart,
@@ -52,9 +53,6 @@ from kinetic.protocols.responses.types import (
     ResponsesRequest,
     TextFormat,
 )
-
-TEXT_FORMAT_TYPES = ("text", "json_object", "json_schema")
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def response_id() -> str:
@@ -182,12 +180,12 @@ def output_constraint(req: ResponsesRequest) -> OutputConstraint:
     if fmt.type == "json_object":
         return OutputConstraint(grammar=req.grammar, any_json=True, param="text.format")
     if fmt.type == "json_schema":
-        schema = ANY_OBJECT if fmt.schema_ is None else fmt.schema_
+        schema = common.ANY_OBJECT if fmt.schema_ is None else fmt.schema_
         if not isinstance(schema, dict):
             raise field_error("text.format.schema",
                               f"invalid JSON schema: must be an object, but got {type(schema).__name__}")
         return OutputConstraint(grammar=req.grammar, schema=schema, param="text.format.schema")
-    raise field_error("text.format.type", f"must be one of {', '.join(TEXT_FORMAT_TYPES)}, but got {fmt.type!r}")
+    raise field_error("text.format.type", f"must be one of {', '.join(common.FORMAT_TYPES)}, but got {fmt.type!r}")
 
 
 def validate(req: ResponsesRequest) -> None:
@@ -350,24 +348,15 @@ Frame = tuple[str, dict[str, Any]]  # an SSE event's name and data, written out 
 
 
 @dataclass
-class EventEncoder:
+class EventEncoder(AnswerEncoder[ResponseContext]):
     """Engine events -> Responses' typed SSE events: response.created and response.in_progress,
     then per output item (reasoning, the message, each function call) output_item.added, its
     deltas and its done events, and response.completed with usage and (top level) timings."""
 
-    ctx: ResponseContext
     started: bool = False
     sequence: int = 0
     items: list[_Item] = field(default_factory=list)
     done: list[dict[str, Any]] = field(default_factory=list)
-    answer: AnswerStream = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.answer = AnswerStream(self.ctx.answer_format)
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.ctx.outcome
 
     def _event(self, kind: str, **data: Any) -> Frame:
         frame = (kind, {"type": kind, "sequence_number": self.sequence, **data})

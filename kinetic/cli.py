@@ -208,7 +208,8 @@ def serve(settings: ServerSettings) -> int:
                              log_level="info" if settings.verbose else "warning", access_log=settings.verbose,
                              timeout_keep_alive=30, server_header=False)
     state = server_state(app)
-    server = DrainingServer(config, drain_s=settings.drain_timeout, end_streams=state.end_streams)
+    server = DrainingServer(config, drain_s=settings.drain_timeout, end_streams=state.end_streams,
+                            refuse_waiting=state.refuse_waiting)
     config_holder["server"] = server
     reload_keys_on_sighup(state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)

@@ -131,6 +131,19 @@ class QueueFullError(UnavailableError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class ShuttingDownError(UnavailableError):
+    """SIGTERM or Ctrl+C: a request still waiting for a slot is refused at once, with when to come back
+    (a restart for an upgrade: the next server is up once this one has drained)."""
+
+    def __init__(self, *, retry_after: int):
+        super().__init__(f"the server is shutting down; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class ClientDisconnected(Exception):
     """The client left before its answer was ready (a non-streamed generation, a wait for its model): no
     answer is written (the server funnels it to a bare 499)."""

@@ -34,7 +34,7 @@ from kinetic.engine.types import (
     SlotFileResult,
     SlotState,
 )
-from kinetic.errors import NotSupportedError
+from kinetic.errors import KineticError, NotSupportedError
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,10 @@ class ModelBackend(Protocol[RequestT]):
 
     def close(self, error: Exception | None = None) -> None:
         """Blocking, from any thread: every open answer and waiting request fails with `error`."""
+
+    def refuse_waiting(self, error: KineticError) -> None:
+        """From the event loop, a shutdown's start: each waiting request fails with `error` now, and each later
+        one is refused with it; the running ones go on."""
 
     @property
     def busy(self) -> bool:

@@ -87,6 +87,9 @@ class LocalBackend:
     def close(self, error: Exception | None = None) -> None:
         self.engine.close(error if isinstance(error, KineticError) else None)
 
+    def refuse_waiting(self, error: KineticError) -> None:
+        self.engine.refuse_waiting(error)
+
     @property
     def busy(self) -> bool:
         stats = self.engine.stats()

@@ -11,15 +11,14 @@ without keys every caller is the one owner `OPEN_OWNER`, as every caller is the 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kinetic.classroom.durable import write_whole
 from kinetic.classroom.keys import NAME_RE
 from kinetic.errors import InsufficientStorageError, InvalidRequestError, NotFoundError, PayloadTooLargeError
 
@@ -96,11 +95,10 @@ class ChatStore:
             raise PayloadTooLargeError(f"messages: this chat takes {len(data)} bytes, more than the "
                                        f"{MAX_CHAT_BYTES} one saved chat may hold", param="messages")
         with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
             if not path.exists() and sum(1 for _ in path.parent.glob("*.json")) >= MAX_CHATS_PER_OWNER:
                 raise InsufficientStorageError(f"this key already has {MAX_CHATS_PER_OWNER} saved chats: "
                                                "delete some to save new ones")
-            _write_whole(path, data)
+            write_whole(path, data, what=f"the chat {chat_id!r}")
         return _summary(chat)
 
     def delete(self, owner: str | None, chat_id: str) -> None:
@@ -127,16 +125,3 @@ def _read(path: Path) -> dict[str, Any] | None:
     if not isinstance(chat, dict) or not all(isinstance(chat.get(k), t) for k, t in fields.items()):
         return None
     return chat
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -106,6 +106,10 @@ class Engine(Tokenizer, Protocol):
         """Unloads: every open request fails at once with `error` (default: the model was unloaded),
         each waiting one too, and every count they held is given back."""
 
+    def refuse_waiting(self, error: KineticError) -> None:
+        """A shutdown's start: the requests waiting for a slot fail with `error`, and later ones are refused;
+        the running ones go on."""
+
     def require_ready(self) -> ModelInfo:
         """The model's description; raises UnavailableError while it loads."""
 

@@ -41,6 +41,7 @@ class ServerState:
     budgets: Budgets  # each key's usage against its limits (the gate's 429s and 403s, GET /v1/me)
     class_stats: ClassStats  # the dashboard's totals
     end_streams: Callable[[], Coroutine[Any, Any, None]]  # the end of a shutdown's drain
+    refuse_waiting: Callable[[], None]  # the start of a shutdown: the requests waiting for a slot get a 503
     load_error: BaseException | None = None  # why the one model failed to load (the CLI prints it)
     chat_store: ChatStore | None = None  # --chat-history: the chat page's saved conversations
     ledger: LedgerWriter | None = None  # --ledger: the class record's file, and whether it can be written

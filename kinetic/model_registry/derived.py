@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from urllib.parse import quote
 
 from kinetic.backends.gguf_files import cache_dir
 from kinetic.chat.types import SAMPLER_FIELDS, GenerationOptions, SamplingOptions
+from kinetic.classroom.durable import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,8 @@ class DerivedStore:
     def save(self, model: DerivedModel) -> None:
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(model.name)
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(model.to_json(), indent=1), encoding="utf-8")
-        os.replace(partial, path)  # a crash mid-write leaves the old file, never half a new one
+        write_whole(self._path(model.name), json.dumps(model.to_json(), indent=1).encode(),
+                    what=f"the model {model.name!r}")  # a crash leaves the old file or the new, whole
 
     def remove(self, name: str) -> None:
         if self.folder is not None:

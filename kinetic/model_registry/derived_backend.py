@@ -28,6 +28,7 @@ from kinetic.chat.types import (
 )
 from kinetic.engine.base import Generation
 from kinetic.engine.types import EngineStats, RankScore, SlotFileResult, SlotState
+from kinetic.errors import KineticError
 from kinetic.model_registry.derived import DerivedModel, with_defaults
 
 
@@ -93,6 +94,9 @@ class DerivedBackend(Generic[RequestT]):
 
     def close(self, error: Exception | None = None) -> None:
         self.base.close(error)
+
+    def refuse_waiting(self, error: KineticError) -> None:
+        self.base.refuse_waiting(error)
 
     @property
     def busy(self) -> bool:

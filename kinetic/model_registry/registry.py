@@ -349,6 +349,13 @@ class ModelRegistry:
                 except ServerError:
                     pass
 
+    def refuse_waiting(self, error: KineticError) -> None:
+        """A shutdown's start: every model's requests still waiting for a slot fail with `error` (a 503 with
+        Retry-After), so that a restart for an upgrade drains only what is running."""
+        for entry in self.entries.values():
+            if entry.backend is not None:
+                entry.backend.refuse_waiting(error)
+
     async def end_streams(self, error: KineticError) -> None:
         """Shutdown's end: every model's open streams and waiting requests fail with `error` now."""
         self.downloads.stop()

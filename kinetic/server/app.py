@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -17,7 +18,7 @@ from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, set_aside_torn_tail
 from kinetic.classroom.stats import ClassStats
-from kinetic.errors import ServerError, UnavailableError
+from kinetic.errors import ServerError, ShuttingDownError, UnavailableError
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
@@ -30,6 +31,8 @@ from kinetic.server.error_funnel import install_error_funnel, validation_message
 from kinetic.server.gate import RequestGate
 from kinetic.server.vertex import VertexSettings, install_vertex
 from kinetic.web.routes import router as web_router
+
+RESTART_S = 5  # Retry-After past the drain: about how long a restart takes to serve again (a small model)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,12 @@ def server_parts(registry: ModelRegistry) -> ServerState:
             budgets.load_ledger(settings.ledger)
     # The end of a shutdown's drain (cli.DrainingServer): what is still open fails in its protocol's way.
     end_streams = partial(registry.end_streams, UnavailableError("the server is shutting down"))
+    # its start: what waits for a slot is told to come back once the drain is over and a new server is up
+    refuse_waiting = partial(registry.refuse_waiting,
+                             ShuttingDownError(retry_after=math.ceil(settings.drain_timeout) + RESTART_S))
     chat_store = ChatStore(settings.chat_history) if settings.chat_history else None
     return ServerState(registry=registry, keys=keys, budgets=budgets, class_stats=ClassStats(), end_streams=end_streams,
+                       refuse_waiting=refuse_waiting,
                        chat_store=chat_store, ledger=ledger)
 
 

@@ -7,7 +7,8 @@ cuts each stream without its protocol's ending. Here, when the drain time is up,
 its open requests (`end_streams`: a 503 "the server is shutting down" that the streaming layer sends
 as the protocol's error event and terminator), so the streams end within a second and their
 connections close. uvicorn's own timeout stays as a backstop. A second Ctrl+C exits at once
-(uvicorn's force exit).
+(uvicorn's force exit). The requests still waiting for a slot when the signal comes are not drained: they get
+a 503 with Retry-After at once (a restart for an upgrade; the client comes back to the next server).
 
 uvicorn re-raises the signal it caught once it has shut down (so that a parent process sees it);
 kinetic's shutdown is complete by then, and a stopped server exits 0 instead. This leans on
@@ -32,13 +33,16 @@ POLL_S = 0.05
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, *, drain_s: float, end_streams: Callable[[], Awaitable[None]]):
+    def __init__(self, config: uvicorn.Config, *, drain_s: float, end_streams: Callable[[], Awaitable[None]],
+                 refuse_waiting: Callable[[], None]):
         config.timeout_graceful_shutdown = int(drain_s + BACKSTOP_S + 1)
         super().__init__(config)
         self.drain_s = drain_s
         self.end_streams = end_streams
+        self.refuse_waiting = refuse_waiting
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.refuse_waiting()
         ender = asyncio.get_running_loop().create_task(self._end_streams_after_drain())
         try:
             await super().shutdown(sockets)

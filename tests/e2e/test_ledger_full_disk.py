@@ -1,10 +1,15 @@
-"""A class record that cannot be written is never served silently (issue 46): the ledger on a small
-tmpfs that the test fills with a filler file. While it cannot be written,
+"""A class record that cannot be written is never served silently (issue 46): the ledger, the saved chats
+and the derived models on a small tmpfs that the test fills with a filler file. While it cannot be written,
 a request that would generate gets a 503 in its protocol's own error body, naming the class record,
 before any token is generated; no slot is left busy; /health (503) and the dashboard say why. Once
 the filler is gone, the next request is served and its line is in the ledger. With
 --ledger-best-effort the server serves anyway and /health says what goes unrecorded; and a restart
-on a ledger whose last line a crash tore sets that line aside."""
+on a ledger whose last line a crash tore sets that line aside. A chat or a model saved on the full disk is a
+507 naming it, and the copy saved before is kept whole.
+
+EIO cannot be made here without a device-mapper target (dm-error): this machine's kernel offers no device-mapper
+(`dmsetup version`: "/dev/mapper/control: open failed: No such device"), and the file system is never mocked. The
+ledger's probe and the stores' writes handle every OSError (EIO, EROFS) by the same path as ENOSPC."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from kinetic.backends.gguf_files import bundled_model_path
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from tests.server import KineticServer
 
@@ -171,3 +177,46 @@ def test_a_torn_tail_is_set_aside_and_best_effort_serves_anyway(server: KineticS
         assert answer.id in [r.id for r in read_ledger(disk.ledger)]
         assert httpx.get(relaxed.url + "/health", timeout=10).json() == {"status": "ok"}
         assert "cannot write the class record" in relaxed.log()
+
+
+def test_a_full_disk_refuses_a_save_with_a_507_and_keeps_the_saved_copy(server: KineticServer, disk: Disk,
+                                                                         tmp_path: Path) -> None:
+    """The saved chats and the derived models on the full disk (the ledger elsewhere): a save is a 507 naming
+    what was not saved, the copy saved before reads back whole, generation goes on, and a save works once
+    there is room."""
+    server.stop()  # one model at a time
+    models = disk.mount / "models"
+    models.mkdir(exist_ok=True)
+    (models / "m.gguf").unlink(missing_ok=True)
+    (models / "m.gguf").symlink_to(bundled_model_path())
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{STUDENT} ann\n", encoding="utf-8")
+    with KineticServer("-c", "512", "-np", "1", "--models-dir", str(models), "--chat-history",
+                       str(disk.mount / "chats"), "--api-key-file", str(keys), "--admin-key", ADMIN,
+                       "--ledger", str(tmp_path / "ledger.jsonl")) as stores:
+        first = [{"role": "user", "content": "hi"}]
+        saved = httpx.put(stores.url + "/chats/c1", headers=auth(STUDENT), json={"title": "t", "messages": first})
+        assert saved.status_code == 200, saved.text
+        create = {"model": "tutor", "from": "m", "system": "Be brief.", "stream": False}
+        assert httpx.post(stores.url + "/api/create", headers=auth(ADMIN), json=create, timeout=30).status_code == 200
+        disk.fill()
+        try:
+            longer = [*first, {"role": "assistant", "content": "hello " * 2000}]
+            refused = httpx.put(stores.url + "/chats/c1", headers=auth(STUDENT),
+                                json={"title": "t", "messages": longer})
+            assert refused.status_code == 507 and "cannot save the chat 'c1'" in refused.json()["error"]["message"]
+            assert httpx.get(stores.url + "/chats/c1", headers=auth(STUDENT)).json()["messages"] == first
+            other = httpx.post(stores.url + "/api/create", headers=auth(ADMIN), timeout=30,
+                               json={**create, "model": "tutor2", "system": "x" * 8000})
+            assert other.status_code == 507 and "cannot save the model 'tutor2'" in other.json()["error"]
+            tags = httpx.get(stores.url + "/api/tags", headers=auth(ADMIN)).json()["models"]
+            assert "tutor2" not in [m["name"].removesuffix(":latest") for m in tags]
+            answer = openai.OpenAI(base_url=stores.url + "/v1", api_key=STUDENT, max_retries=0, timeout=60) \
+                .chat.completions.create(model="tutor", messages=first, max_tokens=3)
+            assert answer.choices[0].finish_reason in ("stop", "length")
+        finally:
+            disk.free()
+        again = httpx.put(stores.url + "/chats/c1", headers=auth(STUDENT), json={"title": "t", "messages": longer})
+        assert again.status_code == 200
+        assert httpx.get(stores.url + "/chats/c1", headers=auth(STUDENT)).json()["messages"] == longer
+        assert not [p for p in (disk.mount / "chats").rglob(".*.tmp")]  # no temporary file left behind

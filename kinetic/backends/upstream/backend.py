@@ -95,6 +95,9 @@ class UpstreamBackend:
         self.line.fail_waiting(error)
         asyncio.get_running_loop().create_task(self.pool.close())  # its httpx client: one per pool
 
+    def refuse_waiting(self, error: KineticError) -> None:
+        self.line.refuse(error)
+
     @property
     def busy(self) -> bool:
         return self.line.running > 0 or len(self.line) > 0

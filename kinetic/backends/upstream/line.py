@@ -18,6 +18,7 @@ class WaitingLine:
         self.running = 0
         self.in_flight = ModelInFlight(own_limit, shared)  # this model's --max-in-flight, and the router's
         self._waiting: FairQueue[asyncio.Future[None]] = FairQueue(fair=fair)
+        self._refusal: KineticError | None = None  # a shutdown's: later requests are refused
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -35,6 +36,8 @@ class WaitingLine:
     async def take_turn(self, client: str, priority: int = 0) -> None:
         """Returns when a connection is free for this request (at once when one is and nobody waits);
         past --max-queue waiting, a 503 at once."""
+        if self._refusal is not None:
+            raise self._refusal
         if self.running < self.n_slots and not self._waiting:
             self.running += 1
             return
@@ -56,6 +59,11 @@ class WaitingLine:
             self.running += 1
             turn.set_result(None)
             return
+
+    def refuse(self, error: KineticError) -> None:
+        """A shutdown's start: the waiting requests and every later one get `error`; the running go on."""
+        self._refusal = error
+        self.fail_waiting(error)
 
     def fail_waiting(self, error: KineticError) -> None:
         """Every waiting request gets `error` (the model is unloaded)."""

@@ -196,6 +196,10 @@ class LlamaEngine:
         self._model = None
         self._projector = None
 
+    def refuse_waiting(self, error: KineticError) -> None:
+        if self._scheduler is not None:
+            self._scheduler.refuse_waiting(error)
+
     def sleep(self) -> None:
         """Blocking: frees the weights and contexts of an idle model; /props, /v1/models and /metrics still
         describe it (as llama-server's cached answers do) until wake() loads it again."""

@@ -143,6 +143,7 @@ class Scheduler(SlotAdmission):
         self._stopping = False
         self._preparing = 0  # requests between submit_many's start and their enqueue_many
         self._closed_error: KineticError = UnavailableError("the model was unloaded")
+        self._refusal: KineticError | None = None  # a shutdown's: new requests are refused, the running go on
         self._use_counter = itertools.count(1)
         self._task_ids = itertools.count()
         self._group_ids = itertools.count()
@@ -161,6 +162,8 @@ class Scheduler(SlotAdmission):
         with self._cv:
             if self._stopping:  # raced an unload: the model is gone
                 raise self._closed_error
+            if self._refusal is not None:
+                raise self._refusal
             idle = sum(slot.job is None for slot in self.slots)
             if self.max_queue and len(self._pending) + len(jobs) - idle > self.max_queue:
                 raise QueueFullError(self.max_queue)
@@ -201,6 +204,15 @@ class Scheduler(SlotAdmission):
     def deferred_by_client(self) -> dict[str, int]:
         with self._cv:
             return self._pending.counts()
+
+    def refuse_waiting(self, error: KineticError) -> None:
+        """A shutdown's start: every request still waiting for a slot fails with `error` now, and so does
+        every later one; the running ones go on (their drain)."""
+        with self._cv:
+            self._refusal = error
+            for _, job in list(self._pending.in_order()):
+                self._fail_now(job, error)
+            self._cv.notify_all()
 
     def close(self, error: KineticError | None = None) -> None:
         """Stops the decode thread. Every request it holds, running or waiting, fails at once with

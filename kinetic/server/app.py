@@ -27,6 +27,7 @@ from kinetic.protocols.common.app_parts import install
 from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
+from kinetic.protocols.responses.store import ResponseStore
 from kinetic.server.error_funnel import install_error_funnel, validation_message
 from kinetic.server.gate import RequestGate
 from kinetic.server.vertex import VertexSettings, install_vertex
@@ -125,6 +126,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install(app, RunningCompletions())  # for /v1/chat/completions/control
     install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
     install(app, StreamBuffers())  # X-Conversation-Id's kept streams (GET /v1/stream)
+    install(app, ResponseStore())  # the Responses API's stored responses (previous_response_id)
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

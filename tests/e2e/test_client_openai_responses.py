@@ -226,7 +226,6 @@ def test_langchain_use_responses_api(live_server: KineticServer) -> None:
 
 @pytest.mark.parametrize("fields, param", [
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"tool_choice": "required"}, "tool_choice"),  # required, and no tools to call
 ])

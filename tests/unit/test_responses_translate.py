@@ -143,7 +143,6 @@ def test_text_format_becomes_the_output_constraint() -> None:
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"input": []}, "input"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
     ({"tool_choice": {"type": "function"}}, "tool_choice.name"),

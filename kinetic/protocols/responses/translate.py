@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,12 +40,14 @@ from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import sse_event
 from kinetic.protocols.responses.types import (
+    INPUT_ITEMS,
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputAudio,
     InputFile,
     InputImage,
+    InputItemModel,
     InputText,
     MessageItem,
     OutputText,
@@ -101,18 +104,44 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def to_messages(req: ResponsesRequest) -> tuple[Message, ...]:
-    """`instructions` as a system turn, then `input`. Assistant items that follow an assistant
-    turn (its text, calls, reasoning) join that turn, as in llama-server."""
+def input_items(req: ResponsesRequest) -> list[InputItemModel]:
+    """`input` as items: a string is one user message."""
+    if isinstance(req.input, str):
+        return [MessageItem(role="user", content=req.input)]
+    if not req.input:
+        raise field_error("input", "must be a string or a non-empty list of items")
+    return list(req.input)
+
+
+def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """This turn's input as the store keeps it (GET .../input_items): each item as sent, with an id."""
+    records = []
+    for item in input_items(req):
+        record = item.model_dump(by_alias=True, exclude_none=True)
+        if "id" not in record:
+            prefix = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}.get(item.type, "rs_")
+            record = {"id": common.random_id(prefix, 32), **record}
+        records.append(record)
+    return records
+
+
+def history_items(records: list[dict[str, Any]]) -> list[InputItemModel]:
+    """A stored conversation's items (inputs, and outputs as a next turn sends them back) read as input."""
+    return INPUT_ITEMS.validate_python(records)
+
+
+def to_messages(req: ResponsesRequest, history: list[InputItemModel] | None = None) -> tuple[Message, ...]:
+    """`instructions` as a system turn, then the stored turns `previous_response_id` names (without their
+    instructions, as OpenAI reads them), then `input`. Assistant items that follow an assistant turn (its
+    text, calls, reasoning) join that turn, as in llama-server."""
     messages: list[Message] = []
     if req.instructions is not None:
         messages.append(Message(role="system", parts=(TextPart(req.instructions),)))
+    items = [("previous_response_id", item) for item in history or ()]
+    items += [(f"input[{index}]", item) for index, item in enumerate(input_items(req))]
     if isinstance(req.input, str):
-        return tuple(messages + [Message(role="user", parts=(TextPart(req.input),))])
-    if not req.input:
-        raise field_error("input", "must be a string or a non-empty list of items")
-    for index, item in enumerate(req.input):
-        param = f"input[{index}]"
+        items[-1] = ("input", items[-1][1])
+    for param, item in items:
         previous = messages[-1] if messages and messages[-1].role == "assistant" else None
         if isinstance(item, MessageItem):
             parts = _parts(item.content, f"{param}.content")
@@ -189,12 +218,10 @@ def output_constraint(req: ResponsesRequest) -> OutputConstraint:
 
 
 def validate(req: ResponsesRequest) -> None:
-    if req.previous_response_id:
-        raise field_error("previous_response_id", "is not supported: kinetic stores no responses, "
-                                                  "send the whole conversation in 'input'")
     if req.conversation is not None:
-        raise field_error("conversation", "is not supported: kinetic stores no conversations, "
-                                          "send the whole conversation in 'input'")
+        raise field_error("conversation", "is not supported: kinetic stores no conversations; continue a "
+                                          "stored response with 'previous_response_id', or send the whole "
+                                          "conversation in 'input'")
     if req.n is not None and req.n != 1:
         raise range_error("n", 1, 1, req.n)
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
@@ -202,12 +229,12 @@ def validate(req: ResponsesRequest) -> None:
                           f"must be one of {', '.join(REASONING_FORMATS)}, but got {req.reasoning_format!r}")
 
 
-def to_chat_request(req: ResponsesRequest) -> ChatRequest:
+def to_chat_request(req: ResponsesRequest, history: list[InputItemModel] | None = None) -> ChatRequest:
     validate(req)
     max_tokens = common.max_tokens_from([("max_output_tokens", req.max_output_tokens),
                                          ("n_predict", req.n_predict), ("max_tokens", req.max_tokens)])
     return ChatRequest(
-        messages=to_messages(req),
+        messages=to_messages(req, history),
         options=replace(common.generation_options(req, max_tokens=max_tokens),
                         return_progress=bool(req.stream and req.return_progress)),
         tools=to_tools(req),
@@ -237,6 +264,11 @@ class ResponseContext:
     echo: dict[str, Any]  # request settings a response object repeats
     timings_per_token: bool = False  # llama-server's: each streamed event of a token carries the timings so far
     outcome: Outcome = field(default_factory=Outcome)
+    on_completed: Callable[[dict[str, Any]], None] | None = None  # the store's, given the completed response
+
+    def completed(self, response: dict[str, Any]) -> None:
+        if self.on_completed is not None:
+            self.on_completed(response)
 
     def __post_init__(self) -> None:
         self.outcome.id, self.outcome.model = self.id, self.model
@@ -255,6 +287,8 @@ def response_context(req: ResponsesRequest, answer_format: AnswerFormat, *, mode
                         else req.tool_choice.model_dump(exclude_none=True)) or "auto",
         "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or ()],
         "top_p": req.top_p,
+        "previous_response_id": req.previous_response_id,
+        "store": req.store is not False,
     }
     return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, answer_format=answer_format,
                            echo=echo, timings_per_token=bool(req.stream and req.timings_per_token))
@@ -327,8 +361,9 @@ def to_response(deltas: list[TextDelta], finished: Finished, ctx: ResponseContex
         ctx.outcome.call(item["call_id"], call.name)
         output.append(item)
     ctx.outcome.finished(finished, finish_reason(finished), answer=answer.content)
-    return {**_response(ctx, status="completed", output=output, finished=finished),
-            "timings": finished.timings.to_dict()}
+    response = _response(ctx, status="completed", output=output, finished=finished)
+    ctx.completed(response)
+    return {**response, "timings": finished.timings.to_dict()}
 
 
 @dataclass
@@ -466,6 +501,7 @@ class EventEncoder(AnswerEncoder[ResponseContext]):
         frames += self._close()
         self.outcome.finished(event, finish_reason(event))
         response = _response(self.ctx, status="completed", output=self.done, finished=event)
+        self.ctx.completed(response)
         # llama-server puts timings beside `response`, not inside it
         frames.append(self._event("response.completed", response=response, timings=event.timings.to_dict()))
         return frames

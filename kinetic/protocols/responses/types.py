@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, TypeAdapter
 
 from kinetic.protocols.common.types import InputAudio as AudioData
 from kinetic.protocols.common.types import SamplingFields, WireModel
@@ -99,6 +99,10 @@ InputItem = Annotated[
                   custom_error_message="Cannot determine the type of the item: expected one of "
                                        + ", ".join(ITEM_TYPES)),
 ]
+
+
+InputItemModel = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+INPUT_ITEMS: TypeAdapter[list[InputItemModel]] = TypeAdapter(list[InputItem])  # a stored conversation read back
 
 
 class FunctionTool(WireModel):

@@ -50,6 +50,8 @@ OTHER = frozenset({
     "/props", "/slots", "/slots/{id_slot}", "/models", "/v1/models", "/models/sse", "/models/load", "/models/unload",
     "/lora-adapters", "/tokenize", "/detokenize", "/apply-template", "/cors-proxy", "/v1/chat/completions/input_tokens",
     "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens",
+    "/v1/responses/{response_id}", "/responses/{response_id}", "/v1/responses/{response_id}/input_items",
+    "/responses/{response_id}/input_items",
     "/v1/messages/count_tokens", "/api/tags", "/api/version", "/api/ps", "/api/show",
     "/v1/chat/completions/control", "/models/drain", "/models/undrain",
     "/api/pull", "/api/create", "/api/copy", "/api/delete", "/api/push",

@@ -1,31 +1,29 @@
 """Slots and the one decode thread: which request runs where, and one llama_decode per step.
 
-Every slot is a llama.cpp sequence id inside one context. A single worker thread owns the
-context: each step it builds one batch holding the next token of every generating slot and as
-much pending prompt as fits, calls llama_decode once, and samples each slot from its own row of
-logits. So two decodes never run at once (llama.cpp's worker threads spin, and two concurrent
-decodes on two cores collapse to about one token a second), every active stream advances each
-step, and several slots share one batch. Each slot keeps the tokens in its KV cache and reuses
-the longest common prefix of the next prompt (`cache_n`), or, when another slot holds a longer
-one (the shared system prompt of a class), copies those KV cells over instead of evaluating them.
+Every slot is a llama.cpp sequence id inside one context. A single worker thread owns the context: each step it
+builds one batch holding the next token of every generating slot and as much pending prompt as fits, calls
+llama_decode once, and samples each slot from its own row of logits. So two decodes never run at once (llama.cpp's
+worker threads spin, and two concurrent decodes on two cores collapse to about one token a second), every active
+stream advances each step, and several slots share one batch. Each slot keeps the tokens in its KV cache and reuses
+the longest common prefix of the next prompt (`cache_n`), or, when another slot holds a longer one (the shared
+system prompt of a class), copies those KV cells over instead of evaluating them.
 
-Hybrid and recurrent models (LFM2, Qwen3.5, Mamba) keep, beside or instead of the KV cells, one state
-per sequence for their recurrent layers: it is valid only at the position it reached, cannot be trimmed
-back, and a copy takes all of it. On them (`exact_states`) a cached prefix is reused only whole: the
-slot's own state when the prompt extends everything it holds, or a state saved at exactly a prefix of
-the prompt. The scheduler saves such states on the way through a prompt (its checkpoints: a few tokens
-before the end, as llama-server's context checkpoints, and where the prompt parts from the longest one
-seen before it, which is the end of a class's shared system prompt), so that the next prompts that start
-the same way restore one instead of evaluating it again, on any slot.
+Hybrid and recurrent models (LFM2, Qwen3.5, Mamba) keep, beside or instead of the KV cells, one state per sequence
+for their recurrent layers: it is valid only at the position it reached, cannot be trimmed back, and a copy takes
+all of it. On them (`exact_states`) a cached prefix is reused only whole: the slot's own state when the prompt
+extends everything it holds, or a state saved at exactly a prefix of the prompt. The scheduler saves such states on
+the way through a prompt (its checkpoints: a few tokens before the end, as llama-server's context checkpoints, and
+where the prompt parts from the longest one seen before it, which is the end of a class's shared system prompt), so
+that the next prompts that start the same way restore one instead of evaluating it again, on any slot.
 
-Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; the
-slots and jobs themselves are slots.py's. With speculative decoding (speculative.py) a generating slot
-puts a draft after its last token in the same batch, and its rows are verified one after the other.
+Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; the slots and jobs
+themselves are slots.py's. With speculative decoding (speculative.py) a generating slot puts a draft after its last
+token in the same batch, and its rows are verified one after the other.
 
-Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py);
-the prompt budget of each step is shared by every slot still reading its prompt, so a long prompt
-never holds back the others. Events reach each event loop through its inbox (inbox.py), once per
-step, in a way that never makes the decode thread wait for the event loop.
+Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py); the prompt budget of
+each step is shared by every slot still reading its prompt, so a long prompt never holds back the others. Events
+reach each event loop through its inbox (inbox.py), once per step, in a way that never makes the decode thread wait
+for the event loop.
 """
 
 from __future__ import annotations
@@ -58,16 +56,7 @@ from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
 from kinetic.engine.llama.speculative import accept_drafts, make_speculator
 from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
-from kinetic.engine.types import (
-    Event,
-    Finished,
-    FinishReason,
-    PromptProgress,
-    StopType,
-    TextDelta,
-    TokenLogprob,
-    Usage,
-)
+from kinetic.engine.types import Event, Finished, FinishReason, PromptProgress, StopType, TextDelta, TokenLogprob, Usage
 from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
 
 # the scheduler's parts that moved to their own modules, still importable from here

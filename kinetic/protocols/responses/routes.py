@@ -17,7 +17,7 @@ from kinetic.errors import field_error
 from kinetic.model_registry.deps import BackendDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
-from kinetic.protocols.responses import translate
+from kinetic.protocols.responses import items, translate
 from kinetic.protocols.responses.store import ResponseStore, StoredResponse
 from kinetic.protocols.responses.types import InputTokensRequest, ResponsesRequest
 
@@ -35,11 +35,11 @@ async def create_response(body: ResponsesRequest, request: Request, backend: Bac
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
         history = store.get(body.previous_response_id, caller, param="previous_response_id").history
-    chat = translate.to_chat_request(body, translate.history_items(history))
+    chat = translate.to_chat_request(body, items.history_items(history))
     generation_request, answer_format = await backend.prepare_chat(chat)
     ctx = translate.response_context(body, answer_format, model=backend.name)
     if body.store is not False:
-        inputs = translate.input_item_records(body)
+        inputs = items.input_item_records(body)
         ctx.on_completed = partial(_store, store, caller, ctx.id, inputs, history)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),

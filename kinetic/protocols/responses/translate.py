@@ -39,8 +39,8 @@ from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import sse_event
+from kinetic.protocols.responses.items import input_items
 from kinetic.protocols.responses.types import (
-    INPUT_ITEMS,
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -102,32 +102,6 @@ def _arguments(text: str) -> Any:
         return json.loads(text) if text else {}
     except json.JSONDecodeError:
         return text
-
-
-def input_items(req: ResponsesRequest) -> list[InputItemModel]:
-    """`input` as items: a string is one user message."""
-    if isinstance(req.input, str):
-        return [MessageItem(role="user", content=req.input)]
-    if not req.input:
-        raise field_error("input", "must be a string or a non-empty list of items")
-    return list(req.input)
-
-
-def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """This turn's input as the store keeps it (GET .../input_items): each item as sent, with an id."""
-    records = []
-    for item in input_items(req):
-        record = item.model_dump(by_alias=True, exclude_none=True)
-        if "id" not in record:
-            prefix = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}.get(item.type, "rs_")
-            record = {"id": common.random_id(prefix, 32), **record}
-        records.append(record)
-    return records
-
-
-def history_items(records: list[dict[str, Any]]) -> list[InputItemModel]:
-    """A stored conversation's items (inputs, and outputs as a next turn sends them back) read as input."""
-    return INPUT_ITEMS.validate_python(records)
 
 
 def to_messages(req: ResponsesRequest, history: list[InputItemModel] | None = None) -> tuple[Message, ...]:

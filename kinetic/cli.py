@@ -142,6 +142,8 @@ def ledger_start_problem(path: str | None) -> str | None:
 
 def serve(settings: ServerSettings) -> int:
     from kinetic.model_registry.deps import server_state
+    from kinetic.protocols.common.app_parts import installed
+    from kinetic.protocols.responses.store import ResponseStore
     from kinetic.server.api_prefix import ApiPrefix
     from kinetic.server.app import create_app, error_response
     from kinetic.server.shutdown import DrainingServer
@@ -213,6 +215,7 @@ def serve(settings: ServerSettings) -> int:
     config_holder["server"] = server
     reload_keys_on_sighup(state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
+    print(f"stored responses (/v1/responses): {installed(app, ResponseStore).where}", file=sys.stderr, flush=True)
     server.run(sockets=sockets)
     if state.load_error is not None:
         print(f"error: {state.load_error}", file=sys.stderr)

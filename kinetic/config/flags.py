@@ -425,6 +425,8 @@ FLAGS: tuple[Flag, ...] = (
          "(a full disk): they go unrecorded (off: they get 503 until it can)"),
     Flag("chat_history", ("--chat-history",), "keep the chat page's conversations on the server, in this folder, "
          "one subfolder per key name (a student finds them again on another PC)", metavar="DIR"),
+    Flag("store_dir", ("--store-dir",), "keep the Responses API's stored responses in this folder, so that they "
+         "survive a restart (default: the ledger's folder with --ledger, else in memory)", metavar="DIR"),
     Flag("verbose", ("-v", "--verbose", "--log-verbose"), "log every request"),
     Flag("log_file", ("--log-file",), "also write the log to this file", metavar="FNAME"),
     Flag("log_timestamps", ("--log-timestamps",), "start each log line with its time",

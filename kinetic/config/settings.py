@@ -260,6 +260,7 @@ class ServerSettings(SpeculationSettings):
     ledger_content: bool = False
     ledger_best_effort: bool = False
     chat_history: str | None = None
+    store_dir: str | None = None
     chat_template: TemplateName | None = None
     chat_template_file: ExistingFile | None = None
     chat_template_kwargs: TemplateVariables | None = None

@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -18,12 +20,13 @@ from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, set_aside_torn_tail
 from kinetic.classroom.stats import ClassStats
+from kinetic.config.settings import ServerSettings
 from kinetic.errors import ServerError, ShuttingDownError, UnavailableError
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
-from kinetic.protocols.common.app_parts import install
+from kinetic.protocols.common.app_parts import install, installed
 from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
@@ -103,6 +106,15 @@ def server_parts(registry: ModelRegistry) -> ServerState:
                        chat_store=chat_store, ledger=ledger)
 
 
+def response_store(settings: ServerSettings) -> ResponseStore:
+    """--store-dir, else the ledger's folder (the class's records together), else memory."""
+    folder = settings.store_dir or (str(Path(settings.ledger).resolve().parent) if settings.ledger else None)
+    try:
+        return ResponseStore(Path(folder) if folder else None)
+    except (OSError, sqlite3.Error) as exc:
+        raise SystemExit(f"error: cannot keep stored responses in {folder}: {exc}") from None
+
+
 def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None = None,
                on_load_failure: Callable[[BaseException], None] | None = None,
                vertex: VertexSettings | None = None) -> FastAPI:
@@ -119,6 +131,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
         finally:
             startup.cancel()
             registry.close()
+            installed(app, ResponseStore).close()
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     state = server_parts(registry)
@@ -126,7 +139,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install(app, RunningCompletions())  # for /v1/chat/completions/control
     install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
     install(app, StreamBuffers())  # X-Conversation-Id's kept streams (GET /v1/stream)
-    install(app, ResponseStore())  # the Responses API's stored responses (previous_response_id)
+    install(app, response_store(registry.settings))  # the Responses API's stored responses (previous_response_id)
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

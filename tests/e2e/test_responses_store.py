@@ -100,3 +100,23 @@ def test_another_student_gets_a_404_and_the_admin_reads_it(server: KineticServer
         ben.responses.delete(hers.id)
     assert admin.responses.retrieve(hers.id).id == hers.id
     assert ann.responses.retrieve(hers.id).id == hers.id  # still there: his delete removed nothing
+
+
+def test_stored_responses_survive_a_restart(server: KineticServer, tmp_path: Path) -> None:
+    """With --store-dir (or beside --ledger) the next start reads the responses back; without either, the start
+    says that they are kept in memory."""
+    assert "stored responses (/v1/responses): memory" in server.log()
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{ANN} ann\n", encoding="utf-8")
+    flags = ("-c", "1024", "-np", "1", "--api-key-file", str(keys), "--ledger", str(tmp_path / "ledger.jsonl"))
+    with KineticServer(*flags) as before:
+        assert f"stored responses (/v1/responses): {tmp_path / 'responses.sqlite3'}" in before.log()
+        first = client(before, ANN).responses.create(model="m", input="Name a fruit.", max_output_tokens=4)
+    with KineticServer(*flags) as after:
+        ann = client(after, ANN)
+        assert ann.responses.retrieve(first.id).output_text == first.output_text
+        second = ann.responses.create(model="m", input="And a tree.", previous_response_id=first.id,
+                                      max_output_tokens=4)
+        assert second.usage is not None and first.usage is not None
+        assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert [i.id for i in ann.responses.input_items.list(first.id).data]

@@ -4,6 +4,8 @@ oldest dropped first."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kinetic.classroom.caller import Caller
@@ -63,3 +65,17 @@ def test_each_owner_keeps_its_newest_within_its_count_and_bytes() -> None:
     small.put(stored("resp_y", "ann", text="y" * 300))  # both together pass 1000 bytes: the older goes
     small.put(stored("resp_big", "ann", text="z" * 5000))  # alone over the cap: kept, as the newest
     assert len(small) == 1 and small.get("resp_big", ANN).id == "resp_big"
+
+
+def test_a_store_in_a_folder_survives_a_restart(tmp_path: Path) -> None:
+    first = ResponseStore(tmp_path, clock=lambda: 0.0)
+    first.put(stored("resp_kept", "ann", text="kept"))
+    first.put(stored("resp_gone", "ann"))
+    first.delete("resp_gone", ANN)
+    first.close()
+    again = ResponseStore(tmp_path, clock=lambda: 0.0)  # the next start, on the same folder
+    kept = again.get("resp_kept", ANN)
+    assert kept.history[0]["content"] == "kept" and kept.body == {"id": "resp_kept", "output": []}
+    with pytest.raises(NotFoundError):
+        again.get("resp_gone", ANN)
+    assert again.where == str(tmp_path / "responses.sqlite3") and "memory" in ResponseStore().where

@@ -4,28 +4,41 @@
 Each response belongs to the key that made it: another student's key gets the same 404 as for an id that
 never existed, and the admin's key reads them all. A server without keys has one owner (None), as one user.
 
-Bounded in memory: a response is kept for `ttl_s` (OpenAI keeps them 30 days) and each owner keeps at most
-`max_per_owner` responses and `max_bytes_per_owner` bytes of them (images sent as data: URLs count), the
-oldest dropped first. A turn that continues a dropped one is a 404 naming `previous_response_id`.
+One SQLite database: a file (`--store-dir`, else beside the ledger) that survives a restart, or, with neither,
+one in memory that a restart empties. Bounded either way: a response is kept for `ttl_s` (OpenAI keeps them 30
+days) and each owner keeps at most `max_per_owner` responses and `max_bytes_per_owner` bytes of them (images sent
+as data: URLs count), the oldest dropped first. A turn that continues a dropped one is a 404 naming
+`previous_response_id`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.roles import Role
 from kinetic.errors import NotFoundError
 
+log = logging.getLogger(__name__)
+
 TTL_S = 30 * 24 * 3600
 MAX_PER_OWNER = 500
 MAX_BYTES_PER_OWNER = 64 * 1024 * 1024
+FILE_NAME = "responses.sqlite3"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL, size INTEGER NOT NULL,
+                                      record TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (owner, created);
+"""
 
 
 @dataclass
@@ -39,57 +52,84 @@ class StoredResponse:
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.size = len(json.dumps(self.history)) + len(json.dumps(self.body))
+        self.size = len(self.record())
+
+    def record(self) -> str:
+        return json.dumps({"body": self.body, "input_items": self.input_items, "history": self.history})
 
 
 class ResponseStore:
-    def __init__(self, *, ttl_s: float = TTL_S, max_per_owner: int = MAX_PER_OWNER,
+    def __init__(self, folder: Path | None = None, *, ttl_s: float = TTL_S, max_per_owner: int = MAX_PER_OWNER,
                  max_bytes_per_owner: int = MAX_BYTES_PER_OWNER, clock: Callable[[], float] = time.time):
+        self.path = folder / FILE_NAME if folder is not None else None
         self.ttl_s = ttl_s
         self.max_per_owner = max_per_owner
         self.max_bytes_per_owner = max_bytes_per_owner
         self.clock = clock
-        self._by_id: OrderedDict[str, StoredResponse] = OrderedDict()  # oldest first
         self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path or ":memory:"), check_same_thread=False, isolation_level=None)
+        if self.path is not None:
+            # a committed response survives a crash of the process; NORMAL skips the fsync of each commit, which
+            # only a power cut could cost (as the ledger's lines)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "memory (a restart empties it)"
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM responses WHERE created >= ?",
+                                        (self.clock() - self.ttl_s,)).fetchone()[0])
 
     def put(self, stored: StoredResponse) -> None:
-        with self._lock:
-            self._by_id[stored.id] = stored
-            self._expire()
-            mine = [r for r in self._by_id.values() if r.owner == stored.owner]
-            total = sum(r.size for r in mine)
-            # the newest (last) stays, however large: its client is being told its id
-            while len(mine) > 1 and (len(mine) > self.max_per_owner or total > self.max_bytes_per_owner):
-                oldest = mine.pop(0)
-                del self._by_id[oldest.id]
-                total -= oldest.size
+        """Keeps `stored`, then drops what is past its time and the owner's oldest past the caps (the newest
+        stays, however large: its client is being told its id). A disk that cannot take it loses this one
+        response, with a warning: the answer itself was already generated."""
+        try:
+            with self._lock, self._db:
+                self._db.execute("BEGIN")
+                self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                                 (stored.id, stored.owner, stored.created, stored.size, stored.record()))
+                self._expire()
+                mine = self._db.execute("SELECT id, size FROM responses WHERE owner IS ? ORDER BY created, rowid",
+                                        (stored.owner,)).fetchall()
+                total = sum(size for _, size in mine)
+                while len(mine) > 1 and (len(mine) > self.max_per_owner or total > self.max_bytes_per_owner):
+                    oldest, size = mine.pop(0)
+                    self._db.execute("DELETE FROM responses WHERE id = ?", (oldest,))
+                    total -= size
+        except sqlite3.Error as exc:
+            log.warning("response %s not stored in %s: %s", stored.id, self.where, exc)
 
     def get(self, response_id: str, caller: Caller, *, param: str | None = None) -> StoredResponse:
         """The response, if `caller` may read it: its owner, or the admin. Otherwise the 404 of a missing one."""
         with self._lock:
-            self._expire()
-            stored = self._by_id.get(response_id)
-        if stored is None or not _may_read(caller, stored):
+            row = self._db.execute("SELECT owner, created, record FROM responses WHERE id = ? AND created >= ?",
+                                   (response_id, self.clock() - self.ttl_s)).fetchone()
+        if row is None or not _may_read(caller, row[0]):
             raise NotFoundError(f"Response with id '{response_id}' not found.", param=param)
-        return stored
+        record = json.loads(row[2])
+        return StoredResponse(id=response_id, owner=row[0], created=row[1], body=record["body"],
+                              input_items=record["input_items"], history=record["history"])
 
     def delete(self, response_id: str, caller: Caller) -> None:
         stored = self.get(response_id, caller)
         with self._lock:
-            self._by_id.pop(stored.id, None)
+            self._db.execute("DELETE FROM responses WHERE id = ?", (stored.id,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
 
     def _expire(self) -> None:
-        """Under the lock: drops what is past its time (the oldest come first)."""
-        limit = self.clock() - self.ttl_s
-        while self._by_id:
-            oldest = next(iter(self._by_id.values()))
-            if oldest.created >= limit:
-                return
-            del self._by_id[oldest.id]
+        """Within put's transaction: drops what is past its time."""
+        self._db.execute("DELETE FROM responses WHERE created < ?", (self.clock() - self.ttl_s,))
 
 
-def _may_read(caller: Caller, stored: StoredResponse) -> bool:
-    return stored.owner == caller.name or (caller.role is Role.ADMIN and caller.name is not None)
+def _may_read(caller: Caller, owner: str | None) -> bool:
+    return owner == caller.name or (caller.role is Role.ADMIN and caller.name is not None)

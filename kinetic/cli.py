@@ -169,14 +169,11 @@ def serve(settings: ServerSettings) -> int:
             models, loading = single_model(settings)
         settings.api_keys()  # an unreadable --api-key-file should stop us now, not on the first request
         open_derived_models(models, settings)
-    except ModelLoadError as exc:
+    except (ModelLoadError, KeyFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 1
-    except KeyFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
         return 1
     config_holder: dict[str, DrainingServer] = {}
 
@@ -215,7 +212,8 @@ def serve(settings: ServerSettings) -> int:
     config_holder["server"] = server
     reload_keys_on_sighup(state.keys)
     print(f"kinetic {__version__}: {loading}", file=sys.stderr, flush=True)
-    print(f"stored responses (/v1/responses): {installed(app, ResponseStore).where}", file=sys.stderr, flush=True)
+    where = installed(app, ResponseStore).database.where
+    print(f"stored responses (/v1/responses): {where}", file=sys.stderr, flush=True)
     server.run(sockets=sockets)
     if state.load_error is not None:
         print(f"error: {state.load_error}", file=sys.stderr)

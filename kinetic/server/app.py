@@ -26,11 +26,12 @@ from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
-from kinetic.protocols.common.app_parts import install, installed
+from kinetic.protocols.common.app_parts import install
 from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
-from kinetic.protocols.responses.store import ResponseStore
+from kinetic.protocols.responses.conversations import ConversationStore
+from kinetic.protocols.responses.store import ResponseStore, StoreDatabase
 from kinetic.server.error_funnel import install_error_funnel, validation_message
 from kinetic.server.gate import RequestGate
 from kinetic.server.vertex import VertexSettings, install_vertex
@@ -106,11 +107,12 @@ def server_parts(registry: ModelRegistry) -> ServerState:
                        chat_store=chat_store, ledger=ledger)
 
 
-def response_store(settings: ServerSettings) -> ResponseStore:
-    """--store-dir, else the ledger's folder (the class's records together), else memory."""
+def store_database(settings: ServerSettings) -> StoreDatabase:
+    """Where stored responses and conversations are kept: --store-dir, else the ledger's folder (the class's
+    records together), else memory."""
     folder = settings.store_dir or (str(Path(settings.ledger).resolve().parent) if settings.ledger else None)
     try:
-        return ResponseStore(Path(folder) if folder else None)
+        return StoreDatabase(Path(folder) if folder else None)
     except (OSError, sqlite3.Error) as exc:
         raise SystemExit(f"error: cannot keep stored responses in {folder}: {exc}") from None
 
@@ -131,7 +133,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
         finally:
             startup.cancel()
             registry.close()
-            installed(app, ResponseStore).close()
+            database.close()
 
     app = FastAPI(title="kinetic", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     state = server_parts(registry)
@@ -139,7 +141,9 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install(app, RunningCompletions())  # for /v1/chat/completions/control
     install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
     install(app, StreamBuffers())  # X-Conversation-Id's kept streams (GET /v1/stream)
-    install(app, response_store(registry.settings))  # the Responses API's stored responses (previous_response_id)
+    database = store_database(registry.settings)  # the Responses API's stored responses and conversations
+    install(app, ResponseStore(database))
+    install(app, ConversationStore(database))
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

@@ -120,3 +120,41 @@ def test_stored_responses_survive_a_restart(server: KineticServer, tmp_path: Pat
         assert second.usage is not None and first.usage is not None
         assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
         assert [i.id for i in ann.responses.input_items.list(first.id).data]
+
+
+def test_a_conversation_gathers_each_turns_input_and_output(server: KineticServer) -> None:
+    ann, ben = client(server, ANN), client(server, BEN)
+    conversation = ann.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello."}],
+                                            metadata={"lab": "04-02"})
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"lab": "04-02"}
+    first = ann.responses.create(model="m", conversation=conversation.id, input="Name a colour.", max_output_tokens=4)
+    assert (first.model_extra or {}).get("conversation") == {"id": conversation.id} or first.conversation
+    second = ann.responses.create(model="m", conversation={"id": conversation.id}, input="Another.",
+                                  max_output_tokens=4)
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens  # the first turn, read
+    listed = ann.conversations.items.list(conversation.id, order="asc")
+    texts = [(item.type, getattr(item, "role", None)) for item in listed.data]
+    # the first item, then each turn's input and its answer, in order
+    assert texts[:2] == [("message", "user"), ("message", "user")] and len(listed.data) >= 4
+    assert [getattr(i, "role", None) for i in listed.data].count("assistant") == 2
+
+    added = ann.conversations.items.create(conversation.id, items=[{"type": "message", "role": "user",
+                                                                    "content": "One more."}])
+    [new] = added.data
+    assert ann.conversations.items.retrieve(new.id, conversation_id=conversation.id).id == new.id
+    ann.conversations.items.delete(new.id, conversation_id=conversation.id)
+    assert new.id not in [i.id for i in ann.conversations.items.list(conversation.id, limit=100).data]
+
+    with pytest.raises(openai.NotFoundError):
+        ben.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.NotFoundError) as theirs:
+        ben.responses.create(model="m", conversation=conversation.id, input="hi", max_output_tokens=2)
+    assert isinstance(theirs.value.body, dict) and theirs.value.body["param"] == "conversation"
+    with pytest.raises(openai.BadRequestError) as both:
+        ann.responses.create(model="m", conversation=conversation.id, previous_response_id=first.id, input="hi")
+    assert isinstance(both.value.body, dict) and both.value.body["param"] == "conversation"
+    assert ann.conversations.update(conversation.id, metadata={"lab": "04-03"}).metadata == {"lab": "04-03"}
+    assert ann.conversations.delete(conversation.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        ann.conversations.retrieve(conversation.id)

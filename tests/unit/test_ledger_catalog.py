@@ -52,6 +52,9 @@ OTHER = frozenset({
     "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens",
     "/v1/responses/{response_id}", "/responses/{response_id}", "/v1/responses/{response_id}/input_items",
     "/responses/{response_id}/input_items",
+    *(prefix + path for prefix in ("/v1", "") for path in (
+        "/conversations", "/conversations/{conversation_id}", "/conversations/{conversation_id}/items",
+        "/conversations/{conversation_id}/items/{item_id}")),
     "/v1/messages/count_tokens", "/api/tags", "/api/version", "/api/ps", "/api/show",
     "/v1/chat/completions/control", "/models/drain", "/models/undrain",
     "/api/pull", "/api/create", "/api/copy", "/api/delete", "/api/push",

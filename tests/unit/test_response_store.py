@@ -11,7 +11,7 @@ import pytest
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.roles import Role
 from kinetic.errors import NotFoundError
-from kinetic.protocols.responses.store import ResponseStore, StoredResponse
+from kinetic.protocols.responses.store import ResponseStore, StoreDatabase, StoredResponse
 
 ANN = Caller("ann", Role.STUDENT)
 BEN = Caller("ben", Role.STUDENT)
@@ -68,14 +68,14 @@ def test_each_owner_keeps_its_newest_within_its_count_and_bytes() -> None:
 
 
 def test_a_store_in_a_folder_survives_a_restart(tmp_path: Path) -> None:
-    first = ResponseStore(tmp_path, clock=lambda: 0.0)
+    first = ResponseStore(StoreDatabase(tmp_path), clock=lambda: 0.0)
     first.put(stored("resp_kept", "ann", text="kept"))
     first.put(stored("resp_gone", "ann"))
     first.delete("resp_gone", ANN)
-    first.close()
-    again = ResponseStore(tmp_path, clock=lambda: 0.0)  # the next start, on the same folder
+    first.database.close()
+    again = ResponseStore(StoreDatabase(tmp_path), clock=lambda: 0.0)  # the next start, on the same folder
     kept = again.get("resp_kept", ANN)
     assert kept.history[0]["content"] == "kept" and kept.body == {"id": "resp_kept", "output": []}
     with pytest.raises(NotFoundError):
         again.get("resp_gone", ANN)
-    assert again.where == str(tmp_path / "responses.sqlite3") and "memory" in ResponseStore().where
+    assert again.database.where == str(tmp_path / "responses.sqlite3") and "memory" in ResponseStore().database.where

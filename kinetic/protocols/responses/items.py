@@ -20,10 +20,15 @@ def input_items(req: ResponsesRequest) -> list[InputItemModel]:
 
 
 def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """This turn's input as the store keeps it (GET .../input_items): each item as sent, with an id, and a
-    message's text as a content part (as OpenAI lists it)."""
+    """This turn's input as the store keeps it (GET .../input_items)."""
+    return item_records(input_items(req))
+
+
+def item_records(items: list[InputItemModel]) -> list[dict[str, Any]]:
+    """Items as the stores keep them: each as sent, with an id, and a message's text as a content part (as
+    OpenAI lists it)."""
     records = []
-    for item in input_items(req):
+    for item in items:
         record = item.model_dump(by_alias=True, exclude_none=True)
         if isinstance(item, MessageItem) and isinstance(item.content, str):
             kind = "output_text" if item.role == "assistant" else "input_text"
@@ -38,3 +43,15 @@ def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
 def history_items(records: list[dict[str, Any]]) -> list[InputItemModel]:
     """A stored conversation's items (inputs, and outputs as a next turn sends them back) read as input."""
     return INPUT_ITEMS.validate_python(records)
+
+
+def conversation_id(req: ResponsesRequest) -> str | None:
+    """`conversation`: its id, or `{"id": ...}`; with `previous_response_id` too, a 400 (OpenAI takes one)."""
+    if req.conversation is None:
+        return None
+    if req.previous_response_id is not None:
+        raise field_error("conversation", "cannot be sent with 'previous_response_id': continue one or the other")
+    found = req.conversation.get("id") if isinstance(req.conversation, dict) else req.conversation
+    if not isinstance(found, str) or not found:
+        raise field_error("conversation", "must be a conversation's id, or an object with its 'id'")
+    return found

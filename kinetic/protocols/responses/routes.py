@@ -1,9 +1,12 @@
-"""OpenAI Responses routes: /v1/responses, /v1/responses/input_tokens, and the stored responses
-(GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items); each also without /v1."""
+"""OpenAI Responses routes: /v1/responses, /v1/responses/input_tokens, the stored responses (GET and DELETE
+/v1/responses/{id}, GET /v1/responses/{id}/input_items) and the conversations (/v1/conversations...); each also
+without /v1."""
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -13,43 +16,77 @@ from fastapi.responses import Response
 from kinetic.backends.base import require
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import caller_of
-from kinetic.errors import field_error
+from kinetic.errors import KineticError
 from kinetic.model_registry.deps import BackendDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.responses import items, translate
+from kinetic.protocols.responses.conversations import ConversationStore, page
 from kinetic.protocols.responses.store import ResponseStore, StoredResponse
-from kinetic.protocols.responses.types import InputTokensRequest, ResponsesRequest
+from kinetic.protocols.responses.types import (
+    ConversationRequest,
+    ConversationUpdate,
+    InputTokensRequest,
+    ItemsRequest,
+    ResponsesRequest,
+)
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def response_store(request: Request) -> ResponseStore:
     return installed(request.app, ResponseStore)
 
 
+def conversation_store(request: Request) -> ConversationStore:
+    return installed(request.app, ConversationStore)
+
+
 @router.post("/v1/responses")
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request, backend: BackendDep) -> Response:
     store, caller = response_store(request), caller_of(request)
+    conversation = items.conversation_id(body)
     history: list[dict[str, Any]] = []
-    if body.previous_response_id is not None:
+    if conversation is not None:
+        history = conversation_store(request).items(conversation, caller, param="conversation")
+    elif body.previous_response_id is not None:
         history = store.get(body.previous_response_id, caller, param="previous_response_id").history
     chat = translate.to_chat_request(body, items.history_items(history))
     generation_request, answer_format = await backend.prepare_chat(chat)
     ctx = translate.response_context(body, answer_format, model=backend.name)
-    if body.store is not False:
-        inputs = items.input_item_records(body)
-        ctx.on_completed = partial(_store, store, caller, ctx.id, inputs, history)
+    kept = Kept(store if body.store is not False else None, conversation_store(request) if conversation else None,
+                caller, ctx.id, conversation, items.input_item_records(body), history)
+    ctx.on_completed = kept.completed
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx))
 
 
-def _store(store: ResponseStore, caller: Caller, response_id: str, inputs: list[dict[str, Any]],
-           history: list[dict[str, Any]], response: dict[str, Any]) -> None:
-    store.put(StoredResponse(id=response_id, owner=caller.name, created=time.time(), body=response,
-                             input_items=inputs, history=[*history, *inputs, *response["output"]]))
+@dataclass
+class Kept:
+    """Where a completed response goes: the store (unless `store` is false), and its conversation's items (its
+    input, then its output)."""
+
+    store: ResponseStore | None
+    conversations: ConversationStore | None
+    caller: Caller
+    response_id: str
+    conversation: str | None
+    inputs: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+
+    def completed(self, response: dict[str, Any]) -> None:
+        if self.store is not None:
+            self.store.put(StoredResponse(id=self.response_id, owner=self.caller.name, created=time.time(),
+                                          body=response, input_items=self.inputs,
+                                          history=[*self.history, *self.inputs, *response["output"]]))
+        if self.conversations is not None and self.conversation is not None:
+            try:
+                self.conversations.add(self.conversation, self.caller, [*self.inputs, *response["output"]], limit=0)
+            except KineticError as exc:  # deleted or full meanwhile: the answer itself stands
+                log.warning("response %s not added to %s: %s", self.response_id, self.conversation, exc.message)
 
 
 @router.post("/v1/responses/input_tokens")
@@ -79,15 +116,63 @@ async def list_input_items(response_id: str, request: Request, limit: int = Quer
                            order: Literal["asc", "desc"] = Query("desc"), after: str | None = Query(None)
                            ) -> dict[str, Any]:
     """OpenAI's list: newest first unless `order=asc`, `limit` (1-100) items after the item `after`."""
-    if not 1 <= limit <= 100:
-        raise field_error("limit", f"must be between 1 and 100, but got {limit}")
-    items = response_store(request).get(response_id, caller_of(request)).input_items
-    items = items[::-1] if order == "desc" else list(items)
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise field_error("after", f"no input item {after!r} in response {response_id!r}")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+    listed = response_store(request).get(response_id, caller_of(request)).input_items
+    return page(listed, limit=limit, order=order, after=after, owner_id=response_id)
+
+
+
+# ------------------------------------------------------------------------------ conversations
+
+
+@router.post("/v1/conversations")
+@router.post("/conversations")
+async def create_conversation(body: ConversationRequest, request: Request) -> dict[str, Any]:
+    return conversation_store(request).create(caller_of(request), body.metadata or {},
+                                              items.item_records(list(body.items or ())))
+
+
+@router.get("/v1/conversations/{conversation_id}")
+@router.get("/conversations/{conversation_id}")
+async def retrieve_conversation(conversation_id: str, request: Request) -> dict[str, Any]:
+    return conversation_store(request).get(conversation_id, caller_of(request))
+
+
+@router.post("/v1/conversations/{conversation_id}")
+@router.post("/conversations/{conversation_id}")
+async def update_conversation(conversation_id: str, body: ConversationUpdate, request: Request) -> dict[str, Any]:
+    return conversation_store(request).update(conversation_id, caller_of(request), body.metadata)
+
+
+@router.delete("/v1/conversations/{conversation_id}")
+@router.delete("/conversations/{conversation_id}")
+async def delete_conversation(conversation_id: str, request: Request) -> dict[str, Any]:
+    conversation_store(request).delete(conversation_id, caller_of(request))
+    return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+
+@router.get("/v1/conversations/{conversation_id}/items")
+@router.get("/conversations/{conversation_id}/items")
+async def list_items(conversation_id: str, request: Request, limit: int = Query(20),
+                     order: Literal["asc", "desc"] = Query("desc"), after: str | None = Query(None)) -> dict[str, Any]:
+    listed = conversation_store(request).items(conversation_id, caller_of(request))
+    return page(listed, limit=limit, order=order, after=after, owner_id=conversation_id)
+
+
+@router.post("/v1/conversations/{conversation_id}/items")
+@router.post("/conversations/{conversation_id}/items")
+async def add_items(conversation_id: str, body: ItemsRequest, request: Request) -> dict[str, Any]:
+    added = conversation_store(request).add(conversation_id, caller_of(request), items.item_records(body.items))
+    return {"object": "list", "data": added, "first_id": added[0]["id"] if added else None,
+            "last_id": added[-1]["id"] if added else None, "has_more": False}
+
+
+@router.get("/v1/conversations/{conversation_id}/items/{item_id}")
+@router.get("/conversations/{conversation_id}/items/{item_id}")
+async def retrieve_item(conversation_id: str, item_id: str, request: Request) -> dict[str, Any]:
+    return conversation_store(request).item(conversation_id, item_id, caller_of(request))
+
+
+@router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
+@router.delete("/conversations/{conversation_id}/items/{item_id}")
+async def delete_item(conversation_id: str, item_id: str, request: Request) -> dict[str, Any]:
+    return conversation_store(request).remove_item(conversation_id, item_id, caller_of(request))

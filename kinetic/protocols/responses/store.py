@@ -4,11 +4,11 @@
 Each response belongs to the key that made it: another student's key gets the same 404 as for an id that
 never existed, and the admin's key reads them all. A server without keys has one owner (None), as one user.
 
-One SQLite database: a file (`--store-dir`, else beside the ledger) that survives a restart, or, with neither,
-one in memory that a restart empties. Bounded either way: a response is kept for `ttl_s` (OpenAI keeps them 30
-days) and each owner keeps at most `max_per_owner` responses and `max_bytes_per_owner` bytes of them (images sent
-as data: URLs count), the oldest dropped first. A turn that continues a dropped one is a 404 naming
-`previous_response_id`.
+One SQLite database (shared with the conversations, conversations.py): a file (`--store-dir`, else beside the
+ledger) that survives a restart, or, with neither, one in memory that a restart empties. Bounded either way: a
+response is kept for `ttl_s` (OpenAI keeps them 30 days) and each owner keeps at most `max_per_owner` responses
+and `max_bytes_per_owner` bytes of them (images sent as data: URLs count), the oldest dropped first. A turn that
+continues a dropped one is a 404 naming `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL, size INTEGER NOT NULL,
                                       record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (owner, created);
+CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL,
+                                          metadata TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS conversation_items (seq INTEGER PRIMARY KEY AUTOINCREMENT, conversation TEXT NOT NULL,
+                                               id TEXT NOT NULL, item TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation, seq);
 """
 
 
@@ -58,28 +63,41 @@ class StoredResponse:
         return json.dumps({"body": self.body, "input_items": self.input_items, "history": self.history})
 
 
-class ResponseStore:
-    def __init__(self, folder: Path | None = None, *, ttl_s: float = TTL_S, max_per_owner: int = MAX_PER_OWNER,
-                 max_bytes_per_owner: int = MAX_BYTES_PER_OWNER, clock: Callable[[], float] = time.time):
+class StoreDatabase:
+    """The SQLite database the stored responses and the conversations share, and the lock its users take."""
+
+    def __init__(self, folder: Path | None = None):
         self.path = folder / FILE_NAME if folder is not None else None
-        self.ttl_s = ttl_s
-        self.max_per_owner = max_per_owner
-        self.max_bytes_per_owner = max_bytes_per_owner
-        self.clock = clock
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path or ":memory:"), check_same_thread=False, isolation_level=None)
+        self.db = sqlite3.connect(str(self.path or ":memory:"), check_same_thread=False, isolation_level=None)
         if self.path is not None:
-            # a committed response survives a crash of the process; NORMAL skips the fsync of each commit, which
-            # only a power cut could cost (as the ledger's lines)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+            # a commit survives a crash of the process; NORMAL skips the fsync of each commit, which only a power
+            # cut could cost (as the ledger's lines)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
 
     @property
     def where(self) -> str:
         return str(self.path) if self.path is not None else "memory (a restart empties it)"
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+
+class ResponseStore:
+    def __init__(self, database: StoreDatabase | None = None, *, ttl_s: float = TTL_S,
+                 max_per_owner: int = MAX_PER_OWNER, max_bytes_per_owner: int = MAX_BYTES_PER_OWNER,
+                 clock: Callable[[], float] = time.time):
+        self.database = database or StoreDatabase()
+        self.ttl_s = ttl_s
+        self.max_per_owner = max_per_owner
+        self.max_bytes_per_owner = max_bytes_per_owner
+        self.clock = clock
+        self._lock, self._db = self.database.lock, self.database.db
 
     def __len__(self) -> int:
         with self._lock:
@@ -104,14 +122,14 @@ class ResponseStore:
                     self._db.execute("DELETE FROM responses WHERE id = ?", (oldest,))
                     total -= size
         except sqlite3.Error as exc:
-            log.warning("response %s not stored in %s: %s", stored.id, self.where, exc)
+            log.warning("response %s not stored in %s: %s", stored.id, self.database.where, exc)
 
     def get(self, response_id: str, caller: Caller, *, param: str | None = None) -> StoredResponse:
         """The response, if `caller` may read it: its owner, or the admin. Otherwise the 404 of a missing one."""
         with self._lock:
             row = self._db.execute("SELECT owner, created, record FROM responses WHERE id = ? AND created >= ?",
                                    (response_id, self.clock() - self.ttl_s)).fetchone()
-        if row is None or not _may_read(caller, row[0]):
+        if row is None or not may_read(caller, row[0]):
             raise NotFoundError(f"Response with id '{response_id}' not found.", param=param)
         record = json.loads(row[2])
         return StoredResponse(id=response_id, owner=row[0], created=row[1], body=record["body"],
@@ -122,14 +140,11 @@ class ResponseStore:
         with self._lock:
             self._db.execute("DELETE FROM responses WHERE id = ?", (stored.id,))
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
     def _expire(self) -> None:
         """Within put's transaction: drops what is past its time."""
         self._db.execute("DELETE FROM responses WHERE created < ?", (self.clock() - self.ttl_s,))
 
 
-def _may_read(caller: Caller, owner: str | None) -> bool:
+def may_read(caller: Caller, owner: str | None) -> bool:
+    """The owner reads what is theirs, and the admin reads everything."""
     return owner == caller.name or (caller.role is Role.ADMIN and caller.name is not None)

@@ -39,7 +39,7 @@ from kinetic.protocols.common import media
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.answer_encoder import AnswerEncoder
 from kinetic.protocols.common.streaming import sse_event
-from kinetic.protocols.responses.items import input_items
+from kinetic.protocols.responses.items import conversation_id, input_items
 from kinetic.protocols.responses.types import (
     ContentPart,
     FunctionCallItem,
@@ -192,10 +192,6 @@ def output_constraint(req: ResponsesRequest) -> OutputConstraint:
 
 
 def validate(req: ResponsesRequest) -> None:
-    if req.conversation is not None:
-        raise field_error("conversation", "is not supported: kinetic stores no conversations; continue a "
-                                          "stored response with 'previous_response_id', or send the whole "
-                                          "conversation in 'input'")
     if req.n is not None and req.n != 1:
         raise range_error("n", 1, 1, req.n)
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
@@ -262,6 +258,7 @@ def response_context(req: ResponsesRequest, answer_format: AnswerFormat, *, mode
         "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or ()],
         "top_p": req.top_p,
         "previous_response_id": req.previous_response_id,
+        "conversation": {"id": found} if (found := conversation_id(req)) else None,
         "store": req.store is not False,
     }
     return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, answer_format=answer_format,

@@ -158,3 +158,22 @@ class ResponsesRequest(SamplingFields):
 
 class InputTokensRequest(ResponsesRequest):
     """POST /v1/responses/input_tokens: the same body, nothing generated."""
+
+
+class ConversationRequest(WireModel):
+    """POST /v1/conversations."""
+
+    items: list[InputItem] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ConversationUpdate(WireModel):
+    """POST /v1/conversations/{conversation_id}."""
+
+    metadata: dict[str, Any]
+
+
+class ItemsRequest(WireModel):
+    """POST /v1/conversations/{conversation_id}/items."""
+
+    items: list[InputItem]

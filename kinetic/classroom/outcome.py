@@ -16,13 +16,38 @@ from __future__ import annotations
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from kinetic.engine.types import Finished
 from kinetic.errors import KineticError
 
 OUTCOMES = "outcomes"  # the scope state's key: every Outcome of the request (a list of prompts has several)
 ERROR = "error"  # the scope state's key: the error the request was answered with
+
+
+class TokenCounts(Protocol):
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+
+class Timings(Protocol):
+    def to_dict(self) -> dict[str, float | int]: ...
+
+
+class Ending(Protocol):
+    """What the end of an answer tells, whoever generated it (an engine's `Finished` has these): neutral
+    counts, so the classroom's record never depends on an engine's types."""
+
+    @property
+    def usage(self) -> TokenCounts: ...
+
+    @property
+    def timings(self) -> Timings: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +96,7 @@ class Outcome:
     def call(self, call_id: str, name: str) -> None:
         self.tool_calls.append(CallMade(call_id, name))
 
-    def finished(self, finished: Finished, finish_reason: str, *, answer: str | None = None) -> None:
+    def finished(self, finished: Ending, finish_reason: str, *, answer: str | None = None) -> None:
         """The end: `finish_reason` in the protocol's own words, `answer` a whole answer's text."""
         usage = finished.usage
         self.prompt_tokens, self.completion_tokens = usage.prompt_tokens, usage.completion_tokens

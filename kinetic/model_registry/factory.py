@@ -20,11 +20,11 @@ from kinetic.chat.prepare import ServerDefaults
 from kinetic.config.sampling_defaults import default_sampling, default_stops
 from kinetic.config.settings import ServerSettings
 from kinetic.engine.base import Engine
-from kinetic.engine.inflight import InFlight
 from kinetic.engine.options import EngineConfig, ProjectorOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import GenerationRequest
 from kinetic.model_registry.registry import BackendFactory
+from kinetic.scheduling.inflight import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from kinetic.backends.gguf_files import bundled_model_path
-from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama import LlamaEngine
 from kinetic.engine.llama.scheduler import Scheduler
 from kinetic.engine.options import EngineConfig
 from kinetic.engine.types import EngineStats, GenerationRequest, TextDelta
 from kinetic.errors import KineticError, ServerError, UnavailableError
+from kinetic.scheduling.inflight import InFlight
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kinetic.engine.fairqueue import FairQueue
+from kinetic.scheduling.fairqueue import FairQueue
 
 
 def drain(queue: FairQueue[str]) -> list[str]:

@@ -25,9 +25,9 @@ from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import CALLER
 from kinetic.classroom.roles import Role
 from kinetic.config.settings import ServerSettings
-from kinetic.engine.inflight import InFlight
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
 from kinetic.protocols.common.streaming import merge_frames
+from kinetic.scheduling.inflight import InFlight
 from tests.scripted import ScriptedEngine, ScriptedServer, single_model_backend
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -22,7 +22,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("chat",),
     ("classroom",),
     ("engine",),
+    ("scheduling",),
     ("errors", "__init__"),
+)
+# Pairs the ranks above allow but the architecture forbids: the first never imports the second.
+# The classroom's rules are told neutral counts (classroom/outcome.py), never an engine's types.
+NEVER: tuple[tuple[str, str], ...] = (
+    ("classroom", "engine"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
@@ -113,10 +119,15 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                   if RANK[layer_of(target)] < RANK[layer_of(module)])
 
 
+def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                  if (layer_of(module), layer_of(target)) in NEVER)
+
+
 def test_every_top_level_entry_has_a_layer() -> None:
     entries = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
     assert entries == set(RANK), entries ^ set(RANK)
-    assert len(entries) <= 14
+    assert len(entries) <= 15  # 14, and scheduling: the class's sharing rules below the engines
 
 
 def test_no_module_imports_back_up_a_layer() -> None:
@@ -126,6 +137,10 @@ def test_no_module_imports_back_up_a_layer() -> None:
     assert upward_imports(graph) == []
 
 
+def test_no_pair_the_architecture_forbids_imports_the_other() -> None:
+    assert forbidden_imports(import_graph(PACKAGE)) == []
+
+
 def test_no_modules_import_each_other() -> None:
     assert circles(import_graph(PACKAGE)) == []
 
@@ -133,12 +148,15 @@ def test_no_modules_import_each_other() -> None:
 @pytest.fixture
 def broken_package(tmp_path: Path) -> Path:
     """A kinetic/ in miniature with one of each fault: a circle (one side under TYPE_CHECKING, one inside
-    a function, through a relative import) and an engine module that imports a protocol."""
+    a function, through a relative import), an engine module that imports a protocol, and a classroom module
+    that imports the engine."""
     root = tmp_path / "kinetic"
     files = {
         "__init__.py": "",
         "engine/__init__.py": "",
         "engine/types.py": "from kinetic.protocols.common import wire\n",
+        "classroom/__init__.py": "",
+        "classroom/outcome.py": "from kinetic.engine.types import Finished\n",  # allowed by rank, never by design
         "protocols/common/wire.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                     "    from kinetic.protocols.common.codec import Codec\n",
         "protocols/common/codec.py": "def encode():\n    from .wire import x\n",
@@ -155,3 +173,4 @@ def test_the_checks_catch_a_circle_and_an_upward_import(broken_package: Path) ->
     assert graph["kinetic.protocols.common.codec"] == {"kinetic.protocols.common.wire"}
     assert circles(graph) == [["kinetic.protocols.common.codec", "kinetic.protocols.common.wire"]]
     assert upward_imports(graph) == ["kinetic.engine.types -> kinetic.protocols.common.wire"]
+    assert forbidden_imports(graph) == ["kinetic.classroom.outcome -> kinetic.engine.types"]

@@ -1,11 +1,11 @@
-"""Requests in flight per key: one model's count and the router's, together (kinetic/engine/inflight.py)."""
+"""Requests in flight per key: one model's count and the router's, together (kinetic/scheduling/inflight.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.errors import RateLimitError
+from kinetic.scheduling.inflight import InFlight, ModelInFlight
 
 
 def test_a_models_count_and_the_routers_count_together_all_or_none() -> None:

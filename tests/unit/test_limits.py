@@ -17,8 +17,8 @@ from kinetic.classroom.keys import KeyFileError, KeyRing, parse_key_lines
 from kinetic.classroom.ledger import LedgerRecord
 from kinetic.classroom.limits import Budget, LessonHours, Limits
 from kinetic.classroom.roles import Role
-from kinetic.engine.fairqueue import FairQueue
 from kinetic.errors import QueueFullError
+from kinetic.scheduling.fairqueue import FairQueue
 
 ROME = timezone(timedelta(hours=1))
 WEDNESDAY = datetime(2026, 12, 2, 10, 30, tzinfo=ROME)  # 2026-12-02 is a Wednesday

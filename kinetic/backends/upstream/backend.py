@@ -23,7 +23,6 @@ from kinetic.chat.prepare import RenderedChat
 from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.identity import CALLER
 from kinetic.engine.base import Generation
-from kinetic.engine.inflight import InFlight
 from kinetic.engine.types import (
     EngineStats,
     Event,
@@ -33,6 +32,7 @@ from kinetic.engine.types import (
     SlotState,
 )
 from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
+from kinetic.scheduling.inflight import InFlight
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
 CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,

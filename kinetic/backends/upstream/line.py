@@ -1,14 +1,14 @@
 """The upstream's waiting line: at most `n_slots` requests forwarded at once, the rest waiting in a
-line fair across keys (engine/fairqueue.py), and every request counted per key (engine/inflight.py:
+line fair across keys (scheduling/fairqueue.py), and every request counted per key (scheduling/inflight.py:
 the model's own limit, and the process-wide one in router mode) until it is done."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kinetic.engine.fairqueue import FairQueue
-from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.errors import KineticError, QueueFullError
+from kinetic.scheduling.fairqueue import FairQueue
+from kinetic.scheduling.inflight import InFlight, ModelInFlight
 
 
 class WaitingLine:

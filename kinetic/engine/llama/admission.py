@@ -13,7 +13,6 @@ import time
 import llama_cpp
 from llama_cpp import _internals
 
-from kinetic.engine.fairqueue import FairQueue
 from kinetic.engine.llama.context_shift import MemoryCells, reuse_chunks
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
@@ -21,6 +20,7 @@ from kinetic.engine.options import LongContext
 from kinetic.engine.text import common_prefix
 from kinetic.engine.types import Event, GenerationRequest, MediaSpan
 from kinetic.errors import ServerError
+from kinetic.scheduling.fairqueue import FairQueue
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import anyio
 
 from kinetic.engine.base import Generation
-from kinetic.engine.inflight import InFlight
 from kinetic.engine.llama import slot_files
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
@@ -46,6 +45,7 @@ from kinetic.errors import (
     NotSupportedError,
     UnavailableError,
 )
+from kinetic.scheduling.inflight import InFlight
 
 # -np -1: slots over one unified KV cache, as llama-server, but 16 of them rather than its 4. A class
 # sends many short requests at once; batching them into one step serves 16 students about as fast as

@@ -39,8 +39,6 @@ from typing import TypeVar
 import llama_cpp
 from llama_cpp import _internals
 
-from kinetic.engine.fairqueue import FairQueue
-from kinetic.engine.inflight import InFlight, ModelInFlight
 from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
@@ -58,6 +56,8 @@ from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import Event, Finished, FinishReason, PromptProgress, StopType, TextDelta, TokenLogprob, Usage
 from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
+from kinetic.scheduling.fairqueue import FairQueue
+from kinetic.scheduling.inflight import InFlight, ModelInFlight
 
 # the scheduler's parts that moved to their own modules, still importable from here
 __all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Slot", "SlotBusyError"]

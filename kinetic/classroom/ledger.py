@@ -319,6 +319,16 @@ def told_fields(outcomes: Sequence[Outcome], started: float, *, content: bool) -
     return fields
 
 
+def run_record(outcome: Outcome, *, client: str | None, keyed: bool, route: str, started: float, duration: float,
+               content: bool, error: ErrorTold | None = None) -> LedgerRecord:
+    """The line of a generation that ran after its request was answered (a background response): the counts
+    its client reads back, under the key that asked."""
+    return LedgerRecord(time=_now_iso(), duration_s=round(duration, 4), client=client,
+                        auth=("ok" if client else "open") if keyed else "open", method="POST", route=route,
+                        status=200, stream=False, error=_error_record(error or outcome.error),
+                        **told_fields([outcome], started, content=content))
+
+
 def _error_record(error: ErrorTold | None) -> ErrorRecord | None:
     return None if error is None else ErrorRecord(type=error.type, message=error.message)
 

@@ -26,7 +26,7 @@ from kinetic.classroom.caller import Caller
 from kinetic.classroom.chats import ChatStore
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
-from kinetic.classroom.ledger import LedgerWriter
+from kinetic.classroom.ledger import LedgerRecord, LedgerWriter
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
@@ -45,6 +45,16 @@ class ServerState:
     load_error: BaseException | None = None  # why the one model failed to load (the CLI prints it)
     chat_store: ChatStore | None = None  # --chat-history: the chat page's saved conversations
     ledger: LedgerWriter | None = None  # --ledger: the class record's file, and whether it can be written
+
+    def record(self, record: LedgerRecord) -> None:
+        """A line made after its request was answered (a background response's run): to the ledger, the
+        dashboard and the budgets, as the request recorder hands its own."""
+        sinks: list[Callable[[LedgerRecord], None]] = [self.class_stats, self.budgets]
+        for sink in ([self.ledger] if self.ledger is not None else []) + sinks:
+            try:
+                sink(record)
+            except (OSError, ValueError):  # the writer has said so and marked the ledger (the gate refuses next)
+                pass
 
 
 def server_state(app: Starlette) -> ServerState:

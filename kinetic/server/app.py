@@ -26,10 +26,11 @@ from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import PROTOCOLS, error_response
-from kinetic.protocols.common.app_parts import install
+from kinetic.protocols.common.app_parts import install, installed
 from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
+from kinetic.protocols.responses.background import BackgroundRuns
 from kinetic.protocols.responses.conversations import ConversationStore
 from kinetic.protocols.responses.store import ResponseStore, StoreDatabase
 from kinetic.server.error_funnel import install_error_funnel, validation_message
@@ -132,6 +133,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
                 yield
         finally:
             startup.cancel()
+            await installed(app, BackgroundRuns).cancel_all()  # each recorded as cancelled
             registry.close()
             database.close()
 
@@ -144,6 +146,7 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     database = store_database(registry.settings)  # the Responses API's stored responses and conversations
     install(app, ResponseStore(database))
     install(app, ConversationStore(database))
+    install(app, BackgroundRuns())  # background responses still running
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

@@ -5,6 +5,7 @@ and another student's key gets a 404 for all of it while the admin's reads it.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,3 +159,29 @@ def test_a_conversation_gathers_each_turns_input_and_output(server: KineticServe
     assert ann.conversations.delete(conversation.id).deleted
     with pytest.raises(openai.NotFoundError):
         ann.conversations.retrieve(conversation.id)
+
+
+def test_a_background_response_is_polled_to_its_end_and_one_is_cancelled(server: KineticServer) -> None:
+    ann, ben = client(server, ANN), client(server, BEN)
+    queued = ann.responses.create(model="m", input="Count to ten.", max_output_tokens=8, background=True)
+    assert queued.status == "queued" and queued.background is True and not queued.output
+    deadline = time.monotonic() + 60
+    while (polled := ann.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, "the background response never ended"
+        time.sleep(0.1)
+    assert polled.status == "completed" and polled.usage is not None and 0 < polled.usage.output_tokens <= 8
+    with pytest.raises(openai.NotFoundError):
+        ben.responses.retrieve(queued.id)
+
+    long = ann.responses.create(model="m", input="Tell a long story.", max_output_tokens=2000, background=True,
+                                extra_body={"ignore_eos": True})
+    time.sleep(0.5)
+    asked = time.monotonic()
+    cancelled = ann.responses.cancel(long.id)
+    took = time.monotonic() - asked
+    assert cancelled.status == "cancelled" and took < 1.0, (cancelled.status, took)
+    assert ann.responses.retrieve(long.id).status == "cancelled"
+    slots = httpx.get(server.url + "/slots", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()
+    assert not any(slot["is_processing"] for slot in slots)  # its slot was given back
+    with pytest.raises(openai.BadRequestError):
+        ann.responses.create(model="m", input="hi", background=True, store=False)

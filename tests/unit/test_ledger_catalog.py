@@ -51,7 +51,7 @@ OTHER = frozenset({
     "/lora-adapters", "/tokenize", "/detokenize", "/apply-template", "/cors-proxy", "/v1/chat/completions/input_tokens",
     "/chat/completions/input_tokens", "/v1/responses/input_tokens", "/responses/input_tokens",
     "/v1/responses/{response_id}", "/responses/{response_id}", "/v1/responses/{response_id}/input_items",
-    "/responses/{response_id}/input_items",
+    "/responses/{response_id}/input_items", "/v1/responses/{response_id}/cancel", "/responses/{response_id}/cancel",
     *(prefix + path for prefix in ("/v1", "") for path in (
         "/conversations", "/conversations/{conversation_id}", "/conversations/{conversation_id}/items",
         "/conversations/{conversation_id}/items/{item_id}")),

@@ -11,16 +11,19 @@ from functools import partial
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
-from kinetic.backends.base import require
+from kinetic.backends.base import ModelBackend, require
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import caller_of
-from kinetic.errors import KineticError
-from kinetic.model_registry.deps import BackendDep
+from kinetic.classroom.ledger import run_record
+from kinetic.classroom.outcome import ErrorTold, Outcome, hand_over
+from kinetic.errors import InvalidRequestError, KineticError, field_error
+from kinetic.model_registry.deps import BackendDep, server_state
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.responses import items, translate
+from kinetic.protocols.responses.background import BackgroundRuns
 from kinetic.protocols.responses.conversations import ConversationStore, page
 from kinetic.protocols.responses.store import ResponseStore, StoredResponse
 from kinetic.protocols.responses.types import (
@@ -43,6 +46,10 @@ def conversation_store(request: Request) -> ConversationStore:
     return installed(request.app, ConversationStore)
 
 
+def background_runs(request: Request) -> BackgroundRuns:
+    return installed(request.app, BackgroundRuns)
+
+
 @router.post("/v1/responses")
 @router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request, backend: BackendDep) -> Response:
@@ -59,9 +66,36 @@ async def create_response(body: ResponsesRequest, request: Request, backend: Bac
     kept = Kept(store if body.store is not False else None, conversation_store(request) if conversation else None,
                 caller, ctx.id, conversation, items.input_item_records(body), history)
     ctx.on_completed = kept.completed
+    if body.background:
+        return await _start_in_background(request, body, backend, generation_request, ctx, kept)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx))
+
+
+async def _start_in_background(request: Request, body: ResponsesRequest, backend: ModelBackend[Any],
+                               generation_request: Any, ctx: translate.ResponseContext, kept: Kept) -> Response:
+    """Queued like any request, answered at once; the run keeps its response and its ledger line when it ends."""
+    if kept.store is None:
+        raise field_error("background", "needs 'store': a background response is read back by its id")
+    if body.stream:
+        raise field_error("background", "is not streamed here: poll GET /v1/responses/{id} for its end")
+    generation = await backend.start(generation_request)
+    queued = translate.pending_response(ctx, "queued")
+    kept.keep(queued)
+    state, route = server_state(request.app), request.url.path
+
+    def ended(status: str, response: dict[str, Any] | None, error: ErrorTold | None, started: float) -> None:
+        if response is None:  # cancelled or failed: completed ones were kept by to_response
+            told = {"code": error.type, "message": error.message} if status == "failed" and error else None
+            kept.keep(translate.pending_response(ctx, status, told))
+        state.record(run_record(ctx.outcome, client=kept.caller.name, keyed=bool(state.keys), route=route,
+                                started=started, duration=time.monotonic() - started,
+                                content=state.registry.settings.ledger_content, error=error))
+
+    background_runs(request).start(ctx.id, generation, partial(translate.to_response, ctx=ctx), ended)
+    hand_over(request.scope, Outcome(id=ctx.id, model=ctx.model))  # this line names it; the run's line counts it
+    return JSONResponse(queued)
 
 
 @dataclass
@@ -77,11 +111,14 @@ class Kept:
     inputs: list[dict[str, Any]]
     history: list[dict[str, Any]]
 
-    def completed(self, response: dict[str, Any]) -> None:
+    def keep(self, response: dict[str, Any]) -> None:
         if self.store is not None:
             self.store.put(StoredResponse(id=self.response_id, owner=self.caller.name, created=time.time(),
                                           body=response, input_items=self.inputs,
                                           history=[*self.history, *self.inputs, *response["output"]]))
+
+    def completed(self, response: dict[str, Any]) -> None:
+        self.keep(response)
         if self.conversations is not None and self.conversation is not None:
             try:
                 self.conversations.add(self.conversation, self.caller, [*self.inputs, *response["output"]], limit=0)
@@ -108,6 +145,17 @@ async def retrieve_response(response_id: str, request: Request) -> dict[str, Any
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
     response_store(request).delete(response_id, caller_of(request))
     return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+@router.post("/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> dict[str, Any]:
+    """Ends a background response within a second; one that has ended already is returned as it is."""
+    store, caller = response_store(request), caller_of(request)
+    if not store.get(response_id, caller).body.get("background"):
+        raise InvalidRequestError("Only responses created with background can be cancelled.", param="response_id")
+    await background_runs(request).cancel(response_id)
+    return store.get(response_id, caller).body
 
 
 @router.get("/v1/responses/{response_id}/input_items")

@@ -192,6 +192,7 @@ def output_constraint(req: ResponsesRequest) -> OutputConstraint:
 
 
 def validate(req: ResponsesRequest) -> None:
+    conversation_id(req)  # its shape, and not beside previous_response_id
     if req.n is not None and req.n != 1:
         raise range_error("n", 1, 1, req.n)
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
@@ -260,6 +261,7 @@ def response_context(req: ResponsesRequest, answer_format: AnswerFormat, *, mode
         "previous_response_id": req.previous_response_id,
         "conversation": {"id": found} if (found := conversation_id(req)) else None,
         "store": req.store is not False,
+        "background": bool(req.background),
     }
     return ResponseContext(id=response_id(), created_at=int(time.time()), model=model, answer_format=answer_format,
                            echo=echo, timings_per_token=bool(req.stream and req.timings_per_token))
@@ -295,6 +297,12 @@ def _response(ctx: ResponseContext, *, status: str, output: list[dict[str, Any]]
         if finished.finish_reason == "length":
             body["incomplete_details"] = {"reason": "max_output_tokens"}
     return body
+
+
+def pending_response(ctx: ResponseContext, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A background response without its output yet (`queued`), or one that ended without it (`cancelled`,
+    `failed` with its error)."""
+    return {**_response(ctx, status=status, output=[]), "error": error}
 
 
 def output_text_part(text: str) -> dict[str, Any]:

@@ -148,6 +148,7 @@ class ResponsesRequest(SamplingFields):
     conversation: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
+    background: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: str | None = None
     # llama-server's, on a stream: the timings so far on each token's events, and prompt_progress while the

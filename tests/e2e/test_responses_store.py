@@ -170,6 +170,10 @@ def test_a_background_response_is_polled_to_its_end_and_one_is_cancelled(server:
         assert time.monotonic() < deadline, "the background response never ended"
         time.sleep(0.1)
     assert polled.status == "completed" and polled.usage is not None and 0 < polled.usage.output_tokens <= 8
+    # the run's own line, with the counts she reads back (the budgets and the dashboard take the same record)
+    recent = httpx.get(server.url + "/v1/me", headers={"Authorization": f"Bearer {ANN}"}, timeout=10).json()["recent"]
+    assert any(r["route"] == "/v1/responses" and r.get("completion_tokens") == polled.usage.output_tokens
+               and r.get("prompt_tokens") == polled.usage.input_tokens for r in recent)
     with pytest.raises(openai.NotFoundError):
         ben.responses.retrieve(queued.id)
 

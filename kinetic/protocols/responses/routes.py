@@ -1,6 +1,6 @@
-"""OpenAI Responses routes: /v1/responses, /v1/responses/input_tokens, the stored responses (GET and DELETE
-/v1/responses/{id}, GET /v1/responses/{id}/input_items) and the conversations (/v1/conversations...); each also
-without /v1."""
+"""OpenAI Responses routes: /v1/responses (background ones too), /v1/responses/input_tokens, the stored responses
+(GET and DELETE /v1/responses/{id}, .../input_items, .../cancel) and the conversations (/v1/conversations...);
+each also without /v1."""
 
 from __future__ import annotations
 

@@ -138,7 +138,8 @@ def test_a_conversation_gathers_each_turns_input_and_output(server: KineticServe
     texts = [(item.type, getattr(item, "role", None)) for item in listed.data]
     # the first item, then each turn's input and its answer, in order
     assert texts[:2] == [("message", "user"), ("message", "user")] and len(listed.data) >= 4
-    assert [getattr(i, "role", None) for i in listed.data].count("assistant") == 2
+    answered = sum(any(o.type == "message" for o in r.output) for r in (first, second))
+    assert [getattr(i, "role", None) for i in listed.data].count("assistant") == answered
 
     added = ann.conversations.items.create(conversation.id, items=[{"type": "message", "role": "user",
                                                                     "content": "One more."}])

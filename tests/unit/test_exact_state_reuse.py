@@ -53,3 +53,13 @@ def test_the_chat_layer_marks_where_the_last_message_starts_on_hybrid_models() -
     assert prompt[start:].decode().startswith("<|im_start|>user\nWhat is a slot?")
     attention, _ = chat_layer("attention").prepare_chat(ChatRequest(messages=messages))
     assert attention.checkpoint_at == 0  # nothing more is rendered for the models that need no checkpoint
+
+
+def test_a_state_dropped_after_it_was_found_is_not_restored() -> None:
+    """A save between a lookup and its restore may drop the state found (the budget, a superseded prefix): the
+    restore then says no, and the prompt is read in full, instead of failing the request (an hour's soak met it)."""
+    cache = cache_with([(1, 2, 3)], exact=False)
+    found, n = cache.longest_prefix([1, 2, 3, 4], limit=3)
+    assert found == (1, 2, 3) and n == 3
+    cache.entries.pop(found)
+    assert cache.restore(found, seq_id=0) is False

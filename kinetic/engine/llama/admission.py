@@ -168,10 +168,13 @@ class SlotAdmission:
                     if other is not slot and other.lora == slot.lora else 0
                 if n >= MIN_SHARED_PREFIX and n > n_source:
                     source, n_source = other, n
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
-        n_saved = media_floor(media, n_saved)
+        # Saved before the lookup: a save may drop older states (the budget, or a shorter prefix it supersedes),
+        # and the one the lookup found must still be there to restore (an hour of a class hit this once the
+        # cache was full: 25 requests failed to start).
         if self.long_context.cache_idle_slots and len(slot.tokens) - n_own >= MIN_SHARED_PREFIX:  # about to go
             self.host_cache.save(slot.id, slot.tokens, slot.lora)
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
+        n_saved = media_floor(media, n_saved)
         if saved is not None and n_saved >= MIN_SHARED_PREFIX and n_saved > n_source:
             return self._restore(saved, n_saved, slot)
         if source is not None:
@@ -189,9 +192,9 @@ class SlotAdmission:
         the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
         limit = len(prompt) - 1
         n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
-        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
         if self.long_context.cache_idle_slots and not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # about to go
-            self.host_cache.save(slot.id, slot.tokens, slot.lora)
+            self.host_cache.save(slot.id, slot.tokens, slot.lora)  # before the lookup, as in _reuse_prefix
+        saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
         if saved is not None and n_saved > n_own:
             return self._restore(saved, n_saved, slot)
         if not n_own:

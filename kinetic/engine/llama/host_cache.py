@@ -107,8 +107,11 @@ class HostPrefixCache:
         return max((common_prefix(key, prompt) for key in self.entries if self.tags.get(key, ()) == tag), default=0)
 
     def restore(self, key: tuple[int, ...], seq_id: int) -> bool:
-        """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused."""
-        state = self.entries[key]
+        """Loads a saved state into sequence `seq_id` (which must be empty); False if llama.cpp refused, or if the
+        state is gone (dropped since it was found)."""
+        state = self.entries.get(key)
+        if state is None:
+            return False
         self.entries.move_to_end(key)
         buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
         return llama_cpp.llama_state_seq_set_data(self.ctx.ctx, buffer, len(state), seq_id) > 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic.classroom.caller import Caller
-from kinetic.errors import InvalidRequestError, NotFoundError
+from kinetic.errors import InvalidRequestError, NotFoundError, field_error
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.responses.store import StoreDatabase, may_read
 
@@ -34,9 +34,7 @@ class ConversationStore:
         self._lock, self._db = database.lock, database.db
 
     def create(self, caller: Caller, metadata: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
-        if len(items) > MAX_ADDED:
-            raise InvalidRequestError(f"items: at most {MAX_ADDED} items at a time, but got {len(items)}",
-                                      param="items")
+        _check_added(items, MAX_ADDED)
         new_id = common.random_id("conv_", 48)
         conversation = {"id": new_id, "object": "conversation", "created_at": int(self.clock()), "metadata": metadata}
         with self._lock, self._db:
@@ -90,8 +88,8 @@ class ConversationStore:
             ) -> list[dict[str, Any]]:
         """Appends `items` (each with its id) in order: a client's POST .../items (at most 20), or a response's
         input and output (`limit` 0: no limit but the conversation's)."""
-        if limit and len(items) > limit:
-            raise InvalidRequestError(f"items: at most {limit} items at a time, but got {len(items)}", param="items")
+        if limit:
+            _check_added(items, limit)
         self.get(conversation_id, caller)
         with self._lock, self._db:
             self._db.execute("BEGIN")
@@ -120,16 +118,21 @@ class ConversationStore:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
 
+def _check_added(items: list[dict[str, Any]], limit: int) -> None:
+    if len(items) > limit:
+        raise InvalidRequestError(f"items: at most {limit} items at a time, but got {len(items)}", param="items")
+
+
 def page(items: list[dict[str, Any]], *, limit: int, order: str, after: str | None, owner_id: str
          ) -> dict[str, Any]:
     """OpenAI's list of items: newest first unless `order` is asc, `limit` of them after the item `after`."""
     if not 1 <= limit <= 100:
-        raise InvalidRequestError(f"limit: must be between 1 and 100, but got {limit}", param="limit")
+        raise field_error("limit", f"must be between 1 and 100, but got {limit}")
     ordered = items[::-1] if order == "desc" else list(items)
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise InvalidRequestError(f"after: no item {after!r} in {owner_id!r}", param="after")
+            raise field_error("after", f"no item {after!r} in {owner_id!r}")
         ordered = ordered[ids.index(after) + 1:]
     shown = ordered[:limit]
     return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,

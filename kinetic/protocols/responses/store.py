@@ -19,7 +19,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,15 @@ class StoredResponse:
     body: dict[str, Any]  # the response object as its client got it (a stream's `response.completed` one)
     input_items: list[dict[str, Any]]  # this turn's input, each item with an id (GET .../input_items)
     history: list[dict[str, Any]]  # every item of the conversation up to this turn's output: what a next turn reads
-    size: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.size = len(self.record())
-
+    @cached_property
     def record(self) -> str:
+        """The row's text, made once: a put stores it and counts its size (a history may hold images)."""
         return json.dumps({"body": self.body, "input_items": self.input_items, "history": self.history})
+
+    @property
+    def size(self) -> int:
+        return len(self.record)
 
 
 class StoreDatabase:
@@ -114,7 +117,7 @@ class ResponseStore:
             with self._lock, self._db:
                 self._db.execute("BEGIN")
                 self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                                 (stored.id, stored.owner, stored.created, stored.size, stored.record()))
+                                 (stored.id, stored.owner, stored.created, stored.size, stored.record))
                 self._expire()
                 mine = self._db.execute("SELECT id, size FROM responses WHERE owner IS ? ORDER BY created, rowid",
                                         (stored.owner,)).fetchall()

@@ -75,9 +75,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["on", "off"], help="run one setting instead of both")
     args = parser.parse_args()
     if not args.model:
-        from kinetic.backends.gguf_files import bundled_model_path
+        from kinetic.backends.bundled import gemma_model_path
 
-        args.model = str(bundled_model_path())
+        args.model = str(gemma_model_path())
     from filelock import FileLock
 
     settings = [args.only == "on"] if args.only else [True, False]

@@ -22,7 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a checkout without an install
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 from kinetic.server.launch import KineticServer, model_lock  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    model = args.model or bundled_model_path()
+    model = args.model or gemma_model_path()
 
     with model_lock():
         local = [measure_in_process(model, args.tokens, args.threads) for _ in range(args.repeats)]

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load import Server, kinetic_server, llama_server, median, table  # noqa: E402
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 from tests.projector_model import png_image, tiny_projector  # noqa: E402
 
 QUESTION = "Describe the picture in one sentence."
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    model = str(bundled_model_path())
+    model = str(gemma_model_path())
     flags = ["-mm", str(tiny_projector("gemma3")), "-c", "4096", "-np", "1", "--no-repack"]
     measured: dict[str, dict[str, dict[str, float]]] = {}
     for server in (kinetic_server(model, flags), llama_server(args.llama_server, model, flags)):

@@ -216,9 +216,9 @@ def bench_model(kind: str, tokenizer: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"writing the bench model {target} (once, about half a minute)", file=sys.stderr)
     if tokenizer is None:
-        from kinetic.backends.gguf_files import bundled_model_path
+        from kinetic.backends.bundled import gemma_model_path
 
-        tokenizer = bundled_model_path()
+        tokenizer = gemma_model_path()
     return write_model(kind, tokenizer, target)
 
 

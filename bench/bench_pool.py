@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import LAB_SYSTEM, QUESTIONS, Server, kinetic_server, llama_server, percentile, table  # noqa: E402
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 from kinetic.server.launch import model_lock  # noqa: E402
 
 POLICIES = ("least-outstanding", "cache-aware")
@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--upstream", choices=("kinetic", "llama-server"), default="kinetic")
     parser.add_argument("--upstream-args", default="", help="more flags for each upstream server (one string)")
     parser.add_argument("--llama-server", help="the llama-server binary (default: PATH, /tmp/lsbuild/bin)")
-    parser.add_argument("--model", default=str(bundled_model_path()))
+    parser.add_argument("--model", default=str(gemma_model_path()))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of both policies, in turn order reversed each round (the machine drifts)")

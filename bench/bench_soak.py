@@ -43,7 +43,7 @@ import ollama  # noqa: E402
 import openai  # noqa: E402
 from load import LAB_SYSTEM, MODEL_LOCK_PATH, QUESTIONS, kinetic_server, percentile, table  # noqa: E402
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 from kinetic.classroom.ledger import read_ledger  # noqa: E402
 from tests.projector_model import png_image, tiny_projector  # noqa: E402
 
@@ -253,7 +253,7 @@ def main() -> None:
                         help="a student's pause between requests, seconds: MIN,MAX")
     parser.add_argument("-np", "--parallel", type=int, default=4)
     parser.add_argument("-t", "--threads", type=int, default=2)
-    parser.add_argument("--model", default=str(bundled_model_path()))
+    parser.add_argument("--model", default=str(gemma_model_path()))
     args = parser.parse_args()
 
     import fcntl

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load import Server, kinetic_server, llama_server, table  # noqa: E402
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 
 SENTENCE = "The little robot walks to the old market and buys three red apples for its friend."
 REPETITIVE = {"prompt": " ".join([SENTENCE] * 6), "n_predict": 128, "temperature": 0, "ignore_eos": True}
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    model = str(bundled_model_path())
+    model = str(gemma_model_path())
     measured: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
     for setting, flags in settings(model).items():
         servers = [kinetic_server(model, COMMON + flags), llama_server(args.llama_server, model, COMMON + flags)]

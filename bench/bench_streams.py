@@ -74,9 +74,9 @@ def model_path(given: str | None) -> str:
         return str(tiny_model(given.removeprefix("tiny:")))
     if given:
         return given
-    from kinetic.backends.gguf_files import bundled_model_path
+    from kinetic.backends.bundled import gemma_model_path
 
-    return str(bundled_model_path())
+    return str(gemma_model_path())
 
 
 # --constrained: output held to a JSON schema, a list of records too long to end within max_tokens

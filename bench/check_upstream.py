@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import Server, kinetic_server, llama_server, table  # noqa: E402
 
-from kinetic.backends.gguf_files import bundled_model_path  # noqa: E402
+from kinetic.backends.bundled import gemma_model_path  # noqa: E402
 from kinetic.classroom.ledger import LedgerRecord, read_ledger  # noqa: E402
 from kinetic.server.launch import model_lock  # noqa: E402
 
@@ -343,7 +343,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream-kind", choices=("llama-server", "kinetic"), default="llama-server")
     parser.add_argument("--llama-server", help="the llama-server binary (default: PATH, /tmp/lsbuild/bin)")
-    parser.add_argument("--model", default=str(bundled_model_path()))
+    parser.add_argument("--model", default=str(gemma_model_path()))
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="check-upstream-"))
     (folder / "keys.txt").write_text(f"{KEY} {NAME}\n", encoding="utf-8")

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
     from kinetic.server.vertex import VertexSettings
+    from kinetic.server.welcome import Served
 
 log = logging.getLogger("kinetic")
 
@@ -191,13 +192,8 @@ def serve(settings: ServerSettings) -> int:
         host, port = sock.getsockname()[:2]
         addresses.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
 
-    def announce() -> None:
-        # called on the event loop, before the first request is let through
-        limit_worker_threads(settings.threads_http)
-        # llama-server's readiness line: printed once the model answers, as the lab tells students to wait for.
-        print(f"listening on {', '.join(addresses)}", flush=True)
-
-    app = create_app(models, on_ready=announce, on_load_failure=stop_on_load_failure, vertex=vertex)
+    app = create_app(models, on_ready=announcer(settings, addresses, models), on_load_failure=stop_on_load_failure,
+                     vertex=vertex)
     limits = TransportLimits(max_connections=settings.max_connections, header_timeout=settings.header_timeout,
                              max_header_bytes=settings.max_header_size, max_body_bytes=settings.max_body_size)
     served: ASGIApp = StaticPath(app, settings.path) if settings.path else app
@@ -219,6 +215,32 @@ def serve(settings: ServerSettings) -> int:
         print(f"error: {state.load_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def announcer(settings: ServerSettings, addresses: list[str], registry: Any) -> Callable[[], None]:
+    """What runs on the event loop once the model answers, before the first request is let through: llama-server's
+    readiness line (the lab tells students to wait for it, scripts read it), then where to go from here."""
+    from kinetic.server.welcome import welcome_lines
+
+    def announce() -> None:
+        limit_worker_threads(settings.threads_http)
+        print(f"listening on {', '.join(addresses)}", flush=True)
+        for line in welcome_lines(addresses[0], served_model(registry), chat_page=settings.ui,
+                                  keyed=bool(settings.api_keys()), api_prefix=settings.api_prefix or ""):
+            print(line, flush=True)
+
+    return announce
+
+
+def served_model(registry: Any) -> Served:
+    """What the welcome lines say of the model: the one loaded, or a router's list and its default."""
+    from kinetic.server.welcome import Served
+
+    if registry.router:
+        default = registry.default or next(iter(registry.entries.values()))
+        return Served(name=default.name, router_models=len(registry.entries))
+    about = registry.only.backend.describe()
+    return Served(name=about.name, n_ctx=about.n_ctx, n_slots=about.n_slots)
 
 
 def open_derived_models(registry: Any, settings: ServerSettings) -> None:
@@ -253,7 +275,7 @@ def single_model(settings: ServerSettings) -> tuple[Any, str]:
     from kinetic.model_registry.registry import ModelRegistry
 
     resolved = resolve_model(settings.model, settings.hf_repo, settings.hf_file, settings.offline,
-                             token=settings.hf_token, mmproj=finds_projector(settings))
+                             token=settings.hf_token, mmproj=finds_projector(settings), bundled=settings.bundled)
     if resolved.note:
         print(f"warning: {resolved.note}", file=sys.stderr)
     aliases = tuple(sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()}))
@@ -265,11 +287,14 @@ def single_model(settings: ServerSettings) -> tuple[Any, str]:
 
 def router_registry(settings: ServerSettings) -> tuple[Any, str]:
     """Router mode: every model of the command line, folder and preset, loaded on demand."""
-    from kinetic.backends.sources import model_specs
+    from kinetic.backends.bundled import default_model
+    from kinetic.backends.sources import model_specs, names_no_model
     from kinetic.model_registry.factory import backend_factory
     from kinetic.model_registry.registry import ModelRegistry
 
     specs, ignored = model_specs(settings)
+    if names_no_model(settings) and (note := default_model(settings.bundled)[1]) is not None:
+        print(f"warning: {note}", file=sys.stderr)
     for key in ignored:
         print(f"warning: preset key {key} is not a per-model setting kinetic implements; ignored", file=sys.stderr)
     names = ", ".join(spec.name for spec in specs)

@@ -232,11 +232,11 @@ def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path
 
 def tiny_model(architecture: str) -> Path:
     """The cached tiny model of `architecture` (written on first use from the bundled Gemma's tokenizer)."""
-    from kinetic.backends.gguf_files import bundled_model_path
+    from kinetic.backends.bundled import gemma_model_path
 
     target = cache_dir() / f"kinetic-test-{architecture}-v{FORMAT_VERSION}.gguf"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    return write_model(architecture, bundled_model_path(), target)
+    return write_model(architecture, gemma_model_path(), target)
 

@@ -8,7 +8,11 @@ from collections.abc import Callable
 
 from kinetic.server.launch import MODEL_LOCK_PATH, STARTUP_TIMEOUT_S, KineticServer, free_port
 
-__all__ = ["MODEL_LOCK_PATH", "STARTUP_TIMEOUT_S", "KineticServer", "free_port", "wait_until"]
+__all__ = ["DEFAULT_MODEL_ENV", "MODEL_LOCK_PATH", "STARTUP_TIMEOUT_S", "KineticServer", "free_port", "wait_until"]
+
+# What a server started with this environment serves when it names no model: kinetic's default, the bundled chat
+# model (the suite's conftest makes the others serve the bundled Gemma).
+DEFAULT_MODEL_ENV = {"KINETIC_BUNDLED": ""}
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:

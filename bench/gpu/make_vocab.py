@@ -35,9 +35,9 @@ def main() -> None:
     if len(sys.argv) == 3:
         source = Path(sys.argv[2])
     else:
-        from kinetic.backends.gguf_files import bundled_model_path
+        from kinetic.backends.bundled import gemma_model_path
 
-        source = bundled_model_path()
+        source = gemma_model_path()
     write_vocabulary(source, target)
     print(f"{target}: {len(tokenizer_fields(source))} tokenizer keys of {source}")
 

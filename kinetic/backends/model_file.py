@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kinetic.backends.gguf_files import cache_dir
+from kinetic.backends.kinetic_cache import cache_dir
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kinetic.backends.gguf_files import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj, bundled_model_path
+from kinetic.backends.bundled import BUNDLED, DEFAULT_ALIAS, default_model
+from kinetic.backends.gguf_files import MMPROJ_KEYWORD, SHARD_PATTERN, best_mmproj, model_file
 from kinetic.backends.hub_cache import cached_models, resolve_cached
 from kinetic.config.flags import FLAGS, FLAGS_BY_SPELLING
 from kinetic.config.settings import TRUE_WORDS, ServerSettings
@@ -35,9 +36,6 @@ STARTUP_KEYS = frozenset({"load-on-startup"})
 DEDUP_KEYS = frozenset({"dedup-cache-models"})
 # llama-server's draft model from the hub: kinetic does not load it, but dedup-cache-models hides its cache entry
 DRAFT_HF_KEYS = frozenset({"spec-draft-hf", "hfd", "hfrd", "hf-repo-draft", "llama-arg-spec-draft-hf-repo"})
-BUNDLED_NAME = "gemma-3-270m-q4_k_m"
-# the name every lab sends as `model`: the bundled model answers to it in a router over the cache
-BUNDLED_ALIAS = "local"
 # Per-model settings a preset may change; the rest (host, port, keys, ledger...) belong to the server.
 PER_MODEL = frozenset({"ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "n_predict", "temp", "seed",
                        "chat_template", "chat_template_file", "chat_template_kwargs", "jinja", "reasoning_format",
@@ -115,13 +113,14 @@ def from_model_args(settings: ServerSettings) -> list[ModelSpec]:
             repo = source[len(HF_PREFIX):]
             specs.append(ModelSpec(name=aliases[0] if aliases else repo, aliases=aliases, hf_repo=repo))
             continue
-        specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(Path(source)), aliases=aliases,
-                               path=Path(source).expanduser(), source="cli"))
+        path, _ = model_file(source)
+        specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(path), aliases=aliases, path=path,
+                               source="cli"))
     if not specs and (settings.model or settings.hf_repo):  # one model named the usual way, beside others
         aliases = split_aliases(settings.alias)
         if settings.model:
-            name = aliases[0] if aliases else gguf_stem(Path(settings.model))
-            specs.append(ModelSpec(name=name, aliases=aliases, path=Path(settings.model).expanduser()))
+            path, _ = model_file(settings.model)
+            specs.append(ModelSpec(name=aliases[0] if aliases else gguf_stem(path), aliases=aliases, path=path))
         else:
             assert settings.hf_repo is not None
             name = aliases[0] if aliases else settings.hf_repo
@@ -253,12 +252,16 @@ def from_hub_cache() -> list[ModelSpec]:
             for model in cached_models()]
 
 
-def bundled_spec(settings: ServerSettings) -> ModelSpec:
-    """The bundled model in a router over the cache: by its name or -a, and as `local`."""
+def bundled_specs(settings: ServerSettings) -> list[ModelSpec]:
+    """The bundled models in a router over the cache: first the default one (--bundled's) by its id or -a, and
+    as `local` (ModelRegistry.default takes the first); then the others installed, by their ids."""
+    default, _ = default_model(settings.bundled)
     aliases = split_aliases(settings.alias)
-    name = aliases[0] if aliases else BUNDLED_NAME
-    return ModelSpec(name=name, aliases=tuple(dict.fromkeys((*aliases, BUNDLED_ALIAS))),
-                     path=bundled_model_path(), source="bundled")
+    specs = [ModelSpec(name=aliases[0] if aliases else default.name,
+                       aliases=tuple(dict.fromkeys((*aliases, DEFAULT_ALIAS))), path=default.path(), source="bundled")]
+    specs += [ModelSpec(name=other.name, path=other.path(), source="bundled")
+              for other in BUNDLED if other != default and other.installed]
+    return specs
 
 
 def with_cache(specs: list[ModelSpec], cached: list[ModelSpec]) -> list[ModelSpec]:
@@ -280,7 +283,7 @@ def model_specs(settings: ServerSettings) -> tuple[list[ModelSpec], list[str]]:
         specs += preset
     specs += from_upstream_flags(settings.upstream)
     if names_no_model(settings):
-        specs.append(bundled_spec(settings))
+        specs += bundled_specs(settings)
     seen: dict[str, ModelSpec] = {}
     for spec in specs:
         for name in spec.names:

@@ -33,7 +33,8 @@ HELP_FLAGS = ("-h", "--help", "--usage")
 VERSION_FLAG = "--version"
 HF_PREFIX = "hf:"  # how a -hf model is told from a -m path in ServerSettings.model_args
 DESCRIPTION = ("Serve a GGUF model over HTTP: llama-server's routes plus the OpenAI, Ollama and\n"
-               "Anthropic APIs. Without a model, serves the bundled Gemma 3 270M Q4_K_M.")
+               "Anthropic APIs. Without a model, serves the bundled SmolLM2 135M Instruct (a small\n"
+               "chat model); -m gemma serves the bundled base Gemma 3 270M.")
 
 
 class InfoRequested(Exception):
@@ -237,7 +238,7 @@ class FlagEnvSource(PydanticBaseSettingsSource):
 
 # KINETIC_* variables that are not server settings (read where they are used).
 OTHER_KINETIC_VARIABLES = frozenset({
-    "KINETIC_CACHE_DIR",  # kinetic.backends.gguf_files.cache_dir(): where the bundled model is assembled
+    "KINETIC_CACHE_DIR",  # kinetic.backends.kinetic_cache.cache_dir(): where the bundled models are assembled
     "KINETIC_REGENERATE_REFERENCE",  # tests: rewrite the grading reference outputs
     "KINETIC_LLAMA_SDIST",  # tests: the llama-cpp-python sdist the flag table is checked against
     "KINETIC_TEST_MODELS",  # tests: where the router tests' embedding GGUF is cached

@@ -71,8 +71,10 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("model", ("-m", "--model"), "path of the GGUF model to serve (default: the bundled Gemma 3 270M)",
-         metavar="FNAME"),
+    Flag("model", ("-m", "--model"), "path of the GGUF model to serve, or a bundled model's name: smollm2 (the "
+         "default, a small chat model) or gemma (the base Gemma 3 270M)", metavar="FNAME"),
+    Flag("bundled", ("--bundled",), "which bundled model serves when no model is named: smollm2 (default) or gemma",
+         metavar="NAME"),
     Flag("hf_repo", ("-hf", "-hfr", "--hf-repo"),
          "Hugging Face repo to serve, <user>/<model>[:quant] (quant default Q4_K_M); downloaded once, then "
          "taken from the Hugging Face cache", metavar="REPO"),

@@ -90,6 +90,7 @@ class ServerSettings(SpeculationSettings):
     model_config = SettingsConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     model: str | None = None
+    bundled: str | None = None  # which bundled model a server with no model named serves (backends/bundled.py)
     hf_repo: HfRepo | None = None
     hf_file: str | None = None
     hf_token: str | None = None

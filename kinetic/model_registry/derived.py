@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from kinetic.backends.gguf_files import cache_dir
+from kinetic.backends.kinetic_cache import cache_dir
 from kinetic.chat.types import SAMPLER_FIELDS, GenerationOptions, SamplingOptions
 from kinetic.classroom.durable import write_whole
 

@@ -91,7 +91,8 @@ class ModelRegistry:
 
     @property
     def default(self) -> ModelEntry | None:
-        """The bundled model of a router over the cache: what a request that names no model gets."""
+        """The default bundled model of a router over the cache (the first bundled one listed): what a request that
+        names no model gets."""
         return next((e for e in self.entries.values() if e.spec.source == "bundled"), None)
 
     def find(self, name: str) -> ModelEntry | None:

@@ -80,36 +80,36 @@ def test_client_sends_api_key(command: list[str], keyed_server: KineticServer) -
     assert right.returncode == 0, right.stderr[-2000:]
 
 
-def test_openai_chat(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "openai_chat.py")], live_server)
+def test_openai_chat(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "openai_chat.py")], default_server)
     usage = re.search(r"\[finish_reason=(stop|length) prompt=(\d+) completion=(\d+)\]", out)
     assert usage and int(usage.group(2)) > 0 and 0 < int(usage.group(3)) <= 40, out
     assert re.search(r"\[timings: cache_n=\d+ \d+\.\d t/s\]", out), out
 
 
-def test_openai_stream(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "openai_stream.py")], live_server)
+def test_openai_stream(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "openai_stream.py")], default_server)
     line = re.search(r"\[first token after (\d+\.\d\d)s, (\d+) tokens in (\d+\.\d)s\]", out)
     assert line and 0 < int(line.group(2)) <= 40, out
 
 
-def test_anthropic_messages(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "anthropic_messages.py")], live_server)
+def test_anthropic_messages(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "anthropic_messages.py")], default_server)
     full = re.search(r"\[stop_reason=(end_turn|max_tokens) input=(\d+) output=(\d+)\]", out)
     assert full and 0 < int(full.group(3)) <= 40, out
     assert re.search(r"\[streamed: stop_reason=(end_turn|max_tokens) output=\d+\]", out), out
 
 
-def test_ollama_chat(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "ollama_chat.py")], live_server)
+def test_ollama_chat(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "ollama_chat.py")], default_server)
     full = re.search(r"\[done_reason=(stop|length) prompt_eval_count=(\d+) eval_count=(\d+) \d+\.\d t/s\]", out)
     assert full and int(full.group(2)) > 0 and 0 < int(full.group(3)) <= 40, out
     streamed = re.search(r"\[streamed: eval_count=(\d+)\]", out)
     assert streamed and 0 < int(streamed.group(1)) <= 40, out
 
 
-def test_openai_responses(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "openai_responses.py")], live_server)
+def test_openai_responses(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "openai_responses.py")], default_server)
     full = re.search(r"\[status=completed input=(\d+) output=(\d+)\]", out)
     assert full and int(full.group(1)) > 0 and 0 < int(full.group(2)) <= 40, out
     streamed = re.search(r"\[streamed: output=(\d+)\]", out)
@@ -132,28 +132,28 @@ def test_ollama_image(seeing_server: KineticServer) -> None:
     assert full and int(full.group(2)) > GEMMA3_IMAGE_TOKENS and 0 < int(full.group(3)) <= 40, out
 
 
-def test_image_clients_are_refused_by_a_text_only_model(live_server: KineticServer) -> None:
+def test_image_clients_are_refused_by_a_text_only_model(default_server: KineticServer) -> None:
     """The bundled model alone reads no images: a 400 that says how to give it a projector."""
     for name in ("openai_image.py", "ollama_image.py"):
-        proc = launch([sys.executable, str(CLIENTS / name)], live_server)
+        proc = launch([sys.executable, str(CLIENTS / name)], default_server)
         assert proc.returncode != 0 and "reads text only" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_langchain_chat(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "langchain_chat.py")], live_server)
+def test_langchain_chat(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "langchain_chat.py")], default_server)
     usage = re.search(r"\[usage: (\d+) in, (\d+) out\]", out)
     assert usage and int(usage.group(1)) > 0 and 0 < int(usage.group(2)) <= 60, out
     # the structured answer is grammar-constrained, so it always parses into the model
     assert re.search(r"\[structured: City\(name='[^']*', country='[^']*'\)\]", out), out
 
 
-def test_llamaindex_chat(live_server: KineticServer) -> None:
-    out = run_client([sys.executable, str(CLIENTS / "llamaindex_chat.py")], live_server)
+def test_llamaindex_chat(default_server: KineticServer) -> None:
+    out = run_client([sys.executable, str(CLIENTS / "llamaindex_chat.py")], default_server)
     assert out.endswith("\n"), out
 
 
-def test_curl(live_server: KineticServer) -> None:
-    out = run_client(["sh", str(CLIENTS / "curl.sh")], live_server)
+def test_curl(default_server: KineticServer) -> None:
+    out = run_client(["sh", str(CLIENTS / "curl.sh")], default_server)
     lines = out.splitlines()
     chat, completion, tokenized = [json.loads(line) for line in lines if line.startswith("{")]
     assert chat["object"] == "chat.completion" and 0 < chat["usage"]["completion_tokens"] <= 20
@@ -163,26 +163,26 @@ def test_curl(live_server: KineticServer) -> None:
     assert "".join(piece["piece"] for piece in tokenized["tokens"]) == "Hello world"
 
 
-def test_node_fetch_chat(live_server: KineticServer) -> None:
-    out = run_client(["node", str(CLIENTS / "fetch_chat.mjs")], live_server)
+def test_node_fetch_chat(default_server: KineticServer) -> None:
+    out = run_client(["node", str(CLIENTS / "fetch_chat.mjs")], default_server)
     usage = re.search(r"\[finish_reason=(stop|length) prompt=(\d+) completion=(\d+)\]", out)
     assert usage and int(usage.group(2)) > 0 and 0 < int(usage.group(3)) <= 40, out
     assert re.search(r"\[timings: cache_n=\d+ \d+\.\d t/s\]", out), out
 
 
-def test_node_fetch_stream(live_server: KineticServer) -> None:
-    out = run_client(["node", str(CLIENTS / "fetch_stream.mjs")], live_server)
+def test_node_fetch_stream(default_server: KineticServer) -> None:
+    out = run_client(["node", str(CLIENTS / "fetch_stream.mjs")], default_server)
     line = re.search(r"\[(\d+) tokens, (\d+\.\d) t/s\]", out)
     assert line and 0 < int(line.group(1)) <= 40, out
 
 
-def test_browser_page(live_server: KineticServer) -> None:
+def test_browser_page(default_server: KineticServer) -> None:
     """browser.html, served from another origin (so CORS is exercised), in headless Chromium."""
     with serve_directory(CLIENTS) as pages, chromium_context() as context:
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{pages}/{BROWSER_PAGE}?LLAMA_URL={live_server.url}&API_KEY=sk-course")
+        page.goto(f"{pages}/{BROWSER_PAGE}?LLAMA_URL={default_server.url}&API_KEY=sk-course")
         page.click("#send")
         page.wait_for_function("document.getElementById('stats').textContent.length > 0", timeout=120_000)
         stats = page.inner_text("#stats")

@@ -39,11 +39,11 @@ def test_notebook_is_committed_without_outputs(path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_against_the_live_server(path: Path, live_server: KineticServer,
+def test_notebook_runs_against_the_live_server(path: Path, default_server: KineticServer,
                                                monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from nbclient import NotebookClient
 
-    monkeypatch.setenv("LLAMA_URL", live_server.url)
+    monkeypatch.setenv("LLAMA_URL", default_server.url)
     monkeypatch.setenv("API_KEY", "sk-course")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     notebook = nbformat.read(path, as_version=4)

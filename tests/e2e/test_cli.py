@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.fake_hub import FakeHub
 from tests.server import KineticServer, free_port
 
@@ -74,7 +74,7 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     (snapshot / "tiny-gemma-Q8_0.gguf").write_bytes(b"GGUF-not-this-one")
-    (snapshot / "tiny-gemma-Q4_K_M.gguf").symlink_to(bundled_model_path())
+    (snapshot / "tiny-gemma-Q4_K_M.gguf").symlink_to(gemma_model_path())
     return home
 
 
@@ -129,7 +129,7 @@ def test_hf_unreachable_uses_the_cached_copy(model_lock: None, hub_cache: Path) 
 
 
 def test_hf_downloads_with_a_progress_bar_then_serves(model_lock: None, tmp_path: Path) -> None:
-    repo = {"tiny-gemma-Q8_0.gguf": bundled_model_path(), "tiny-gemma-Q4_K_M.gguf": bundled_model_path()}
+    repo = {"tiny-gemma-Q8_0.gguf": gemma_model_path(), "tiny-gemma-Q4_K_M.gguf": gemma_model_path()}
     with FakeHub({"test-org/tiny-gemma-GGUF": repo}) as hub:
         # TQDM_POSITION=-1 is huggingface_hub's switch to draw the bar when stderr is not a terminal.
         env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url, "TQDM_POSITION": "-1"}
@@ -145,7 +145,7 @@ def test_hf_downloads_with_a_progress_bar_then_serves(model_lock: None, tmp_path
 
 
 def test_hf_repo_or_file_not_on_the_hub_is_one_clear_error(tmp_path: Path) -> None:
-    with FakeHub({"test-org/tiny-gemma-GGUF": {"tiny-gemma-Q8_0.gguf": bundled_model_path()}}) as hub:
+    with FakeHub({"test-org/tiny-gemma-GGUF": {"tiny-gemma-Q8_0.gguf": gemma_model_path()}}) as hub:
         env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": hub.url}
         no_repo = run_serve("-hf", "nobody/nothing-GGUF", env=env)
         no_file = run_serve("-hf", "test-org/tiny-gemma-GGUF", "-hff", "tiny-gemma-Q2_K.gguf", env=env)

@@ -17,7 +17,7 @@ import ollama
 import pytest
 from pydantic import BaseModel, Field
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.conftest import MODEL_ALIAS
 from tests.server import KineticServer
 
@@ -56,7 +56,7 @@ def test_list_shows_the_alias_with_the_gguf_facts(client: ollama.Client) -> None
     models = client.list().models
     assert [m.model for m in models] == [MODEL_ALIAS]
     model = models[0]
-    path = bundled_model_path()
+    path = gemma_model_path()
     assert model.size == path.stat().st_size
     assert model.digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert model.details.format == "gguf" and model.details.family == "gemma3"

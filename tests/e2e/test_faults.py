@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from kinetic.classroom.ledger import read_ledger
 from tests.server import KineticServer, free_port, wait_until
 
@@ -103,7 +103,7 @@ STUDENTS = ("alice", "bob", "carol", "dave", "erin")
 def keyed_router(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KineticServer]:
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("".join(f"sk-{name} {name}\n" for name in STUDENTS), encoding="utf-8")
-    gemma = str(bundled_model_path())
+    gemma = str(gemma_model_path())
     with KineticServer("-c", "4096", "-np", "4", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
                        "--api-key-file", str(keys), "--admin-key", "sk-teacher", "--max-in-flight", "1",
                        "--metrics") as server:
@@ -234,7 +234,7 @@ def test_an_upstream_killed_mid_stream_fails_fast_then_is_served_once_back(model
     upstream.port = upstream_port
     upstream.start()
     router = KineticServer("--upstream", f"remote=http://127.0.0.1:{upstream_port}/v1,model=gemma-up",
-                           "-m", str(bundled_model_path()), "-a", "local", "-c", "1024", "-np", "1")
+                           "-m", str(gemma_model_path()), "-a", "local", "-c", "1024", "-np", "1")
     try:
         router.start()
         stream = OpenStream(router.url, *_with_model(_openai(LONG), "remote"))

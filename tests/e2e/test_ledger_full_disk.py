@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from tests.server import KineticServer
 
@@ -188,7 +188,7 @@ def test_a_full_disk_refuses_a_save_with_a_507_and_keeps_the_saved_copy(server: 
     models = disk.mount / "models"
     models.mkdir(exist_ok=True)
     (models / "m.gguf").unlink(missing_ok=True)
-    (models / "m.gguf").symlink_to(bundled_model_path())
+    (models / "m.gguf").symlink_to(gemma_model_path())
     keys = tmp_path / "keys.txt"
     keys.write_text(f"{STUDENT} ann\n", encoding="utf-8")
     with KineticServer("-c", "512", "-np", "1", "--models-dir", str(models), "--chat-history",

@@ -22,7 +22,7 @@ import ollama
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.fake_hub import FakeHub
 from tests.server import KineticServer, wait_until
 
@@ -34,7 +34,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def hub() -> Iterator[FakeHub]:
-    gguf = bundled_model_path()
+    gguf = gemma_model_path()
     repos = {REPO: {"tiny-gemma-Q8_0.gguf": gguf, "tiny-gemma-Q4_K_M.gguf": gguf}, SLOW: {"slow-Q4_K_M.gguf": gguf}}
     with FakeHub(repos, slow={SLOW: 0.2}) as fake:
         yield fake
@@ -45,7 +45,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("management")
     models = root / "models"
     models.mkdir()
-    (models / "gemma.gguf").symlink_to(bundled_model_path())
+    (models / "gemma.gguf").symlink_to(gemma_model_path())
     keys = root / "keys.txt"
     keys.write_text(f"{STUDENT} alice\n", encoding="utf-8")
     return {"models": models, "hf": root / "hf", "keys": keys}
@@ -118,7 +118,7 @@ def test_post_models_downloads_with_progress_serves_it_and_delete_removes_it(ser
     last = [e for e in listener.events if e["model"] == name and e["event"] == "download_progress"][-1]
     [(url, progress)] = last["data"]["progress"].items()
     assert url.endswith("/tiny-gemma-Q8_0.gguf") and progress == {"done": progress["total"],
-                                                                    "total": bundled_model_path().stat().st_size}
+                                                                    "total": gemma_model_path().stat().st_size}
     row = rows(server)[name]
     assert row["source"] == "cache" and row["can_remove"] is True and row["status"]["value"] == "unloaded"
     assert cached(folders, REPO) == ["tiny-gemma-Q8_0.gguf"]
@@ -185,7 +185,7 @@ def test_ollama_pull_streams_progress_and_delete_removes_the_model(server: Kinet
     statuses = [line.status for line in lines]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success", statuses
     files = [line for line in lines if line.status == "pulling tiny-gemma-Q4_K_M.gguf"]
-    assert files and files[-1].completed == files[-1].total == bundled_model_path().stat().st_size
+    assert files and files[-1].completed == files[-1].total == gemma_model_path().stat().st_size
     assert all(a.completed <= b.completed for a, b in zip(files, files[1:], strict=False))
     names = [m.model for m in client.list().models]
     assert f"{REPO}:Q4_K_M" in names and cached(folders, REPO) == ["tiny-gemma-Q4_K_M.gguf"]

@@ -67,10 +67,10 @@ def test_grammar_dead_ends_answer_and_the_server_lives(base_url: str) -> None:
 
 def tokens_spelled(piece: bytes) -> list[int]:
     """Every token of the bundled model's vocabulary whose text is exactly `piece`."""
-    from kinetic.backends.gguf_files import bundled_model_path
+    from kinetic.backends.bundled import gemma_model_path
     from kinetic.engine.llama.model import LoadedModel
 
-    model = LoadedModel(bundled_model_path())  # weights are mmapped: shared with the server's copy
+    model = LoadedModel(gemma_model_path())  # weights are mmapped: shared with the server's copy
     return [t for t in range(model.n_vocab) if model.token_piece(t) == piece]
 
 

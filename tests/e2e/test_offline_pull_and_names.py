@@ -21,12 +21,12 @@ import httpx
 import ollama
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.server import KineticServer, free_port, wait_until
 
 REPO = "test-org/tiny-gemma-GGUF"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-SIZE = bundled_model_path().stat().st_size
+SIZE = gemma_model_path().stat().st_size
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
@@ -36,14 +36,14 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("offline")
     models = root / "models"
     models.mkdir()
-    (models / "gemma.gguf").symlink_to(bundled_model_path())
+    (models / "gemma.gguf").symlink_to(gemma_model_path())
     repo = root / "hf" / "hub" / f"models--{REPO.replace('/', '--')}"
     snapshot = repo / "snapshots" / REVISION
     snapshot.mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(REVISION)
     for quant in ("Q4_K_M", "Q8_0"):
-        cached_copy(bundled_model_path(), snapshot / f"tiny-gemma-{quant}.gguf")
+        cached_copy(gemma_model_path(), snapshot / f"tiny-gemma-{quant}.gguf")
     return {"models": models, "hf": root / "hf"}
 
 
@@ -99,7 +99,7 @@ def test_post_models_offline_takes_a_model_cached_since_the_start_with_the_event
     assert listed.status_code == 400 and "already exists" in listed.json()["error"]["message"]
     name = f"{REPO}:Q5_K_M"
     snapshot = folders["hf"] / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / REVISION
-    cached_copy(bundled_model_path(), snapshot / "tiny-gemma-Q5_K_M.gguf")
+    cached_copy(gemma_model_path(), snapshot / "tiny-gemma-Q5_K_M.gguf")
     before = cache_listing(folders)
     listener = Listener(server)
     assert httpx.post(server.url + "/models", json={"model": name}, timeout=30).json() == {"success": True}

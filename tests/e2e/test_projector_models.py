@@ -135,9 +135,9 @@ class Case:
 
 
 def _bundled() -> Path:
-    from kinetic.backends.gguf_files import bundled_model_path
+    from kinetic.backends.bundled import gemma_model_path
 
-    return bundled_model_path()
+    return gemma_model_path()
 
 
 def _qwen35() -> Path:

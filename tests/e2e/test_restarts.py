@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
 from tests.server import KineticServer, wait_until
 
@@ -111,7 +111,7 @@ def send(url: str, answer: Answer) -> None:
 def keyed_files(root: Path) -> dict[str, Path]:
     models = root / "models"
     models.mkdir()
-    (models / f"{MODEL}.gguf").symlink_to(bundled_model_path())
+    (models / f"{MODEL}.gguf").symlink_to(gemma_model_path())
     keys = root / "keys.txt"
     keys.write_text("".join(f"{key} {name}" + (" tokens=200000/day" if key == BUDGETED else "") + "\n"
                             for key, name in STUDENTS.items()), encoding="utf-8")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.server import KineticServer, wait_until
 
 N_EMBD_MINILM = 384
@@ -24,7 +24,7 @@ CHAT = [{"role": "user", "content": "Say hello."}]
 
 
 def router_args(minilm: str, *extra: str) -> tuple[str, ...]:
-    gemma = str(bundled_model_path())
+    gemma = str(gemma_model_path())
     return ("-c", "2048", "-np", "2", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
             "-m", minilm, "-a", "minilm", *extra)
 
@@ -190,7 +190,7 @@ class FinishOrder(list[str]):
 def test_fair_share_and_the_key_limit_hold_across_models(model_lock: None, minilm_path: str) -> None:
     """Key A floods chat-a (one slot: one running, two waiting); key B's request on chat-b is answered
     before A's waiting ones, and A's next request, on the other model, is over A's limit of 3."""
-    gemma = str(bundled_model_path())
+    gemma = str(gemma_model_path())
     with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
                        "--api-key", "ka,kb", "--max-in-flight", "3", "--metrics") as server:
         for model in ("chat-a", "chat-b"):  # load both first: the order below is about decoding only
@@ -228,7 +228,7 @@ def test_with_room_for_one_model_a_flood_on_one_cannot_hold_off_another(model_lo
     """--models-max 1: key A's request a0 runs on chat-a; key B asks for chat-b, which needs chat-a's
     room; A's next request a1 on chat-a, sent after B's, waits for the switch instead of keeping
     chat-a busy: B is answered before a1."""
-    gemma = str(bundled_model_path())
+    gemma = str(gemma_model_path())
     with KineticServer("-c", "1024", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b",
                        "--models-max", "1", "--api-key", "ka,kb", "--metrics") as server:
         finished = FinishOrder(server.url)
@@ -324,11 +324,11 @@ def test_models_dir_and_preset(model_lock: None, minilm_path: str, tmp_path) -> 
     """--models-dir names each GGUF by its file stem; a preset section sets a model's own context."""
     folder = tmp_path / "models"
     folder.mkdir()
-    (folder / "gemma-small.gguf").symlink_to(bundled_model_path())
+    (folder / "gemma-small.gguf").symlink_to(gemma_model_path())
     preset = tmp_path / "models.ini"
     preset.write_text(f"version = 1\n\n[*]\nctx-size = 1024\n\n[embedder]\nmodel = {minilm_path}\n"
                       "alias = bert-mini\nload-on-startup = true\n\n[tiny-ctx]\n"
-                      f"model = {bundled_model_path()}\nc = 512\nn-gpu-layers = 99\n")
+                      f"model = {gemma_model_path()}\nc = 512\nn-gpu-layers = 99\n")
     with KineticServer("-np", "1", "--models-dir", str(folder), "--models-preset", str(preset)) as server:
         listing = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
         assert sorted(row["id"] for row in listing) == ["embedder", "gemma-small", "tiny-ctx"]
@@ -347,7 +347,7 @@ def test_hf_repo_beside_a_local_file(model_lock: None, minilm_path: str, tmp_pat
     (repo / "snapshots" / revision).mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
-    (repo / "snapshots" / revision / "tiny-gemma-Q4_K_M.gguf").symlink_to(bundled_model_path())
+    (repo / "snapshots" / revision / "tiny-gemma-Q4_K_M.gguf").symlink_to(gemma_model_path())
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     with KineticServer("-hf", "test-org/tiny-gemma-GGUF", "-a", "hf-chat", "-m", minilm_path, "-a", "minilm",
                        "-c", "1024", "-np", "1", env=env) as server:

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.fake_hub import lay_out_cache
 from tests.projector_model import tiny_projector
 from tests.server import KineticServer, wait_until
@@ -31,7 +31,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 def cache_repos() -> dict[str, dict[str, Path]]:
-    gemma = bundled_model_path()
+    gemma = gemma_model_path()
     return {"test-org/vision-GGUF": {"vision-Q8_0.gguf": gemma, "mmproj-vision-f16.gguf": tiny_projector("gemma3")},
             "test-org/story-GGUF": {"story-F32.gguf": gemma},
             "test-org/infill-GGUF": {"infill-F32.gguf": gemma},
@@ -150,7 +150,7 @@ def test_delete_removes_a_cache_model_from_the_list_and_the_disk(router: Kinetic
 
 
 def test_reload_reads_the_cache_again(router: KineticServer, hf_home: Path) -> None:
-    lay_out_cache(hf_home / "hub", {"test-org/later-GGUF": {"later-Q4_0.gguf": bundled_model_path()}})
+    lay_out_cache(hf_home / "hub", {"test-org/later-GGUF": {"later-Q4_0.gguf": gemma_model_path()}})
     assert "test-org/later-GGUF:Q4_0" not in [row["id"] for row in models(router)["data"]]
     ids = [row["id"] for row in models(router, "?reload=1")["data"]]
     assert "test-org/later-GGUF:Q4_0" in ids and len(ids) == len(set(ids))

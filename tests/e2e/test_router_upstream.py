@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from kinetic.classroom.ledger import read_ledger
 from tests.projector_model import png_image, tiny_projector
 from tests.server import KineticServer, free_port, wait_until
@@ -43,7 +43,7 @@ def router_for(upstream_url: str, minilm: str) -> KineticServer:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the pool must skip it
     return KineticServer("--api-key", KEY, "--upstream", f"remote={dead},model=gemma-up",
                          "--upstream", f"remote={upstream_url},model=gemma-up",
-                         "-m", str(bundled_model_path()), "-a", "local", "-m", minilm, "-a", "minilm",
+                         "-m", str(gemma_model_path()), "-a", "local", "-m", minilm, "-a", "minilm",
                          "-c", "2048", "-np", "1")
 
 

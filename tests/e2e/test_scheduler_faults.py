@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from kinetic.engine.llama import LlamaEngine
 from kinetic.engine.llama.scheduler import Scheduler
 from kinetic.engine.options import EngineConfig
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture()
 def engine(model_lock: None) -> Iterator[LlamaEngine]:
     in_flight = InFlight(0)
-    loaded = LlamaEngine(bundled_model_path(), EngineConfig(n_ctx=1024, n_parallel=2), in_flight=in_flight)
+    loaded = LlamaEngine(gemma_model_path(), EngineConfig(n_ctx=1024, n_parallel=2), in_flight=in_flight)
     loaded.load()
     yield loaded
     loaded.close()
@@ -160,7 +160,7 @@ def test_a_failed_embedding_context_takes_the_scheduler_with_it(model_lock: None
 
     monkeypatch.setattr("kinetic.engine.llama.engine.EmbeddingContext", no_embeddings)
     before = sum(1 for t in threading.enumerate() if t.name == "kinetic-decode")
-    engine = LlamaEngine(bundled_model_path(), EngineConfig(n_ctx=512, n_parallel=1, embeddings=True))
+    engine = LlamaEngine(gemma_model_path(), EngineConfig(n_ctx=512, n_parallel=1, embeddings=True))
     with pytest.raises(RuntimeError, match="embedding context"):
         engine.load()
     assert sum(1 for t in threading.enumerate() if t.name == "kinetic-decode") == before  # no thread left behind

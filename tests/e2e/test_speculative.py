@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.hybrid_model import tiny_model
 from tests.server import KineticServer
 
@@ -58,7 +58,7 @@ def reference(model_lock: None) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module", params=["ngram-simple", "draft-simple"])
 def speculating(request: pytest.FixtureRequest, model_lock: None) -> Iterator[tuple[str, KineticServer]]:
     flags = ("--spec-type", "ngram-simple") if request.param == "ngram-simple" else (
-        "-md", str(bundled_model_path()), "--spec-draft-n-max", "3")
+        "-md", str(gemma_model_path()), "--spec-draft-n-max", "3")
     with KineticServer(*SERVER, *flags) as server:
         yield request.param, server
 

@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from kinetic.backends.gguf_files import bundled_model_path
+from kinetic.backends.bundled import gemma_model_path
 from tests.server import KineticServer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "templates"
@@ -48,7 +48,7 @@ QUESTION = [{"role": "user", "content": "Is it sunny in Rome?"}]
 @pytest.fixture(scope="module")
 def router(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     preset = tmp_path_factory.mktemp("formats") / "models.ini"
-    sections = [f"[{name}]\nmodel = {bundled_model_path()}\nchat-template-file = {FIXTURES / file}\n"
+    sections = [f"[{name}]\nmodel = {gemma_model_path()}\nchat-template-file = {FIXTURES / file}\n"
                 for name, file in TEMPLATES.items()]
     preset.write_text("version = 1\n\n[*]\nctx-size = 2048\n\n" + "\n".join(sections), encoding="utf-8")
     with KineticServer("-np", "1", "--models-preset", str(preset), "--models-max", "4") as server:

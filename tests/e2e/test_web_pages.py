@@ -345,9 +345,9 @@ def test_router_mode_the_student_picks_the_model(page: Any, browser_context: Any
                                                   server: KineticServer) -> None:
     """Several models at one address: the page lists them (/v1/models), the request names the one
     picked, and the dashboard (open: this server has no keys) shows that model's slots."""
-    from kinetic.backends.gguf_files import bundled_model_path
+    from kinetic.backends.bundled import gemma_model_path
 
-    gemma = str(bundled_model_path())
+    gemma = str(gemma_model_path())
     server.stop()  # one model process at a time on this machine: the keyed server is not needed any more
     with KineticServer("-c", "2048", "-np", "1", "-m", gemma, "-a", "chat-a", "-m", gemma, "-a", "chat-b") as router:
         bodies: list[dict[str, Any]] = []

@@ -8,7 +8,8 @@ const keyStore = kinetic.keyStore("kinetic.apiKey");
 // `images`: data: URLs attached to the next message (the model's projector reads them); `chatId`: this
 // conversation's name on the server when it keeps chats (`history`: --chat-history is on)
 // `streamId`: the X-Conversation-Id of the answer under way (null when none is)
-const state = { model: "", messages: [], controller: null, streamId: null, images: [], chatId: null, history: false };
+const state = { model: "", messages: [], controller: null, streamId: null, images: [], chatId: null, history: false,
+  greeting: "" };
 
 function setStatus(text) {
   $("status").textContent = text;
@@ -50,12 +51,21 @@ async function loadProps() {
     select.hidden = false;
     $("model").hidden = true;
     $("ctx").textContent = "router";
+    state.greeting = "Pick a model above (it loads on its first request), then say hello.";
   } else {
     state.model = props.model_alias || "";
     $("model").textContent = state.model;
-    $("ctx").textContent = `n_ctx ${props.default_generation_settings?.n_ctx ?? "?"}`;
+    const nCtx = props.default_generation_settings?.n_ctx ?? "?";
+    $("ctx").textContent = `n_ctx ${nCtx}`;
     $("attach").hidden = !props.modalities?.vision; // only a model with a projector reads images
+    state.greeting = `You are talking to ${state.model}, with ${nCtx} tokens of context. Say hello below.`;
+    const origin = props.chat_template_origin ?? "";
+    if (origin.startsWith("builtin:")) { // the GGUF brought no template: a base model continues text, it does not chat
+      state.greeting += ` Its file has no chat template, so kinetic formats the chat with the built-in ` +
+        `${origin.slice("builtin:".length)} template; a base model may answer with a continuation of your text.`;
+    }
   }
+  greet();
   setStatus("ready");
   $("send").disabled = false;
   loadStanding().catch(() => {});
@@ -129,6 +139,7 @@ function showConversation(messages) {
       addTurn("assistant").querySelector(".content").textContent = textOf(message.content ?? "");
     }
   }
+  greet();
 }
 
 async function openChat(id) {
@@ -147,8 +158,18 @@ function startNewChat() {
   state.chatId = null;
   showAttachments();
   $("log").replaceChildren();
+  greet();
   if (state.history) $("history").value = "";
   $("delete-chat").hidden = true;
+}
+
+// What an empty chat shows: the model it talks to, and what to expect of it.
+function greet() {
+  if ($("log").querySelector(".turn") || !state.greeting) return;
+  const greeting = document.createElement("p");
+  greeting.className = "greeting";
+  greeting.textContent = state.greeting;
+  $("log").replaceChildren(greeting);
 }
 
 function thumbnail(url) {
@@ -162,6 +183,7 @@ function thumbnail(url) {
 function addTurn(role, text, images = []) {
   const turn = document.createElement("article");
   turn.className = `turn ${role}`;
+  $("log").querySelector(".greeting")?.remove();
   if (role === "user") {
     turn.textContent = text;
     if (images.length) turn.append(document.createElement("br"), ...images.map(thumbnail));

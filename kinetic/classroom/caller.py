@@ -39,3 +39,18 @@ class Caller:
 
 
 NOBODY = Caller(None, Role.STUDENT)  # outside any request (a test calling a backend directly)
+
+
+# A batch's line reaches the routes as an in-process request whose ASGI scope holds its BatchOrigin under this key:
+# uvicorn never puts it there, so no client can claim one. The gate makes its Caller from the owner's key entry
+# now (its budget, its hours), below every live request in the waiting line.
+BATCH_SCOPE = "kinetic.batch"
+BATCH_PRIORITY = -(2**31)
+
+
+@dataclass(frozen=True)
+class BatchOrigin:
+    batch_id: str
+    custom_id: str
+    owner: str | None  # the name of the key that made the batch (None on a server without keys)
+    admin: bool  # that key's role then

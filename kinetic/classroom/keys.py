@@ -121,6 +121,12 @@ class KeyRing:
                 found = entry
         return found
 
+    def entry_named(self, name: str) -> KeyEntry | None:
+        """The first key of that name: whose limits a batch's line runs under, looked up when it runs."""
+        with self._lock:
+            entries = self._entries
+        return next((entry for entry in entries if entry.name == name), None)
+
     @property
     def has_file(self) -> bool:
         return self._file is not None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kinetic.classroom.caller import Caller
+from kinetic.classroom.caller import BATCH_SCOPE, BatchOrigin, Caller
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -61,6 +61,15 @@ class ErrorRecord(BaseModel):
 
     type: str | None = None
     message: str | None = None
+
+
+class BatchRecord(BaseModel):
+    """The batch a request ran for (POST /v1/batches), and its line's custom_id."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    custom_id: str
 
 
 class MediaRecord(BaseModel):
@@ -103,6 +112,7 @@ class LedgerRecord(BaseModel):
     error: ErrorRecord | None = None
     answer: str | None = None
     request: Any = None
+    batch: BatchRecord | None = None
 
     @classmethod
     def from_line(cls, line: str) -> LedgerRecord | None:
@@ -424,6 +434,8 @@ class LedgerMiddleware:
             "status": status, "stream": stream, "error": _error_record(error),
             **told_fields(outcomes, started, content=self.content),
         }
+        if isinstance(origin := scope.get(BATCH_SCOPE), BatchOrigin):
+            fields["batch"] = BatchRecord(id=origin.batch_id, custom_id=origin.custom_id)
         if "media" in state:  # the images and audio its prompt read (kinetic.classroom.identity.note_media)
             fields["media"] = MediaRecord(**state["media"])
         if self.content and request_body:

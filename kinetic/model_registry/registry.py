@@ -95,6 +95,20 @@ class ModelRegistry:
         names no model gets."""
         return next((e for e in self.entries.values() if e.spec.source == "bundled"), None)
 
+    def spare_slot(self) -> bool:
+        """Whether work below every live request (a batch's line) may start now: the server is ready, nothing live
+        waits for a slot, and a slot stays free for the next live request (on a one-slot model: it is idle)."""
+        if not self.ready:
+            return False
+        for entry in self.entries.values():
+            backend = entry.backend
+            if backend is None or not backend.ready:
+                continue
+            stats, slots = backend.stats(), max(backend.describe().n_slots, 1)
+            if stats.requests_deferred or stats.requests_processing + (1 if slots > 1 else 0) >= slots:
+                return False
+        return True
+
     def find(self, name: str) -> ModelEntry | None:
         """By id or alias; Ollama clients may add the default tag `:latest`."""
         return self._by_name.get(name) or self._by_name.get(name.removesuffix(":latest"))

@@ -18,6 +18,7 @@ from starlette.routing import Match
 from kinetic.errors import KineticError
 from kinetic.protocols.anthropic import translate as anthropic_translate
 from kinetic.protocols.anthropic.routes import router as anthropic_router
+from kinetic.protocols.batches.routes import router as batches_router
 from kinetic.protocols.llamacpp.routes import router as llamacpp_router
 from kinetic.protocols.ollama import translate as ollama_translate
 from kinetic.protocols.ollama.routes import router as ollama_router
@@ -42,6 +43,7 @@ PROTOCOLS: tuple[WireProtocol, ...] = (
     WireProtocol("llamacpp", llamacpp_router, openai_translate.error_body),
     WireProtocol("anthropic", anthropic_router, anthropic_translate.error_body, ("/v1/messages",)),
     WireProtocol("responses", responses_router, openai_translate.error_body),
+    WireProtocol("batches", batches_router, openai_translate.error_body),  # OpenAI's files and batches
     WireProtocol("ollama", ollama_router, ollama_translate.error_body, ("/api/",)),
 )
 DEFAULT = PROTOCOLS[0]

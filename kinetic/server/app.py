@@ -25,16 +25,20 @@ from kinetic.errors import ServerError, ShuttingDownError, UnavailableError
 from kinetic.model_registry import idle_sleep
 from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
+from kinetic.protocols.batches.runner import BatchRunner
+from kinetic.protocols.batches.store import BatchStore
 from kinetic.protocols.catalog import PROTOCOLS, error_response
 from kinetic.protocols.common.app_parts import install, installed
+from kinetic.protocols.common.store_database import StoreDatabase
 from kinetic.protocols.common.stream_buffers import StreamBuffers
 from kinetic.protocols.common.streaming import StreamSettings
 from kinetic.protocols.openai.control import RunningCompletions
 from kinetic.protocols.responses.background import BackgroundRuns
 from kinetic.protocols.responses.conversations import ConversationStore
-from kinetic.protocols.responses.store import ResponseStore, StoreDatabase
+from kinetic.protocols.responses.store import ResponseStore
 from kinetic.server.error_funnel import install_error_funnel, validation_message
 from kinetic.server.gate import RequestGate
+from kinetic.server.in_process import post_json
 from kinetic.server.vertex import VertexSettings, install_vertex
 from kinetic.web.routes import router as web_router
 
@@ -108,6 +112,11 @@ def server_parts(registry: ModelRegistry) -> ServerState:
                        chat_store=chat_store, ledger=ledger)
 
 
+def stop_then(first: Callable[[], None], then: Callable[[], None]) -> None:
+    first()
+    then()
+
+
 def store_database(settings: ServerSettings) -> StoreDatabase:
     """Where stored responses and conversations are kept: --store-dir, else the ledger's folder (the class's
     records together), else memory."""
@@ -128,11 +137,13 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup = asyncio.create_task(start_models(registry, app, on_ready, on_load_failure))
+        batches = asyncio.create_task(runner.run())  # /v1/batches: what a restart left runs on
         try:
             async with idle_sleep.watching(registry.sleeper):  # --sleep-idle-seconds
                 yield
         finally:
             startup.cancel()
+            batches.cancel()  # the line running is not kept: it runs again after a restart
             await installed(app, BackgroundRuns).cancel_all()  # each recorded as cancelled
             registry.close()
             database.close()
@@ -143,10 +154,16 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install(app, RunningCompletions())  # for /v1/chat/completions/control
     install(app, StreamSettings(ping_interval_s=registry.settings.sse_ping_interval))
     install(app, StreamBuffers())  # X-Conversation-Id's kept streams (GET /v1/stream)
-    database = store_database(registry.settings)  # the Responses API's stored responses and conversations
+    database = store_database(registry.settings)  # stored responses, conversations, files and batches
+    install(app, database)  # the dashboard shows its size
     install(app, ResponseStore(database))
     install(app, ConversationStore(database))
     install(app, BackgroundRuns())  # background responses still running
+    batch_store = BatchStore(database)  # /v1/files and /v1/batches
+    install(app, batch_store)
+    runner = BatchRunner(batch_store, partial(post_json, app), registry.spare_slot)
+    install(app, runner)
+    state.refuse_waiting = partial(stop_then, runner.stop, state.refuse_waiting)  # a shutdown: no line is lost
     install_error_funnel(app)
     for protocol in PROTOCOLS:
         app.include_router(protocol.router)

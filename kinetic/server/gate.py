@@ -6,17 +6,19 @@ everything after it reads."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kinetic.classroom.budgets import Budgets
-from kinetic.classroom.caller import Caller
+from kinetic.classroom.caller import BATCH_PRIORITY, BATCH_SCOPE, BatchOrigin, Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.ledger import LedgerWriter, recorded
 from kinetic.classroom.limits import Limits
 from kinetic.classroom.outcome import note_error
-from kinetic.classroom.roles import needs_admin, require_admin, role_of
+from kinetic.classroom.roles import Role, needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RecordUnwritableError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.catalog import error_response
@@ -57,7 +59,14 @@ class RequestGate:
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
     def caller(self, scope: Scope, sent: str) -> Caller:
-        """Who sent `sent`: its key's name and limits (None and none for no key or a wrong one), its role."""
+        """Who sent `sent`: its key's name and limits (None and none for no key or a wrong one), its role. A
+        batch's line is its owner's, under the limits the owner's key has now (none once that key is gone)."""
+        if isinstance(origin := scope.get(BATCH_SCOPE), BatchOrigin):
+            owner = self.keys.entry_named(origin.owner) if self.keys and origin.owner else None
+            if self.keys and owner is None:
+                return Caller(None, Role.STUDENT, addr="batch")
+            limits = replace(owner.limits if owner else Limits(), priority=BATCH_PRIORITY)
+            return Caller(origin.owner, Role.ADMIN if origin.admin else Role.STUDENT, limits, "batch")
         entry = self.keys.entry_for(sent) if self.keys else None
         addr = (scope.get("client") or ("", 0))[0]
         return Caller(entry.name if entry else None, role_of(self.keys, sent),

@@ -23,6 +23,8 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response
 from kinetic.classroom.keys import KeyRing
 from kinetic.errors import NotFoundError
 from kinetic.model_registry.deps import CallerDep, RegistryDep, server_state
+from kinetic.protocols.common.app_parts import installed
+from kinetic.protocols.common.store_database import StoreDatabase
 from kinetic.web.chats import router as chats_router
 
 router = APIRouter()
@@ -150,5 +152,7 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
                   "max_queue": registry.settings.max_queue},
         # None without --ledger; else "ok" or why the class record cannot be written (the page shows it)
         "ledger": None if state.ledger is None else ("ok" if state.ledger.writable() else state.ledger.problem),
+        # what the OpenAI surface keeps for the students (responses, conversations, files, batches): bounded per key
+        "store": installed(request.app, StoreDatabase).sizes(),
         **stats.snapshot([name for name in keys.names if name != KeyRing.ADMIN]),
     }

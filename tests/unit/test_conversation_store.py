@@ -11,8 +11,8 @@ import pytest
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.roles import Role
 from kinetic.errors import InvalidRequestError, NotFoundError
-from kinetic.protocols.responses.conversations import ConversationStore, page
-from kinetic.protocols.responses.store import StoreDatabase
+from kinetic.protocols.common.store_database import StoreDatabase, page
+from kinetic.protocols.responses.conversations import ConversationStore
 
 ANN = Caller("ann", Role.STUDENT)
 BEN = Caller("ben", Role.STUDENT)

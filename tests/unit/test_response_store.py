@@ -11,7 +11,8 @@ import pytest
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.roles import Role
 from kinetic.errors import NotFoundError
-from kinetic.protocols.responses.store import ResponseStore, StoreDatabase, StoredResponse
+from kinetic.protocols.common.store_database import StoreDatabase
+from kinetic.protocols.responses.store import ResponseStore, StoredResponse
 
 ANN = Caller("ann", Role.STUDENT)
 BEN = Caller("ben", Role.STUDENT)

@@ -1,9 +1,9 @@
-"""OpenAI's conversations (`/v1/conversations`): a list of items that `/v1/responses` with `conversation` reads
-before its input and appends its input and output to, in order.
+"""OpenAI's conversations (`/v1/conversations`): a list of items that `/v1/responses` with `conversation` reads before
+its input and appends its input and output to, in order.
 
-Kept in the stored responses' database (store.py), with the same rules: a conversation belongs to the key that
-made it (another student's key gets the 404 of a missing one; the admin's reads them all), and it is bounded:
-each key keeps at most `max_per_owner` conversations (the oldest dropped first) and a conversation at most
+Kept in the stored responses' database (common/store_database.py), with the same rules: a conversation belongs to
+the key that made it (another student's key gets the 404 of a missing one; the admin's reads them all), and it is
+bounded: each key keeps at most `max_per_owner` conversations (the oldest dropped first) and a conversation at most
 `max_items` items (more is a 400).
 """
 
@@ -15,13 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from kinetic.classroom.caller import Caller
-from kinetic.errors import InvalidRequestError, NotFoundError, field_error
+from kinetic.errors import InvalidRequestError, NotFoundError
 from kinetic.protocols.common import translate as common
-from kinetic.protocols.responses.store import StoreDatabase, may_read
+from kinetic.protocols.common.store_database import StoreDatabase, may_read
 
 MAX_PER_OWNER = 200
 MAX_ITEMS = 1000
 MAX_ADDED = 20  # items one POST .../items may add, as OpenAI
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL,
+                                          metadata TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS conversation_items (seq INTEGER PRIMARY KEY AUTOINCREMENT, conversation TEXT NOT NULL,
+                                               id TEXT NOT NULL, item TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation, seq);
+"""
 
 
 class ConversationStore:
@@ -32,6 +39,8 @@ class ConversationStore:
         self.max_items = max_items
         self.clock = clock
         self._lock, self._db = database.lock, database.db
+        with self._lock:
+            self._db.executescript(SCHEMA)
 
     def create(self, caller: Caller, metadata: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
         _check_added(items, MAX_ADDED)
@@ -121,19 +130,3 @@ class ConversationStore:
 def _check_added(items: list[dict[str, Any]], limit: int) -> None:
     if len(items) > limit:
         raise InvalidRequestError(f"items: at most {limit} items at a time, but got {len(items)}", param="items")
-
-
-def page(items: list[dict[str, Any]], *, limit: int, order: str, after: str | None, owner_id: str
-         ) -> dict[str, Any]:
-    """OpenAI's list of items: newest first unless `order` is asc, `limit` of them after the item `after`."""
-    if not 1 <= limit <= 100:
-        raise field_error("limit", f"must be between 1 and 100, but got {limit}")
-    ordered = items[::-1] if order == "desc" else list(items)
-    if after is not None:
-        ids = [item["id"] for item in ordered]
-        if after not in ids:
-            raise field_error("after", f"no item {after!r} in {owner_id!r}")
-        ordered = ordered[ids.index(after) + 1:]
-    shown = ordered[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(ordered) > limit}

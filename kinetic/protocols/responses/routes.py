@@ -21,10 +21,11 @@ from kinetic.classroom.outcome import ErrorTold, Outcome, hand_over
 from kinetic.errors import InvalidRequestError, KineticError, field_error
 from kinetic.model_registry.deps import BackendDep, server_state
 from kinetic.protocols.common.app_parts import installed
+from kinetic.protocols.common.store_database import page
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.responses import items, translate
 from kinetic.protocols.responses.background import BackgroundRuns
-from kinetic.protocols.responses.conversations import ConversationStore, page
+from kinetic.protocols.responses.conversations import ConversationStore
 from kinetic.protocols.responses.store import ResponseStore, StoredResponse
 from kinetic.protocols.responses.types import (
     ConversationRequest,

@@ -1,14 +1,14 @@
 """Stored responses (OpenAI's `store`, true unless a request says false): what `GET /v1/responses/{id}`,
 `/input_items`, `DELETE` and a later turn's `previous_response_id` read back.
 
-Each response belongs to the key that made it: another student's key gets the same 404 as for an id that
-never existed, and the admin's key reads them all. A server without keys has one owner (None), as one user.
+Each response belongs to the key that made it: another student's key gets the same 404 as for an id that never
+existed, and the admin's key reads them all. A server without keys has one owner (None), as one user.
 
-One SQLite database (shared with the conversations, conversations.py): a file (`--store-dir`, else beside the
-ledger) that survives a restart, or, with neither, one in memory that a restart empties. Bounded either way: a
-response is kept for `ttl_s` (OpenAI keeps them 30 days) and each owner keeps at most `max_per_owner` responses
-and `max_bytes_per_owner` bytes of them (images sent as data: URLs count), the oldest dropped first. A turn that
-continues a dropped one is a 404 naming `previous_response_id`.
+One SQLite database (common/store_database.py, shared with the conversations and the batches): a file (`--store-
+dir`, else beside the ledger) that survives a restart, or, with neither, one in memory that a restart empties.
+Bounded either way: a response is kept for `ttl_s` (OpenAI keeps them 30 days) and each owner keeps at most
+`max_per_owner` responses and `max_bytes_per_owner` bytes of them (images sent as data: URLs count), the oldest
+dropped first. A turn that continues a dropped one is a 404 naming `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -16,34 +16,26 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from kinetic.classroom.caller import Caller
-from kinetic.classroom.roles import Role
 from kinetic.errors import NotFoundError
+from kinetic.protocols.common.store_database import StoreDatabase, may_read
 
 log = logging.getLogger(__name__)
 
 TTL_S = 30 * 24 * 3600
 MAX_PER_OWNER = 500
 MAX_BYTES_PER_OWNER = 64 * 1024 * 1024
-FILE_NAME = "responses.sqlite3"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL, size INTEGER NOT NULL,
                                       record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (owner, created);
-CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL,
-                                          metadata TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS conversation_items (seq INTEGER PRIMARY KEY AUTOINCREMENT, conversation TEXT NOT NULL,
-                                               id TEXT NOT NULL, item TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation, seq);
 """
 
 
@@ -66,33 +58,6 @@ class StoredResponse:
         return len(self.record)
 
 
-class StoreDatabase:
-    """The SQLite database the stored responses and the conversations share, and the lock its users take."""
-
-    def __init__(self, folder: Path | None = None):
-        self.path = folder / FILE_NAME if folder is not None else None
-        self.lock = threading.Lock()
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path or ":memory:"), check_same_thread=False, isolation_level=None)
-        if self.path is not None:
-            # A commit is in the operating system's hands before the answer's last byte, so a kill -9 keeps it; as
-            # the ledger's lines, it is not fsynced (only a power cut could cost it). A rollback journal, not WAL:
-            # no shared-memory file, and the files stay small on a small disk beside the ledger.
-            self.db.execute("PRAGMA page_size=1024")
-            self.db.execute("PRAGMA journal_mode=DELETE")
-            self.db.execute("PRAGMA synchronous=OFF")
-        self.db.executescript(SCHEMA)
-
-    @property
-    def where(self) -> str:
-        return str(self.path) if self.path is not None else "memory (a restart empties it)"
-
-    def close(self) -> None:
-        with self.lock:
-            self.db.close()
-
-
 class ResponseStore:
     def __init__(self, database: StoreDatabase | None = None, *, ttl_s: float = TTL_S,
                  max_per_owner: int = MAX_PER_OWNER, max_bytes_per_owner: int = MAX_BYTES_PER_OWNER,
@@ -103,6 +68,8 @@ class ResponseStore:
         self.max_bytes_per_owner = max_bytes_per_owner
         self.clock = clock
         self._lock, self._db = self.database.lock, self.database.db
+        with self._lock:
+            self._db.executescript(SCHEMA)
 
     def __len__(self) -> int:
         with self._lock:
@@ -148,8 +115,3 @@ class ResponseStore:
     def _expire(self) -> None:
         """Within put's transaction: drops what is past its time."""
         self._db.execute("DELETE FROM responses WHERE created < ?", (self.clock() - self.ttl_s,))
-
-
-def may_read(caller: Caller, owner: str | None) -> bool:
-    """The owner reads what is theirs, and the admin reads everything."""
-    return owner == caller.name or (caller.role is Role.ADMIN and caller.name is not None)

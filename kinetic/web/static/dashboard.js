@@ -120,6 +120,12 @@ function drawChart(points) {
   $("rate-now").textContent = `(last 30 s: ${recent.toFixed(1)} tokens/s)`;
 }
 
+// What the OpenAI surface keeps for the students, and where (a file survives a restart, memory does not).
+function drawStore(store) {
+  const counts = ["responses", "conversations", "files", "batches"].map((name) => `${store[name] ?? 0} ${name}`);
+  $("store").textContent = `${counts.join(", ")} · ${(store.bytes / 2 ** 20).toFixed(1)} MiB in ${store.where}`;
+}
+
 async function poll() {
   const config = await (await fetch("/ui/config.json")).json();
   if (config.admin_key_required && !keyStore.get()) {
@@ -156,6 +162,7 @@ async function poll() {
     drawQueue(stats.queue, stats.totals);
     drawStudents(stats.students);
     drawChart(stats.throughput);
+    drawStore(stats.store);
     // --ledger: why the class record cannot be written (requests get 503 until it can), said first
     const ledgerProblem = stats.ledger && stats.ledger !== "ok" ? stats.ledger : "";
     $("ledger-alert").hidden = !ledgerProblem;

@@ -237,8 +237,8 @@ def served_model(registry: Any) -> Served:
     from kinetic.server.welcome import Served
 
     if registry.router:
-        default = registry.default or next(iter(registry.entries.values()))
-        return Served(name=default.name, router_models=len(registry.entries))
+        default = registry.default
+        return Served(name=default.name if default else "", router_models=len(registry.entries))
     about = registry.only.backend.describe()
     return Served(name=about.name, n_ctx=about.n_ctx, n_slots=about.n_slots)
 

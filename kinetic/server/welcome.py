@@ -16,7 +16,7 @@ ANY_HOSTS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}
 class Served:
     """What the lines say of the model: one model's name, context and slots, or a router's models."""
 
-    name: str
+    name: str  # a router's: the model a request that names none gets ("" when it must name one)
     n_ctx: int = 0  # one slot's context, in tokens (0: a router, or a remote server's own)
     n_slots: int = 0
     router_models: int = 0  # a router: how many models it lists (loaded on first use)
@@ -37,8 +37,9 @@ def welcome_lines(address: str, served: Served, *, chat_page: bool, keyed: bool,
     if keyed:
         lines.append(f"dashboard: {base}/dashboard  (an admin key)")
     if served.router_models:
-        lines.append(f"models: {served.router_models}, loaded on first use; a request that names none gets "
-                     f"{served.name}")
+        default = (f"a request that names none gets {served.name}" if served.name
+                   else "a request names one in its `model` field")
+        lines.append(f"models: {served.router_models}, loaded on first use; {default}")
     elif served.n_ctx:
         lines.append(f"model: {served.name}, context {served.n_ctx} tokens in each of {served.n_slots} slot(s)")
     else:

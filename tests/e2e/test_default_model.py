@@ -63,7 +63,8 @@ def test_the_model_is_named_for_what_it_is(server: KineticServer) -> None:
 def test_the_start_says_where_to_go_and_its_curl_answers(server: KineticServer) -> None:
     lines = server.log().splitlines()
     listening = lines.index(f"listening on {server.url}")  # llama-server's line, as scripts read it
-    welcome = lines[listening + 1:listening + 4]
+    # the welcome lines follow it (stdout; a log line on stderr may come between them in this merged file)
+    welcome = [line for line in lines[listening + 1:] if line.startswith(("chat page: ", "model: ", "try: "))][:3]
     assert welcome[0] == f"chat page: {server.url}/"
     assert re.fullmatch(rf"model: {re.escape(CHAT_MODEL.name)}, context \d+ tokens in each of \d+ slot\(s\)",
                         welcome[1]), welcome

@@ -55,6 +55,9 @@ OTHER = frozenset({
     *(prefix + path for prefix in ("/v1", "") for path in (
         "/conversations", "/conversations/{conversation_id}", "/conversations/{conversation_id}/items",
         "/conversations/{conversation_id}/items/{item_id}")),
+    *(prefix + path for prefix in ("/v1", "") for path in (  # a batch's lines are recorded as their own requests
+        "/files", "/files/{file_id}", "/files/{file_id}/content", "/batches", "/batches/{batch_id}",
+        "/batches/{batch_id}/cancel")),
     "/v1/messages/count_tokens", "/api/tags", "/api/version", "/api/ps", "/api/show",
     "/v1/chat/completions/control", "/models/drain", "/models/undrain",
     "/api/pull", "/api/create", "/api/copy", "/api/delete", "/api/push",

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from kinetic.classroom.identity import caller_of
 from kinetic.protocols.batches.runner import BatchRunner
 from kinetic.protocols.batches.store import BatchStore
-from kinetic.protocols.batches.types import BatchRequest
+from kinetic.protocols.batches.types import BatchRequest, FileUpload
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.store_database import page
 
@@ -31,10 +31,11 @@ def listing(data: list[dict[str, Any]]) -> dict[str, Any]:
 
 @router.post("/v1/files")
 @router.post("/files")
-async def upload_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
+async def upload_file(body: Annotated[FileUpload, Form()], file: Annotated[UploadFile, File()],
                       request: Request) -> dict[str, Any]:
     content = await file.read()
-    return batch_store(request).add_file(caller_of(request).name, purpose, file.filename or "upload.jsonl", content)
+    return batch_store(request).add_file(caller_of(request).name, body.purpose, file.filename or "upload.jsonl",
+                                         content)
 
 
 @router.get("/v1/files")

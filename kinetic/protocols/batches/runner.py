@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Dispatch = Callable[[str, dict[str, Any], BatchOrigin], Awaitable[tuple[int, dict[str, Any]]]]
 ROOM_POLL_S = 0.1
+FAILED_STORE_RETRY_S = 5.0
 
 
 class BatchRunner:
@@ -59,12 +60,15 @@ class BatchRunner:
                 await self._advance(batch)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a bug must not stop every later batch: this one fails, named in the log
+            except Exception:  # a bug or a full disk must not stop every later batch: this one fails, in the log
                 log.exception("batch %s failed", batch.id)
-                self.store.update(batch.id, status="failed", failed_at=self._now(),
-                                  errors=errors_list([{"code": "server_error", "message": "kinetic failed to run "
-                                                       "this batch: see the server's log", "param": None,
-                                                       "line": None}]))
+                try:
+                    self.store.update(batch.id, status="failed", failed_at=self._now(), errors=errors_list([{
+                        "code": "server_error", "message": "kinetic failed to run this batch: see the server's log",
+                        "param": None, "line": None}]))
+                except Exception:  # the store itself cannot be written: try again later, not in a tight loop
+                    log.exception("batch %s: its failure could not be stored", batch.id)
+                    await asyncio.sleep(FAILED_STORE_RETRY_S)
 
     async def _advance(self, batch: Batch) -> None:
         if batch.status == "validating":

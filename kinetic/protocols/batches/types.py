@@ -1,4 +1,4 @@
-"""The JSON body of POST /v1/batches (the upload of POST /v1/files is a multipart form: routes.py)."""
+"""The bodies of POST /v1/batches (JSON) and POST /v1/files (a multipart form: these fields and the `file`)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,7 @@ class BatchRequest(WireModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+
+
+class FileUpload(WireModel):
+    purpose: str

@@ -1,7 +1,7 @@
 """OpenAI's files and batches with the openai SDK, on the real app over a scripted engine (every answer the same
 few bytes): per student, with an output and an error file, the ledger's lines, validation, cancelling, and a
 batch a restart left half done. The real model's run (and a restart of `kinetic serve`) is
-tests/e2e/test_batches.py."""
+tests/e2e/test_client_openai_batches.py."""
 
 from __future__ import annotations
 

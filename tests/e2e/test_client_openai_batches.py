@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 KEYS = {"alice": "sk-alice-47b", "bob": "sk-bob-47b"}
 ADMIN = "sk-teacher-47b"
+CITY_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"]}}}
 
 
 class Class:
@@ -81,9 +83,7 @@ def test_a_students_batches_answer_on_every_endpoint(classroom: tuple[Class, Kin
     held, server = classroom
     alice, bob = client(server, KEYS["alice"]), client(server, KEYS["bob"])
     chats = run_batch(alice, "/v1/chat/completions", {
-        "hello": chat("hello"), "schema": chat("a city", response_format={"type": "json_schema", "json_schema": {
-            "name": "city", "schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
-                                       "required": ["name"]}}}),
+        "hello": chat("hello"), "schema": chat("a city", max_tokens=48, response_format=CITY_FORMAT),
         "no-messages": {"model": "local", "max_tokens": 8}})  # a 400 in the error file
     embeddings = run_batch(bob, "/v1/embeddings", {"e1": {"model": "local", "input": "hello"},
                                                    "e2": {"model": "local", "input": ["a", "b"]}})

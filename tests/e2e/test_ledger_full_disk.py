@@ -7,9 +7,10 @@ the filler is gone, the next request is served and its line is in the ledger. Wi
 on a ledger whose last line a crash tore sets that line aside. A chat or a model saved on the full disk is a
 507 naming it, and the copy saved before is kept whole.
 
-EIO cannot be made here without a device-mapper target (dm-error): this machine's kernel offers no device-mapper
-(`dmsetup version`: "/dev/mapper/control: open failed: No such device"), and the file system is never mocked. The
-ledger's probe and the stores' writes handle every OSError (EIO, EROFS) by the same path as ENOSPC."""
+EIO comes from a real disk that fails: a FUSE file system (tests/failing_disk.py, over libfuse 3: Debian's fuse3)
+that passes every call through to a folder until it is told to fail, then answers every change with EIO, as a
+dead disk does. The ledger and the saved chats on it: the same refusals as a full disk, and the same recovery.
+Where FUSE cannot be mounted (no /dev/fuse, no fuse3) that test is skipped, saying which."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import pytest
 
 from kinetic.backends.bundled import gemma_model_path
 from kinetic.classroom.ledger import LedgerRecord, read_ledger
+from tests.failing_disk import FailingDisk, fuse_unavailable
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
@@ -220,3 +222,48 @@ def test_a_full_disk_refuses_a_save_with_a_507_and_keeps_the_saved_copy(server: 
         assert again.status_code == 200
         assert httpx.get(stores.url + "/chats/c1", headers=auth(STUDENT)).json()["messages"] == longer
         assert not [p for p in (disk.mount / "chats").rglob(".*.tmp")]  # no temporary file left behind
+
+
+@pytest.fixture(scope="module")
+def failing_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FailingDisk]:
+    if (why := fuse_unavailable()) is not None:
+        pytest.skip(f"no disk that fails on demand here: {why}")
+    held = FailingDisk(tmp_path_factory.mktemp("eio"))
+    held.start()
+    try:
+        yield held
+    finally:
+        held.stop()
+
+
+def test_an_io_error_refuses_requests_and_saves_until_the_disk_answers(server: KineticServer,
+                                                                       failing_disk: FailingDisk,
+                                                                       tmp_path: Path) -> None:
+    """EIO on every write: each protocol's 503 naming the class record before a token is generated, /health and
+    the dashboard say why, a chat save is a 507 naming it and the copy saved before reads back whole; once the
+    disk answers, the very next request is served and recorded, and the save works."""
+    server.stop()  # one model at a time
+    keys = tmp_path / "keys.txt"  # off the failing disk: it must stay readable
+    keys.write_text(f"{STUDENT} ann\n", encoding="utf-8")
+    ledger = failing_disk.mount / "ledger.jsonl"
+    with KineticServer("-c", "512", "-np", "1", "--api-key-file", str(keys), "--admin-key", ADMIN, "--ledger",
+                       str(ledger), "--chat-history", str(failing_disk.mount / "chats"), "--metrics") as dying:
+        served_and_recorded(dying.url, ledger)
+        first = [{"role": "user", "content": "hi"}]
+        saved = httpx.put(dying.url + "/chats/c1", headers=auth(STUDENT), json={"title": "t", "messages": first})
+        assert saved.status_code == 200, saved.text
+        failing_disk.failing = True
+        try:
+            refused_everywhere(dying.url)
+            assert "Input/output error" in httpx.get(dying.url + "/health", timeout=10).json()["error"]["message"]
+            longer = [*first, {"role": "assistant", "content": "hello"}]
+            refused = httpx.put(dying.url + "/chats/c1", headers=auth(STUDENT), json={"title": "t", "messages": longer})
+            assert refused.status_code == 507 and "cannot save the chat 'c1'" in refused.json()["error"]["message"]
+            assert httpx.get(dying.url + "/chats/c1", headers=auth(STUDENT)).json()["messages"] == first
+        finally:
+            failing_disk.failing = False
+        served_and_recorded(dying.url, ledger)  # the very next request
+        again = httpx.put(dying.url + "/chats/c1", headers=auth(STUDENT), json={"title": "t", "messages": longer})
+        assert again.status_code == 200
+        assert dying.alive()
+    assert all(LedgerRecord.from_line(line) for line in ledger.read_text(encoding="utf-8").splitlines())

@@ -26,7 +26,8 @@ VISION = "test-org/vision-GGUF:Q8_0"
 STORY = "test-org/story-GGUF:F32"
 INFILL = "test-org/infill-GGUF:F32"
 DOOMED = "test-org/doomed-GGUF:F16"
-BUNDLED = "gemma-3-270m-q4_k_m"
+BUNDLED = "gemma-3-270m-q4_k_m"  # the suite's servers that name no model serve Gemma (tests/conftest.py)
+OTHER_BUNDLED = "smollm2-135m-instruct-q4_1"  # the other bundled model: listed too, by its id
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -79,9 +80,11 @@ def tokenize(server: KineticServer, model: str, timeout: float = 120) -> httpx.R
 def test_the_cache_models_are_listed_once_with_the_bundled_model(router: KineticServer) -> None:
     body = models(router)
     ids = [row["id"] for row in body["data"]]
-    assert sorted(ids) == sorted([BUNDLED, VISION, STORY, INFILL, DOOMED])  # each once; the untagged file is not
+    assert sorted(ids) == sorted([BUNDLED, OTHER_BUNDLED, VISION, STORY, INFILL, DOOMED])  # each once; the
+    # untagged file is not
     rows = {row["id"]: row for row in body["data"]}
     assert rows[BUNDLED]["aliases"] == ["local"] and rows[BUNDLED]["source"] == "bundled"
+    assert rows[OTHER_BUNDLED]["aliases"] == [] and rows[OTHER_BUNDLED]["source"] == "bundled"
     assert rows[STORY]["source"] == "cache" and rows[STORY]["can_remove"] is True
     assert all(row["status"]["value"] == "unloaded" for row in body["data"])
     # the projector beside the model is read before any load, as llama-server's router lists it
@@ -184,7 +187,7 @@ def test_a_preset_beside_the_cache_dedup_and_reload(model_lock: None, tmp_path: 
         ids = [row["id"] for row in models(server)["data"]]
         # the preset's model stands for the two cache entries its files are; the other cache models stay
         assert "story" in ids and STORY not in ids and INFILL not in ids and VISION in ids
-        assert BUNDLED not in ids  # the bundled model joins only a router started with no model at all
+        assert BUNDLED not in ids and OTHER_BUNDLED not in ids  # bundled models join only a router with no model
         assert tokenize(server, STORY).status_code == 200  # hidden from the list, still served by name
         preset.write_text(section)
         ids = [row["id"] for row in models(server, "?reload=1")["data"]]

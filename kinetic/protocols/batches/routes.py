@@ -15,18 +15,13 @@ from kinetic.protocols.batches.runner import BatchRunner
 from kinetic.protocols.batches.store import BatchStore
 from kinetic.protocols.batches.types import BatchRequest, FileUpload
 from kinetic.protocols.common.app_parts import installed
-from kinetic.protocols.common.store_database import page
+from kinetic.protocols.common.store_database import listing, page
 
 router = APIRouter()
 
 
 def batch_store(request: Request) -> BatchStore:
     return installed(request.app, BatchStore)
-
-
-def listing(data: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": False}
 
 
 @router.post("/v1/files")
@@ -76,7 +71,7 @@ async def create_batch(body: BatchRequest, request: Request) -> dict[str, Any]:
 @router.get("/batches")
 async def list_batches(request: Request, limit: int = Query(20), after: str | None = Query(None)) -> dict[str, Any]:
     """OpenAI's list: newest first, `limit` (1-100) batches after the batch `after`."""
-    return page(batch_store(request).listed(caller_of(request))[::-1], limit=limit, order="desc", after=after,
+    return page(batch_store(request).listed(caller_of(request)), limit=limit, order="desc", after=after,
                 owner_id="batches")
 
 

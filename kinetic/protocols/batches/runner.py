@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kinetic.classroom.caller import BatchOrigin
-from kinetic.protocols.batches.store import Batch, BatchStore, read_lines
+from kinetic.protocols.batches.store import Batch, BatchLine, BatchStore, read_lines
 from kinetic.protocols.common import translate as common
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,14 @@ class BatchRunner:
         self.store.update(batch.id, status="in_progress", in_progress_at=self._now(),
                           request_counts={"total": len(lines), "completed": 0, "failed": 0})
 
-    async def _run_lines(self, batch: Batch) -> None:
+    def _input_lines(self, batch: Batch) -> list[BatchLine]:
+        """The batch's requests, read again from its input (validated when it began; none once it is deleted)."""
         content = self.store.input_bytes(batch)
-        lines = read_lines(content, batch.body["endpoint"])[0] if content is not None else []
+        return read_lines(content, batch.body["endpoint"])[0] if content is not None else []
+
+    async def _run_lines(self, batch: Batch) -> None:
         done = self.store.finished_lines(batch.id)
-        for line in lines:
+        for line in self._input_lines(batch):
             if line.number in done:
                 continue
             if not await self._wait_for_room(batch):
@@ -142,9 +145,8 @@ class BatchRunner:
         self.store.update(batch.id, **ids, **ending)
 
     def _expire_lines(self, batch: Batch) -> None:
-        content = self.store.input_bytes(batch)
         done = self.store.finished_lines(batch.id)
-        for line in read_lines(content, batch.body["endpoint"])[0] if content is not None else []:
+        for line in self._input_lines(batch):
             if line.number not in done:
                 self.store.add_result(batch.id, line.number, False, {
                     "id": common.random_id("batch_req_", 24), "custom_id": line.custom_id, "response": None,

@@ -111,9 +111,9 @@ class BatchStore:
 
     def _trim_files(self, owner: str | None, keep: str) -> None:
         """Within a transaction: the owner's oldest files past the caps, except those a batch still reads."""
-        reading = {json.loads(row[0])["input_file_id"] for row in self._db.execute(
-            "SELECT record FROM batches WHERE owner IS ?", (owner,))
-            if json.loads(row[0])["status"] in RUNNABLE}
+        bodies = [json.loads(row[0]) for row in self._db.execute("SELECT record FROM batches WHERE owner IS ?",
+                                                                 (owner,))]
+        reading = {body["input_file_id"] for body in bodies if body["status"] in RUNNABLE}
         mine = self._db.execute("SELECT id, length(content) FROM files WHERE owner IS ? ORDER BY created, rowid",
                                 (owner,)).fetchall()
         total = sum(size for _, size in mine)
@@ -135,12 +135,11 @@ class BatchStore:
         return file_object(row[1:])
 
     def content(self, file_id: str, caller: Caller) -> bytes:
-        self.file(file_id, caller)
         with self._lock:
-            row = self._db.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
-        if row is None:
+            row = self._db.execute("SELECT owner, content FROM files WHERE id = ?", (file_id,)).fetchone()
+        if row is None or not may_read(caller, row[0]):
             raise NotFoundError(f"No such File object: {file_id}")
-        return bytes(row[0])
+        return bytes(row[1])
 
     def files(self, caller: Caller, purpose: str | None = None) -> list[dict[str, Any]]:
         """The caller's files (the admin's: everyone's), oldest first."""
@@ -194,9 +193,9 @@ class BatchStore:
         return None if row is None else Batch(json.loads(row[0]), row[1], bool(row[2]))
 
     def listed(self, caller: Caller) -> list[dict[str, Any]]:
-        """The caller's batches (the admin's: everyone's), newest first."""
+        """The caller's batches (the admin's: everyone's), oldest first."""
         with self._lock:
-            rows = self._db.execute("SELECT record, owner FROM batches ORDER BY created DESC, rowid DESC").fetchall()
+            rows = self._db.execute("SELECT record, owner FROM batches ORDER BY created, rowid").fetchall()
         return [json.loads(record) for record, owner in rows if may_read(caller, owner)]
 
     def cancel(self, batch_id: str, caller: Caller) -> dict[str, Any]:
@@ -220,12 +219,9 @@ class BatchStore:
     def runnable(self) -> Batch | None:
         """The oldest batch that has work left (a restart finds those it left), its lines read."""
         with self._lock:
-            rows = self._db.execute("SELECT id FROM batches ORDER BY created, rowid").fetchall()
-        for (batch_id,) in rows:
-            batch = self._row(batch_id)
-            if batch is not None and batch.status in RUNNABLE:
-                return batch
-        return None
+            rows = self._db.execute("SELECT record, owner, admin FROM batches ORDER BY created, rowid").fetchall()
+        batches = (Batch(json.loads(record), owner, bool(admin)) for record, owner, admin in rows)
+        return next((batch for batch in batches if batch.status in RUNNABLE), None)
 
     def input_bytes(self, batch: Batch) -> bytes | None:
         with self._lock:

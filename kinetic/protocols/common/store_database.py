@@ -72,6 +72,10 @@ def page(items: list[dict[str, Any]], *, limit: int, order: str, after: str | No
         if after not in ids:
             raise field_error("after", f"no item {after!r} in {owner_id!r}")
         ordered = ordered[ids.index(after) + 1:]
-    shown = ordered[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(ordered) > limit}
+    return listing(ordered[:limit], has_more=len(ordered) > limit)
+
+
+def listing(data: list[dict[str, Any]], *, has_more: bool = False) -> dict[str, Any]:
+    """OpenAI's list object over items with ids."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}

@@ -21,7 +21,7 @@ from kinetic.classroom.outcome import ErrorTold, Outcome, hand_over
 from kinetic.errors import InvalidRequestError, KineticError, field_error
 from kinetic.model_registry.deps import BackendDep, server_state
 from kinetic.protocols.common.app_parts import installed
-from kinetic.protocols.common.store_database import page
+from kinetic.protocols.common.store_database import listing, page
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.responses import items, translate
 from kinetic.protocols.responses.background import BackgroundRuns
@@ -210,9 +210,8 @@ async def list_items(conversation_id: str, request: Request, limit: int = Query(
 @router.post("/v1/conversations/{conversation_id}/items")
 @router.post("/conversations/{conversation_id}/items")
 async def add_items(conversation_id: str, body: ItemsRequest, request: Request) -> dict[str, Any]:
-    added = conversation_store(request).add(conversation_id, caller_of(request), items.item_records(body.items))
-    return {"object": "list", "data": added, "first_id": added[0]["id"] if added else None,
-            "last_id": added[-1]["id"] if added else None, "has_more": False}
+    return listing(conversation_store(request).add(conversation_id, caller_of(request),
+                                                   items.item_records(body.items)))
 
 
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}")

@@ -277,7 +277,9 @@ def load_settings(cli: Mapping[str, tuple[str, Any]], environ: Mapping[str, str]
 
 
 def _describe(error: Any, origins: Mapping[str, str]) -> str:
-    dest = str(error["loc"][0]) if error["loc"] else "?"
+    if not error["loc"]:  # a rule over several flags: its message names them
+        return _reason(error)
+    dest = str(error["loc"][0])
     source = origins.get(dest, dest)
     value = error.get("input")
     return f"invalid value {value!r} for {source}: {_reason(error)}"

@@ -41,15 +41,14 @@ IGNORED: tuple[Ignored, ...] = (
             ("-lcs", "-lcd", "--spec-ngram-simple-min-hits", "--spec-default")),
     Ignored("ignored flags: draft model placement",
             "the draft model (-md) runs on the CPU with the main model's threads and KV cache types, sampled in "
-            "Python, in the same decode thread; -hfd downloads are not offered (give -md a file); the synthetic "
-            "acceptance rates are llama-server's benchmarking aid; --spec-draft-p-split is read by no kind "
-            "kinetic runs",
+            "Python, in the same decode thread; -hfd downloads are not offered (give -md a file); "
+            "--spec-draft-p-split is read by no kind kinetic runs",
             ("--spec-draft-hf", "--spec-draft-threads", "--spec-draft-threads-batch", "--spec-draft-cpu-mask",
              "--spec-draft-cpu-range", "--spec-draft-cpu-strict", "--spec-draft-prio", "--spec-draft-poll",
              "--spec-draft-cpu-mask-batch", "--spec-draft-cpu-strict-batch", "--spec-draft-prio-batch",
              "--spec-draft-poll-batch", "--spec-draft-type-k", "--spec-draft-type-v", "--spec-draft-override-tensor",
-             "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-synth-len", "--spec-synth-rates",
-             "--spec-draft-p-split", "--spec-draft-backend-sampling", "--spec-draft-device", "--spec-draft-ngl")),
+             "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-p-split", "--spec-draft-backend-sampling",
+             "--spec-draft-device", "--spec-draft-ngl")),
     Ignored("ignored flags: removed from llama-server",
             "the vendored llama-server refuses them at start (\"the argument has been removed\"); kinetic accepts "
             "and ignores them, use --spec-ngram-simple-size-n/-m",

@@ -287,6 +287,11 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N"),
     Flag("spec_ngram_mod_n_min", ("--spec-ngram-mod-n-min",), "ngram-mod: a shorter draft is dropped", metavar="N"),
     Flag("spec_ngram_mod_n_max", ("--spec-ngram-mod-n-max",), "ngram-mod: most tokens drafted", metavar="N"),
+    Flag("spec_synth_rates", ("--spec-synth-rates",), "benchmarking only: each draft position's unconditional "
+         "chance of acceptance, one per --spec-draft-n-max, non-increasing; drafts are then accepted at random "
+         "instead of verified, and the output is not the model's", metavar="P0,P1,..."),
+    Flag("spec_synth_len", ("--spec-synth-len",), "benchmarking only: the mean accepted length (the target's token "
+         "included) that sets --spec-synth-rates to p, p^2, ...", metavar="L"),
     Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",
          metavar="FNAME"),
     Flag("control_vector_scaled", ("--control-vector-scaled",), "control vector with its scale, FNAME:SCALE (comma "

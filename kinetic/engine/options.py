@@ -212,6 +212,9 @@ class SpecOptions:
     mod_n_match: int = 24  # ngram-mod: the n-gram hashed
     mod_n_min: int = 48  # ngram-mod: a shorter draft is dropped
     mod_n_max: int = 64  # ngram-mod: most tokens drafted
+    # --spec-synth-rates/--spec-synth-len (benchmarking only): the chance that draft token i is accepted once
+    # tokens 0..i-1 were, whatever the target model picks; empty: drafts are verified
+    synth_probs: tuple[float, ...] = ()
 
     @property
     def enabled(self) -> bool:

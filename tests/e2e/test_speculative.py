@@ -147,6 +147,23 @@ def test_the_other_ngram_kinds_draft_and_keep_greedy_output(kind: str, reference
         assert drafted["sized"] != drafted["default"]
 
 
+def test_synthetic_acceptance_takes_every_draft_token_and_repeats_with_the_seed(model_lock: None) -> None:
+    """--spec-synth-rates (llama-server's benchmarking aid): drafts are accepted at the given rates whatever
+    the model picks. At 1,1,1 every draft token is taken, although at temperature 1 the model's own picks part
+    from the draft model's greedy ones; the same seed draws the same again; the start warns that the output is
+    not valid."""
+    flags = ("-md", str(gemma_model_path()), "--spec-draft-n-max", "3", "--spec-synth-rates", "1,1,1")
+    with KineticServer(*SERVER, *flags) as server:
+        answers = [complete(server.url, STORY, temperature=1.0, seed=4242, n_predict=32) for _ in range(2)]
+        assert "synthetic speculative acceptance is enabled for benchmarking" in server.log()
+    timings = [answer["timings"] for answer in answers]
+    assert timings[0]["draft_n"] > 0 and timings[0]["draft_n_accepted"] == timings[0]["draft_n"]
+    assert timings[0]["predicted_n"] == 32
+    # the acceptances repeat (the tokens may not: the second prompt comes from the cache, the first was evaluated)
+    assert (timings[0]["draft_n"], timings[0]["draft_n_accepted"]) == (timings[1]["draft_n"],
+                                                                        timings[1]["draft_n_accepted"])
+
+
 def test_a_hybrid_model_does_not_speculate_and_says_so(model_lock: None) -> None:
     flags = ("-c", "1024", "-np", "1", "--spec-type", "ngram-simple")
     with KineticServer("-m", str(tiny_model("lfm2")), *flags) as server:

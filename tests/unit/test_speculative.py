@@ -10,6 +10,7 @@ import pytest
 
 from kinetic.cli import parse_serve_args
 from kinetic.config.settings import SettingsError
+from kinetic.config.speculation import conditional_probs, synthetic_rates
 from kinetic.engine.llama.slots import Job, Slot
 from kinetic.engine.llama.speculative import accept_drafts, draft_room, ngram_simple_draft
 from kinetic.engine.options import SpecOptions, parse_spec_types
@@ -51,9 +52,9 @@ def _scripted(picks: list[int], *, finish_at: int | None = None):
     """The scheduler's per-token step, scripted: row r gives picks[r - first row]; `finish_at` ends it."""
     seen: list[tuple[int, int]] = []
 
-    def sample(slot: Slot, row: int) -> None:
+    def sample(slot: Slot, row: int, forced: int | None = None) -> None:
         seen.append((row, len(slot.tokens)))
-        token = picks[len(seen) - 1]
+        token = picks[len(seen) - 1] if forced is None else forced
         slot.generated.append(token)
         if finish_at is not None and len(seen) - 1 == finish_at:
             slot.job = None
@@ -100,6 +101,63 @@ def test_cells_that_cannot_be_removed_fail_the_step() -> None:
     sample, _ = _scripted([7])
     with pytest.raises(RuntimeError, match="rejected draft"):
         accept_drafts(slot, 0, sample, lambda seq, n: False, {})
+
+
+def test_synthetic_acceptance_takes_the_draft_whatever_the_model_picks() -> None:
+    """--spec-synth-rates 1,1,1: every draft token stands although the model picks others (llama.cpp's
+    test_synth_ignores_target_tokens), and the row after the draft gives one more token, the model's."""
+    slot = _slot([1, 2], [3, 4, 5])
+    sample, seen = _scripted([7, 7, 7, 9])
+    accept_drafts(slot, 0, sample, lambda seq, n: True, {}, synthetic=lambda i: True)
+    assert slot.tokens == [1, 2, 3, 4, 5] and slot.generated == [3, 4, 5, 9] and slot.next_token == 9
+    assert (slot.n_draft, slot.n_draft_accepted, len(seen)) == (3, 3, 4)
+
+
+def test_a_synthetic_refusal_ends_the_draft_even_where_the_pick_matches() -> None:
+    slot = _slot([1, 2], [3, 4, 5])
+    sample, _ = _scripted([3, 4, 5, 6])  # the model would take the whole draft
+    trims: list[tuple[int, int]] = []
+    accept_drafts(slot, 0, sample, lambda seq, n: trims.append((seq, n)) or True, {}, synthetic=lambda i: i < 1)
+    assert slot.n_draft_accepted == 1 and slot.generated == [3, 4] and trims == [(3, 3)]
+
+
+def test_a_synthetic_draft_never_takes_an_end_of_generation_token() -> None:
+    slot = _slot([1, 2], [3, 0, 5])  # 0 ends a generation
+    sample, _ = _scripted([8, 8, 8])
+    accept_drafts(slot, 0, sample, lambda seq, n: True, {}, synthetic=lambda i: True, is_eog=lambda t: t == 0)
+    assert slot.n_draft_accepted == 1 and slot.generated == [3, 8]
+
+
+def test_synthetic_rates_resolve_as_llama_cpp_resolves_them() -> None:
+    assert synthetic_rates((1.0, 0.5, 0.25), None, 3) == (1.0, 0.5, 0.25)
+    assert conditional_probs((1.0, 0.5, 0.25)) == (1.0, 0.5, 0.5)
+    assert conditional_probs((0.5, 0.0, 0.0)) == (0.5, 0.0, 0.0)
+    assert synthetic_rates(None, 4.0, 3) == (1.0, 1.0, 1.0)  # L = n_max + 1: every token
+    assert synthetic_rates(None, 1.0, 2) == (0.0, 0.0)
+    p = synthetic_rates(None, 2.0, 4)[0]
+    assert sum(p ** (i + 1) for i in range(4)) == pytest.approx(1.0, abs=1e-6)  # mean length 2: one draft token
+    assert synthetic_rates(None, None, 3) == ()
+
+
+def test_bad_synthetic_acceptance_flags_are_refused_at_start(tmp_path) -> None:
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    md = ("-md", str(draft))  # draft-simple: --spec-draft-n-max's 3 tokens
+    settings = parse_serve_args(["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "3",
+                                 "--spec-synth-rates", "1,0.5,0.5"], {})
+    assert settings.spec_options().synth_probs == (1.0, 0.5, 1.0)
+    # the longest draft of the kinds asked (llama.cpp's common_speculative_n_max): ngram-simple's 48 here
+    simple = parse_serve_args(["--spec-type", "ngram-simple,draft-simple", "--spec-synth-len", "2"], {})
+    assert len(simple.spec_options().synth_probs) == 48
+    assert parse_serve_args(["--spec-synth-rates", "1,0.5"], {}).spec_options().synth_probs == ()  # no drafts
+    for args, message in (([*md, "--spec-synth-rates", "1,0.5"], "must contain 3 values"),
+                          ([*md, "--spec-synth-rates", "0.5,0.6,0.1"], "non-increasing"),
+                          (["--spec-synth-rates", "1,x,0"], "--spec-synth-rates: not a comma-separated list"),
+                          ([*md, "--spec-synth-rates", "1,1,1.5"], r"within \[0, 1\]"),
+                          ([*md, "--spec-synth-len", "5"], r"--spec-synth-len must be finite and within \[1, 4\]"),
+                          ([*md, "--spec-synth-len", "2", "--spec-synth-rates", "1,1,1"], "mutually exclusive")):
+        with pytest.raises(SettingsError, match=message):
+            parse_serve_args(args, {})
 
 
 def test_a_draft_stays_inside_the_context_and_max_tokens() -> None:

@@ -51,7 +51,7 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
 from kinetic.engine.llama.sampler import GrammarDeadEnd, token_logprob
 from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
-from kinetic.engine.llama.speculative import accept_drafts, make_speculator
+from kinetic.engine.llama.speculative import make_speculator
 from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import Event, Finished, FinishReason, PromptProgress, StopType, TextDelta, TokenLogprob, Usage
@@ -296,7 +296,7 @@ class Scheduler(SlotAdmission):
                 last = not slot.to_evaluate and i == len(chunk) - 1
                 if last:
                     sample_rows.append((slot, batch.n_tokens))
-                self._batch_add(token, len(slot.tokens), slot.id, last)
+                add_token(self.batch, token, len(slot.tokens), slot.id, last)
                 slot.tokens.append(token)
         if batch.n_tokens == 0:
             return
@@ -318,7 +318,7 @@ class Scheduler(SlotAdmission):
             self._progress(slot)
         for slot, row in sample_rows:
             if slot.job is not None and slot.drafts and self.speculator is not None:
-                self.speculator.accepted(slot.id, accept_drafts(slot, row, self._sample, self._trim, self.metrics))
+                self.speculator.verify(slot, row, self._sample, self._trim, self.metrics, self.model.is_eog)
             elif slot.job is not None:
                 self._sample(slot, row)
 
@@ -361,7 +361,7 @@ class Scheduler(SlotAdmission):
             rows.append((slot, self.batch.batch.n_tokens))
             slot.drafts = drafts.get(slot.id, [])
             for token in (slot.next_token, *slot.drafts):
-                self._batch_add(token, len(slot.tokens), slot.id, True)
+                add_token(self.batch, token, len(slot.tokens), slot.id, True)
                 slot.tokens.append(token)
             slot.next_token = None
         return rows
@@ -376,10 +376,8 @@ class Scheduler(SlotAdmission):
         self._emit(job, PromptProgress(total=total, cache=slot.n_cached, processed=total - len(slot.to_evaluate),
                                        time_ms=elapsed_ms))
 
-    def _batch_add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        add_token(self.batch, token, pos, seq_id, logits)
-
-    def _sample(self, slot: Slot, row: int) -> None:
+    def _sample(self, slot: Slot, row: int, forced: int | None = None) -> None:
+        """Picks `row`'s token and emits it, or finishes; a `forced` token (--spec-synth-*) stands for the pick."""
         job = slot.job
         assert job is not None and slot.assembler is not None
         if job.cancelled:
@@ -408,6 +406,8 @@ class Scheduler(SlotAdmission):
                                                     "allows next", param="logit_bias"))
                 self._release(slot)
             return
+        if forced is not None:
+            token, logprob = forced, token_logprob(self.model, self.ctx, row, forced, n_probs) if n_probs > 0 else None
         slot.generated.append(token)
         if self.model.is_eog(token) and not job.request.sampling.ignore_eos:
             self._finish(slot, "stop", "eos")

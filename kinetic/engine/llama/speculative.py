@@ -21,6 +21,7 @@ by the same thread just before the main decode (never at the same time: both wou
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -190,6 +191,10 @@ class Speculator:
         self.drafters = make_drafters(options)  # the other n-gram kinds (ngram_drafts.py)
         self._tasks: dict[int, int] = {}  # the job each sequence's drafter state belongs to
         self._drafted_by: dict[int, Drafter] = {}  # which drafter made a sequence's draft in this step
+        self._synth_rng: dict[int, random.Random] = {}  # --spec-synth-*: each sequence's draws, seeded by its job
+        if options.synth_probs:
+            log.warning("synthetic speculative acceptance is enabled for benchmarking; generated output is not "
+                        "valid (chances by draft position: %s)", ", ".join(f"{p:.6g}" for p in options.synth_probs))
 
     def begin(self, slot: Slot) -> None:
         """A drafter's state follows its slot's job: a new job starts it again from the job's prompt."""
@@ -197,6 +202,24 @@ class Speculator:
             self._tasks[slot.id] = slot.id_task
             for drafter in self.drafters.values():
                 drafter.begin(slot.id, slot.prompt)
+            if self.options.synth_probs:  # as llama-server: the request's seed, else a fresh one
+                assert slot.job is not None
+                seed = slot.job.request.sampling.seed
+                self._synth_rng[slot.id] = random.Random(seed if seed >= 0 else None)
+
+    def verify(self, slot: Slot, first_row: int, sample: Callable[[Slot, int, int | None], None],
+               trim: Callable[[int, int], bool], metrics: dict[str, float], is_eog: Callable[[int], bool]) -> None:
+        """The slot's draft checked against its rows (`accept_drafts`), and what held told to its drafter."""
+        self.accepted(slot.id, accept_drafts(slot, first_row, sample, trim, metrics, self.synthetic(slot), is_eog))
+
+    def synthetic(self, slot: Slot) -> Callable[[int], bool] | None:
+        """--spec-synth-*: whether draft position i of `slot`'s draft is taken, drawn at random (position i is
+        asked only once 0..i-1 were taken); None when drafts are verified against the model."""
+        rng = self._synth_rng.get(slot.id)
+        if rng is None:
+            return None
+        probs = self.options.synth_probs
+        return lambda i: i < len(probs) and rng.random() < probs[i]
 
     def accepted(self, seq: int, n_accepted: int) -> None:
         """How much of a sequence's draft held, told to the drafter that made it (map-k and mod learn from it)."""
@@ -277,12 +300,17 @@ def draft_room(slot: Slot, slot_n_ctx: int) -> int:
     return room
 
 
-def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None], trim: Callable[[int, int], bool],
-                  metrics: dict[str, float]) -> int:
+def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int, int | None], None],
+                  trim: Callable[[int, int], bool], metrics: dict[str, float],
+                  synthetic: Callable[[int], bool] | None = None,
+                  is_eog: Callable[[int], bool] = lambda token: False) -> int:
     """Samples the slot's rows one after the other (row `first_row` follows its last token, each next one
     a draft token) while the pick equals the draft; keeps the cells of the drafts accepted and removes the
-    rest. `sample` is the scheduler's per-token step: it emits the token, or finishes the request; `trim`
-    removes a sequence's cells from a position on (llama_memory_seq_rm). Returns how many of the drafts held."""
+    rest. `sample` is the scheduler's per-token step: it emits the token (the one given, else its pick), or
+    finishes the request; `trim` removes a sequence's cells from a position on (llama_memory_seq_rm).
+    `synthetic` (--spec-synth-*, benchmarking) takes or refuses each draft token at random instead, never an
+    end-of-generation one (`is_eog`), as llama-server's server_sample_and_accept_synth. Returns how many of the
+    drafts held."""
     drafts, slot.drafts = slot.drafts, []
     base = len(slot.tokens) - len(drafts)  # what the KV holds up to the last sampled token
     accepted = 0
@@ -290,10 +318,12 @@ def accept_drafts(slot: Slot, first_row: int, sample: Callable[[Slot, int], None
     slot.n_draft += len(drafts)
     for i in range(len(drafts) + 1):
         del slot.tokens[base + i:]  # the cells row first_row + i was computed from
-        sample(slot, first_row + i)
+        taken = synthetic is not None and i < len(drafts) and synthetic(i) and not is_eog(drafts[i])
+        sample(slot, first_row + i, drafts[i] if taken else None)
         if slot.job is None:  # finished: its release removed the cells past slot.tokens
             break
-        if i == len(drafts) or slot.next_token != drafts[i]:
+        refused = synthetic is not None and not taken  # a synthetic refusal ends the draft, whatever the pick
+        if i == len(drafts) or refused or slot.next_token != drafts[i]:
             if not trim(slot.id, len(slot.tokens)):
                 raise RuntimeError(f"llama.cpp could not remove the rejected draft of slot {slot.id}")
             break

@@ -288,8 +288,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("spec_ngram_mod_n_min", ("--spec-ngram-mod-n-min",), "ngram-mod: a shorter draft is dropped", metavar="N"),
     Flag("spec_ngram_mod_n_max", ("--spec-ngram-mod-n-max",), "ngram-mod: most tokens drafted", metavar="N"),
     Flag("spec_synth_rates", ("--spec-synth-rates",), "benchmarking only: each draft position's unconditional "
-         "chance of acceptance, one per --spec-draft-n-max, non-increasing; drafts are then accepted at random "
-         "instead of verified, and the output is not the model's", metavar="P0,P1,..."),
+         "chance of acceptance, non-increasing, one for each position of the longest draft the kinds asked make "
+         "(-md: --spec-draft-n-max); drafts are then accepted at random instead of verified, and the output is "
+         "not the model's", metavar="P0,P1,..."),
     Flag("spec_synth_len", ("--spec-synth-len",), "benchmarking only: the mean accepted length (the target's token "
          "included) that sets --spec-synth-rates to p, p^2, ...", metavar="L"),
     Flag("control_vector", ("--control-vector",), "control vector to add at scale 1 (comma list, or repeat the flag)",

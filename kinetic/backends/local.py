@@ -58,7 +58,8 @@ FINGERPRINT = f"b{__version__}-kinetic"
 
 class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templating, Embedding, Reranking, Slots,
                    Adapters, Sleeping, ModelFiles):
-    """Every role but the upstream pool's: the model, its tokenizer, template, slots and adapters are here."""
+    """Every role but a remote model's (ForwardsTokenRoutes, Pool): the model, its tokenizer, template, slots and
+    adapters are here."""
 
     def __init__(self, config: ModelConfig, engine: Engine, name: str, aliases: tuple[str, ...] = ()):
         self.config = config

@@ -34,7 +34,7 @@ from kinetic.errors import InvalidRequestError, KineticError, ServerError, Unava
 from kinetic.scheduling.inflight import InFlight
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
-CAPABILITIES = Capabilities(generate=True, embeddings=True, rerank=False)
+CAPABILITIES = Capabilities(generate=True, embeddings=True)
 
 
 class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRoutes, Embedding, Pool):

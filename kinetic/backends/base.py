@@ -1,16 +1,23 @@
-"""The one interface every model is served through, whatever serves it: a local llama.cpp engine
-behind the chat layer (local.py) or a remote OpenAI-compatible server (upstream/).
+"""What every model is served through, whatever serves it: a local llama.cpp engine behind the chat layer
+(local.py) or a remote OpenAI-compatible server (upstream/), split into the roles its callers need.
 
-Routes ask a backend, never an engine: they translate the wire request to a neutral one, hand it
-to the backend, and stream back what it yields (kinetic.protocols.common.streaming.respond). What a backend cannot
-do is data (`Capabilities`), checked by the route, which answers 501 naming itself (`lacking`).
+Every backend is a `ModelBackend`: it says what it is (`Described`), the registry loads and unloads it
+(`Lifecycle`) and reads its counters (`Counting`). The rest are roles a kind of backend has or lacks:
+`Generating` (chat and completions), `Infilling`, `Tokenizing`, `Templating`, `ForwardsTokenRoutes`,
+`Embedding`, `Reranking`, `Slots`, `Adapters`, `Sleeping`, `ModelFiles`, `Pool`. A backend's class names the
+roles it has; a route asks for the one it uses through `role()`, and a backend without it is the one shared
+501 naming the model and the route (`lacking`). What a role's backend cannot do today (a local model loaded
+without --embeddings or --rerank) is data (`Capabilities`), in llama-server's words.
+
+Routes ask a backend, never an engine: they translate the wire request to a neutral one, hand it to the
+backend, and stream back what it yields (kinetic.protocols.common.streaming.respond).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.model_file import ModelFile
@@ -39,18 +46,12 @@ from kinetic.errors import KineticError, NotSupportedError
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a model's backend can do, as data: a route whose capability is False answers 501."""
+    """What a backend's roles can do now, as data: a local model loaded without --embeddings or --rerank has
+    the role but not the capability, and its route answers 501 in llama-server's words."""
 
     generate: bool = True  # chat and completions (an embedding-only model does not)
-    infill: bool = True
     embeddings: bool = False
     rerank: bool = False
-    tokenizer: bool = True  # kinetic holds the tokenizer and template: token routes, counting, rendering
-    forwards_token_routes: bool = False  # /tokenize, /detokenize, /apply-template answered by the server behind
-    slots: bool = True  # slot states and slot files
-    lora: bool = False
-    sleep: bool = False  # can be unloaded while idle and woken by a request (--sleep-idle-seconds)
-    pool: bool = False  # served by a pool of upstream servers, each of which can be drained
 
 
 @dataclass(frozen=True)
@@ -81,26 +82,36 @@ class Embeddings:
 
 
 def lacking(name: str, route: str, why: str) -> NotSupportedError:
-    """The 501 of a route whose capability the model's backend lacks."""
+    """The 501 of a route the model's backend cannot serve: the one error of a missing role."""
     return NotSupportedError(f"model '{name}' cannot serve {route}: {why}")
 
 
 # What one kind of backend prepares and starts: a local model's GenerationRequest (prompt tokens for its
 # engine), an upstream pool's ForwardRequest (the route and body it sends). A backend starts only its own.
 RequestT = TypeVar("RequestT", bound=PreparedRequest)
+R = TypeVar("R")
 
 
-class ModelBackend(Protocol[RequestT]):
-    """One model, served. Built unloaded by the registry's factory from a ModelConfig. Routes hold it as
-    ModelBackend[Any]: what `prepare_*` gave them goes back to the same backend's `start`, unopened but for
-    what every prepared request shows (PreparedRequest)."""
+# ------------------------------------------------------------------ what every backend is
+
+
+class Described(Protocol):
+    """What it is: its names, its config, what its roles can do now, and its description."""
 
     name: str
     aliases: tuple[str, ...]
     config: ModelConfig
     started: int  # when it was built (seconds since the epoch): /metrics' Process-Start-Time-Unix
 
-    # lifecycle, driven by the registry
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def describe(self) -> Description: ...
+
+
+class Lifecycle(Protocol):
+    """Loaded, closed and looked at by the registry."""
+
     @property
     def ready(self) -> bool: ...
 
@@ -121,39 +132,49 @@ class ModelBackend(Protocol[RequestT]):
     def sleeping(self) -> bool:
         """Unloaded while idle (--sleep-idle-seconds) until a request wakes it; described as it was."""
 
-    async def sleep(self) -> None: ...
 
-    async def wake(self) -> None: ...
+class Counting(Protocol):
+    """Its counters: /metrics, the dashboard, the registry's room for a batch."""
 
-    # what it is
-    @property
-    def capabilities(self) -> Capabilities: ...
+    def stats(self, *, scrape: bool = False) -> EngineStats: ...
 
-    def describe(self) -> Description: ...
 
-    async def model_file(self) -> ModelFile:
-        """The GGUF's digest, size and time (Ollama's /api/tags and /api/show); a remote model has none."""
+class ModelBackend(Described, Lifecycle, Counting, Protocol):
+    """One model, served: what the registry builds (unloaded, by its factory, from a ModelConfig), holds and
+    hands a route. Whatever else a route needs is a role (below), asked for with `role()`."""
 
-    # generation
+
+# ------------------------------------------------------------------ the roles a backend has or lacks
+
+
+@runtime_checkable
+class Generating(Protocol[RequestT]):
+    """Chat and completions. A route holds it as Generating[Any]: what `prepare_*` gave it goes back to the same
+    backend's `start`, unopened but for what every prepared request shows (PreparedRequest)."""
+
     async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]: ...
 
     async def prepare_prompt(self, req: PromptRequest) -> RequestT: ...
-
-    async def prepare_infill(self, req: InfillRequest) -> RequestT: ...
 
     async def start(self, request: RequestT) -> Generation: ...
 
     async def start_together(self, requests: list[RequestT]) -> list[Generation]: ...
 
-    def with_template(self, template: str) -> ModelBackend[RequestT]:
-        """This backend, rendering chats with the Jinja `template` instead of its own (a derived model's)."""
+    def prompt_text(self, request: RequestT) -> str: ...
 
-    # token-level work
+
+@runtime_checkable
+class Infilling(Generating[RequestT], Protocol[RequestT]):
+    """Fill-in-the-middle (/infill), started as any generation."""
+
+    async def prepare_infill(self, req: InfillRequest) -> RequestT: ...
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """The model's tokenizer, here: the token routes and token counting."""
+
     async def count_chat_tokens(self, req: ChatRequest) -> int: ...
-
-    async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
-                     template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                     continue_final_message: str | None = None) -> RenderedChat: ...
 
     async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
         """Text parts tokenized (only a first text part gets the special tokens `add_special` asks for),
@@ -165,35 +186,102 @@ class ModelBackend(Protocol[RequestT]):
     async def detokenize(self, tokens: list[int]) -> str:
         """The text of the valid tokens among `tokens`, special tokens written out."""
 
-    def prompt_text(self, request: RequestT) -> str: ...
+
+@runtime_checkable
+class Templating(Protocol):
+    """The model's chat template, here: /apply-template, and a derived model's own template (its Jinja source,
+    `ChatRequest.template`) rendered instead of the model's."""
+
+    async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                     continue_final_message: str | None = None, template: str | None = None) -> RenderedChat: ...
+
+    def chat_template(self, source: str) -> ChatTemplate:
+        """`source` made this model's template (its BOS and EOS), as a derived model's description shows it."""
+
+
+@runtime_checkable
+class ForwardsTokenRoutes(Protocol):
+    """The token routes (/tokenize, /detokenize, /apply-template, count_tokens) answered by the server behind."""
 
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    # embeddings and rerank
+
+@runtime_checkable
+class Embedding(Protocol):
     async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
                     per_token: bool = False) -> Embeddings: ...
 
+
+@runtime_checkable
+class Reranking(Protocol):
     async def rerank(self, query: str, documents: list[str]) -> list[RankScore]: ...
 
-    # slots, adapters, counters
+
+@runtime_checkable
+class Slots(Protocol):
+    """Its slots, here: their states (/slots, the dashboard) and their files (/slots/{id}?action=)."""
+
     def slot_states(self) -> list[SlotState]: ...
 
     async def slot_file(self, action: str, id_slot: int, path: Path | None) -> SlotFileResult: ...
+
+
+@runtime_checkable
+class Adapters(Protocol):
+    """Its LoRA adapters and their scales (/lora-adapters)."""
 
     def lora_adapters(self) -> list[tuple[Path, float]]: ...
 
     async def set_lora_scales(self, scales: dict[int, float]) -> None: ...
 
-    def stats(self, *, scrape: bool = False) -> EngineStats: ...
+
+@runtime_checkable
+class Sleeping(Protocol):
+    """Unloaded while idle and woken by a request (--sleep-idle-seconds)."""
+
+    async def sleep(self) -> None: ...
+
+    async def wake(self) -> None: ...
+
+
+@runtime_checkable
+class ModelFiles(Protocol):
+    async def model_file(self) -> ModelFile:
+        """The GGUF's digest, size and time (Ollama's /api/tags and /api/show)."""
+
+
+@runtime_checkable
+class Pool(Protocol):
+    """Served by a pool of upstream servers, each of which can be drained."""
 
     async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
         """Takes one server of its pool out of rotation (its requests finish) or puts it back: its status."""
 
 
-def require(capable: bool, backend: ModelBackend[Any], route: str, why: str) -> None:
-    """Raises the 501 naming `route` unless the backend has the capability (`capable`)."""
-    if not capable:
-        raise lacking(backend.name, route, why)
+# Why a backend without the role cannot serve its route: the end of the 501's message (`lacking`).
+LACKS: dict[type, str] = {
+    Generating: "it does not generate text",
+    Infilling: "it has no fill-in-the-middle here (a server behind it is reached by its OpenAI routes)",
+    Tokenizing: "its tokenizer is not here: it is the server's behind it",
+    Templating: "its chat template is not here: it is the server's behind it",
+    ForwardsTokenRoutes: "it is answered here, with the model's own tokenizer",
+    Embedding: "it does not embed",
+    Reranking: "it does not rank documents here (a server behind it is reached by its OpenAI routes)",
+    Slots: "its slots are not here: they are the server's behind it",
+    Adapters: "its adapters are not here: they are the server's behind it",
+    Sleeping: "nothing of it is loaded here to unload",
+    ModelFiles: "its model file is not here: it is the server's behind it",
+    Pool: "it is not served by a pool of upstream servers",
+}
+
+
+def role(backend: ModelBackend, wanted: type[R], *, name: str, route: str) -> R:
+    """`backend` as the role `wanted`, or the one 501 of a missing role, naming the model (`name`, as the request
+    knows it) and the route."""
+    if isinstance(backend, wanted):
+        return backend
+    raise lacking(name, route, LACKS[wanted])
 
 
 def rerank_off() -> NotSupportedError:

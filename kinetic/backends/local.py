@@ -7,7 +7,6 @@ schema never stalls the streams other clients are reading.
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from dataclasses import replace
 from functools import partial
@@ -17,7 +16,22 @@ from typing import Any
 import anyio
 
 from kinetic import __version__
-from kinetic.backends.base import Capabilities, Description, Embeddings, lacking, rerank_off
+from kinetic.backends.base import (
+    Adapters,
+    Capabilities,
+    Description,
+    Embedding,
+    Embeddings,
+    Infilling,
+    ModelBackend,
+    ModelFiles,
+    Reranking,
+    Sleeping,
+    Slots,
+    Templating,
+    Tokenizing,
+    rerank_off,
+)
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat, resolve_prompt
 from kinetic.backends.model_file import ModelFile, read_model_file
@@ -42,7 +56,11 @@ from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError
 FINGERPRINT = f"b{__version__}-kinetic"
 
 
-class LocalBackend:
+class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templating, Embedding, Reranking, Slots,
+                   Adapters, Sleeping, ModelFiles):
+    """Every role but a remote model's (ForwardsTokenRoutes, Pool): the model, its tokenizer, template, slots and
+    adapters are here."""
+
     def __init__(self, config: ModelConfig, engine: Engine, name: str, aliases: tuple[str, ...] = ()):
         self.config = config
         self.engine = engine
@@ -51,8 +69,7 @@ class LocalBackend:
         self.started = int(time.time())
         self.chat: ChatLayer | None = None
         self._model_file: asyncio.Future[ModelFile] | None = None
-        self._template: str | None = None  # a view's own template (with_template); None: the model's
-        self._layers: dict[str, ChatLayer] = {}  # shared by the views: each template compiled once
+        self._layers: dict[str, ChatLayer] = {}  # derived models' own templates, each compiled once
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -99,10 +116,8 @@ class LocalBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        generates = self.engine.can_generate
-        return Capabilities(generate=generates, infill=generates, embeddings=self.engine.embedding_n_ctx > 0,
-                            rerank=self.config.switches.rerank, tokenizer=True, forwards_token_routes=False,
-                            slots=True, lora=True, sleep=True)
+        return Capabilities(generate=self.engine.can_generate, embeddings=self.engine.embedding_n_ctx > 0,
+                            rerank=self.config.switches.rerank)
 
     @property
     def info(self) -> ModelInfo:
@@ -131,24 +146,21 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ generation
 
-    def _chat(self) -> ChatLayer:
+    def _chat(self, template: str | None = None) -> ChatLayer:
+        """The chat layer that renders `template` (a derived model's Jinja source), else the model's own."""
         self.engine.require_ready()
         assert self.chat is not None
-        if self._template is None:
+        if template is None:
             return self.chat
-        layer = self._layers.get(self._template)
+        layer = self._layers.get(template)
         if layer is None:
             info = self.info
-            template = ChatTemplate(self._template, "/api/create", bos_token=info.bos_token, eos_token=info.eos_token)
-            layer = self._layers[self._template] = ChatLayer(self.engine, template, self.config.defaults)
+            compiled = ChatTemplate(template, "/api/create", bos_token=info.bos_token, eos_token=info.eos_token)
+            layer = self._layers[template] = ChatLayer(self.engine, compiled, self.config.defaults)
         return layer
 
-    def with_template(self, template: str) -> LocalBackend:
-        """A view over the same engine whose chat layer renders `template`: a derived model's requests go
-        through it, everything else the view shares with this backend."""
-        view = copy.copy(self)
-        view._template = template
-        return view
+    def chat_template(self, source: str) -> ChatTemplate:
+        return self._chat(source).template
 
     def _require_generation(self) -> None:
         """A clear 400 for a generation route sent to an embedding-only model (router mode)."""
@@ -162,7 +174,7 @@ class LocalBackend:
         # cannot read is refused before anything is fetched for it.
         check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
-        generation, answer_format = await anyio.to_thread.run_sync(self._chat().prepare_chat, req)
+        generation, answer_format = await anyio.to_thread.run_sync(self._chat(req.template).prepare_chat, req)
         return self._made(generation), answer_format
 
     async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
@@ -172,6 +184,7 @@ class LocalBackend:
 
     async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
         check_fim(self.info.fim_tokens)  # llama-server's 501 naming the missing tokens
+        self._require_generation()
         return self._made(await anyio.to_thread.run_sync(self._chat().prepare_infill, req))
 
     def _made(self, generation: GenerationRequest) -> GenerationRequest:
@@ -201,8 +214,8 @@ class LocalBackend:
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                     continue_final_message: str | None = None) -> RenderedChat:
-        render = partial(self._chat().render, messages, tools=tools, template_kwargs=template_kwargs,
+                     continue_final_message: str | None = None, template: str | None = None) -> RenderedChat:
+        render = partial(self._chat(template).render, messages, tools=tools, template_kwargs=template_kwargs,
                          add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
         return await anyio.to_thread.run_sync(render)
 
@@ -224,9 +237,6 @@ class LocalBackend:
 
     def prompt_text(self, request: GenerationRequest) -> str:
         return self.engine.detokenize(request.prompt_tokens, special=True)
-
-    async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        raise lacking(self.name, route, "it is answered here, with the model's own tokenizer")
 
     # ------------------------------------------------------------------ embeddings
 
@@ -272,6 +282,3 @@ class LocalBackend:
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         return self.engine.stats(scrape=scrape)
-
-    async def drain(self, server: str, *, drain: bool, wait_s: float = 0.0) -> dict[str, Any]:
-        raise lacking(self.name, "draining", "it is served here, not by a pool of upstream servers")

@@ -170,6 +170,7 @@ class ChatRequest:
     # An empty `messages` is a 400 (OpenAI's and Ollama's rule); llama-server's Anthropic route renders
     # it as just the generation prompt, and kinetic's follows it there.
     allow_empty: bool = False
+    template: str | None = None  # a derived model's own Jinja chat template, rendered instead of the model's
 
 
 # Text, token ids, or both mixed ([12, "text", 34]: the text is tokenized in place, BOS only when it leads)

@@ -1,5 +1,5 @@
-"""FastAPI dependencies: the model backend a request is for, resolved through the model registry on the
-app's typed state (ServerState), and the request's Caller.
+"""FastAPI dependencies: the model a request is for (its backend, and the derived model it is served as:
+served.py), resolved through the model registry on the app's typed state (ServerState), and the request's Caller.
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
 llama-server's native routes take it); with one model it is ignored, unless it names a derived model
@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.applications import Starlette
 
-from kinetic.backends.base import ModelBackend
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.chats import ChatStore
@@ -30,6 +29,7 @@ from kinetic.classroom.ledger import LedgerRecord, LedgerWriter
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
+from kinetic.model_registry.served import Served
 
 
 @dataclass
@@ -99,8 +99,8 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def until_gone(request: Request, acquiring: Awaitable[tuple[ModelEntry, ModelBackend]],
-                     release: Callable[[ModelEntry], None]) -> tuple[ModelEntry, ModelBackend]:
+async def until_gone(request: Request, acquiring: Awaitable[tuple[ModelEntry, Served]],
+                     release: Callable[[ModelEntry], None]) -> tuple[ModelEntry, Served]:
     """A router's wait for its model (a load, a turn behind a busy model), given up when the client leaves,
     as llama-server's router gives up a queued request: a load not yet started for it is not started, and
     the room it would have taken stays with the model that has it. A model leased just as the client left
@@ -120,7 +120,7 @@ async def until_gone(request: Request, acquiring: Awaitable[tuple[ModelEntry, Mo
     raise ClientDisconnected()
 
 
-def _release_late(release: Callable[[ModelEntry], None], task: asyncio.Future[tuple[ModelEntry, ModelBackend]]) -> None:
+def _release_late(release: Callable[[ModelEntry], None], task: asyncio.Future[tuple[ModelEntry, Served]]) -> None:
     """A wait given up that got its model anyway gives it back."""
     if not task.cancelled() and task.exception() is None:
         release(task.result()[0])
@@ -128,8 +128,8 @@ def _release_late(release: Callable[[ModelEntry], None], task: asyncio.Future[tu
 
 @asynccontextmanager
 async def model_backend(request: Request, *, missing: str | None = None, unknown: str | None = None,
-                        wake: bool = True) -> AsyncIterator[ModelBackend]:
-    """The backend of the model `request` names, leased for the block. `missing` and `unknown`
+                        wake: bool = True) -> AsyncIterator[Served]:
+    """The model `request` names, its backend leased for the block. `missing` and `unknown`
     (with `{name}`) reword the router's 400 and 404 in a protocol's own words; `wake` False leaves a
     sleeping model asleep (--sleep-idle-seconds: /props and /metrics answer without loading it)."""
     registry = get_registry(request)
@@ -143,11 +143,11 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
         acquiring = registry.acquire(name, autoload=autoload_override(request), wake=wake)
         conversation_id = request.headers.get(RESUMABLE_HEADER, "") if registry.router else ""
         if conversation_id:  # a resumable stream outlives its client, as llama-server's "detached" request does
-            entry, backend = await registry.waiting_streams.wait(caller_of(request).name, conversation_id, acquiring)
+            entry, served = await registry.waiting_streams.wait(caller_of(request).name, conversation_id, acquiring)
         elif registry.router:
-            entry, backend = await until_gone(request, acquiring, registry.release)
+            entry, served = await until_gone(request, acquiring, registry.release)
         else:
-            entry, backend = await acquiring
+            entry, served = await acquiring
     except ModelMissingError:
         if missing is None:
             raise
@@ -157,26 +157,26 @@ async def model_backend(request: Request, *, missing: str | None = None, unknown
             raise
         raise NotFoundError(unknown.format(name=exc.name), param="model") from None
     try:
-        yield backend
+        yield served
     finally:
         registry.release(entry, used=wake)
 
 
-async def get_backend(request: Request) -> AsyncIterator[ModelBackend]:
-    async with model_backend(request) as backend:
-        yield backend
+async def get_served(request: Request) -> AsyncIterator[Served]:
+    async with model_backend(request) as served:
+        yield served
 
 
-def backend_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[ModelBackend]]:
-    """get_backend with a protocol's own wording for a missing and an unknown model."""
+def served_dependency(*, missing: str, unknown: str) -> Callable[[Request], AsyncIterator[Served]]:
+    """get_served with a protocol's own wording for a missing and an unknown model."""
 
-    async def dependency(request: Request) -> AsyncIterator[ModelBackend]:
-        async with model_backend(request, missing=missing, unknown=unknown) as backend:
-            yield backend
+    async def dependency(request: Request) -> AsyncIterator[Served]:
+        async with model_backend(request, missing=missing, unknown=unknown) as served:
+            yield served
 
     return dependency
 
 
-BackendDep = Annotated[ModelBackend, Depends(get_backend)]
+ServedDep = Annotated[Served, Depends(get_served)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CallerDep = Annotated[Caller, Depends(caller_of)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from kinetic.backends.base import ModelBackend
 from kinetic.backends.config import ModelConfig, Switches, TemplateChoice
@@ -22,7 +21,6 @@ from kinetic.config.settings import ServerSettings
 from kinetic.engine.base import Engine
 from kinetic.engine.options import EngineConfig, ProjectorOptions
 from kinetic.engine.turns import DecodeLock
-from kinetic.engine.types import GenerationRequest
 from kinetic.model_registry.registry import BackendFactory
 from kinetic.scheduling.inflight import InFlight
 
@@ -119,22 +117,18 @@ class Factory:
             return model_settings.max_in_flight
         return model_settings.max_in_flight if model_settings.max_in_flight != self.settings.max_in_flight else 0
 
-    def __call__(self, spec: ModelSpec, decode_lock: DecodeLock) -> ModelBackend[Any]:
+    def __call__(self, spec: ModelSpec, decode_lock: DecodeLock) -> ModelBackend:
         model_settings = spec.settings or self.settings
         config = model_config(model_settings)
         own = self.own_limit(model_settings)
         if spec.remote:
             from kinetic.backends.upstream.backend import UpstreamBackend
-            from kinetic.backends.upstream.body import ForwardRequest
 
-            # typed by what each takes: mypy checks each backend against the interface for its own request
-            upstream: ModelBackend[ForwardRequest] = UpstreamBackend(spec, config, own_limit=own,
-                                                                     in_flight=self.in_flight)
-            return upstream
+            # each backend's class names its roles, each for its own prepared request: mypy checks them there
+            return UpstreamBackend(spec, config, own_limit=own, in_flight=self.in_flight)
         engine = local_engine(spec, config.engine, model_settings, decode_lock, max_in_flight=own,
                               in_flight=self.in_flight)
-        local: ModelBackend[GenerationRequest] = LocalBackend(config, engine, spec.name, spec.aliases)
-        return local
+        return LocalBackend(config, engine, spec.name, spec.aliases)
 
 
 def backend_factory(settings: ServerSettings, *, router: bool = True) -> BackendFactory:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from kinetic.backends.base import Sleeping
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -28,8 +30,8 @@ MAX_POLL_S = 1.0  # how often the watch looks at the models (at most; a short N 
 
 
 def can_sleep(entry: ModelEntry) -> bool:
-    """A loaded model whose backend can sleep (an upstream model has nothing to unload)."""
-    return entry.backend is not None and entry.backend.capabilities.sleep
+    """A loaded model whose backend has the Sleeping role (an upstream model has nothing to unload)."""
+    return isinstance(entry.backend, Sleeping)
 
 
 class IdleSleep:
@@ -65,7 +67,7 @@ class IdleSleep:
             backend = entry.backend
             # looked at again under the lock, with no await in between: a request that took the model
             # since then keeps it awake
-            if backend is None or entry.sleeping or not self._idle(entry):
+            if not isinstance(backend, Sleeping) or entry.sleeping or not self._idle(entry):
                 return
             log.info("model %s: idle for %gs, entering sleeping state (unloaded until the next request)",
                      entry.name, self.seconds)
@@ -77,7 +79,7 @@ class IdleSleep:
             return
         async with self._turn:
             backend = entry.backend
-            if backend is None or not entry.sleeping:
+            if not isinstance(backend, Sleeping) or not entry.sleeping:
                 return
             log.info("model %s: a request arrived, exiting sleeping state (loading)", entry.name)
             await backend.wake()

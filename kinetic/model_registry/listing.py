@@ -6,24 +6,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kinetic.backends.base import ModelBackend
 from kinetic.backends.gguf_files import projector_inputs
 from kinetic.config.settings import ServerSettings
 from kinetic.model_registry.derived import DerivedModel
-from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.downloads import Download
 from kinetic.model_registry.factory import finds_projector
 from kinetic.model_registry.registry import ModelEntry, ModelRegistry
+from kinetic.model_registry.served import Served
 
 
-def model_entry(backend: ModelBackend) -> dict[str, Any]:
+def model_entry(served: Served) -> dict[str, Any]:
     """A loaded model, as llama-server's single-model /v1/models shows it (a remote one has no `meta`:
     its file is the other server's)."""
-    described = backend.describe()
+    described = served.describe()
     body: dict[str, Any] = {
-        "id": backend.name,
-        "aliases": list(backend.aliases),
-        "tags": list(backend.config.switches.tags),
+        "id": served.name,
+        "aliases": list(served.aliases),
+        "tags": list(served.backend.config.switches.tags),
         "object": "model",
         "created": int(time.time()),
         "owned_by": "llamacpp",
@@ -72,7 +71,7 @@ def router_entry(entry: ModelEntry, settings: ServerSettings, *, admin: bool = T
     for the admin."""
     spec = entry.spec
     backend = entry.backend
-    body: dict[str, Any] = model_entry(backend) if backend is not None and backend.ready else {
+    body: dict[str, Any] = model_entry(Served(backend)) if backend is not None and backend.ready else {
         "id": spec.name, "aliases": list(spec.aliases), "tags": [], "object": "model",
         "created": int(time.time()), "owned_by": "llamacpp"}
     status: dict[str, Any] = {"value": "sleeping" if entry.sleeping else entry.state.value, "args": []}
@@ -102,7 +101,7 @@ def derived_entry(model: DerivedModel, base: ModelEntry, settings: ServerSetting
     backend = base.backend
     body = router_entry(base, settings)
     if backend is not None and backend.ready:
-        body.update(model_entry(DerivedBackend(backend, model)))
+        body.update(model_entry(Served(backend, model)))
     body.update(id=model.name, aliases=[model.name], source="derived", can_remove=True)
     body["parent_model"] = model.base
     return body
@@ -128,9 +127,9 @@ def models_body(registry: ModelRegistry, allows: Callable[[tuple[str, ...]], boo
     if not registry.router:
         backend = registry.only.backend
         assert backend is not None
-        served = [b for b in (backend,) if allows(registry.only.spec.names)]
-        served += [DerivedBackend(backend, m) for m, _ in derived]
-        rows = [model_entry(b) for b in served]
+        served = [Served(backend)] if allows(registry.only.spec.names) else []
+        served += [Served(backend, m) for m, _ in derived]
+        rows = [model_entry(s) for s in served]
         return {"models": [ollama_shaped(row["id"], row["capabilities"]) for row in rows], "object": "list",
                 "data": rows}
     settings = registry.settings

@@ -29,11 +29,11 @@ from kinetic.config.settings import ServerSettings
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.errors import InvalidRequestError, KineticError, ModelLoadError, ServerError, UnavailableError
 from kinetic.model_registry.derived import DerivedModel, DerivedStore
-from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.downloads import Download, Downloads
 from kinetic.model_registry.entry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelState
 from kinetic.model_registry.events import ModelEvents
 from kinetic.model_registry.idle_sleep import IdleSleep
+from kinetic.model_registry.served import Served
 from kinetic.model_registry.waiting_streams import WaitingStreams
 
 log = logging.getLogger(__name__)
@@ -231,14 +231,20 @@ class ModelRegistry:
         return entry
 
     async def acquire(self, name: str | None, *, autoload: bool | None = None,
-                      wake: bool = True) -> tuple[ModelEntry, ModelBackend]:
+                      wake: bool = True) -> tuple[ModelEntry, Served]:
         """The backend of the model a request names, loaded first if need be, with a lease taken on it
         (release() it when the request is done) so that it is not unloaded under the request. `wake`
         False: a sleeping model is answered as it is (llama-server's routes that bypass sleep). A derived
-        model's request gets its base model's backend, dressed as the derived model (derived_backend.py)."""
+        model's request gets its base model's backend, with the derived model to dress it by (served.py)."""
         derived = self.derived_model(name)
         entry, backend = await self._acquire(derived.base if derived else name, autoload, wake)
-        return entry, DerivedBackend(backend, derived) if derived else backend
+        if derived is None:
+            return entry, Served(backend)
+        try:
+            return entry, Served.as_derived(backend, derived)
+        except BaseException:
+            self.release(entry)
+            raise
 
     async def _acquire(self, name: str | None, autoload: bool | None, wake: bool) -> tuple[ModelEntry, ModelBackend]:
         entry = self.resolve(name)

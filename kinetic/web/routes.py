@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, PlainTextResponse, Response
 
+from kinetic.backends.base import Slots
 from kinetic.classroom.keys import KeyRing
 from kinetic.errors import NotFoundError
 from kinetic.model_registry.deps import CallerDep, RegistryDep, server_state
@@ -135,10 +136,11 @@ async def dashboard_stats(request: Request, registry: RegistryDep) -> dict[str, 
             continue
         engine_stats, described = backend.stats(), backend.describe()
         models.append({"name": entry.name, "n_ctx": described.n_ctx, "n_slots": described.n_slots})
+        states = backend.slot_states() if isinstance(backend, Slots) else []  # a remote model's are its server's
         slots += [{"model": entry.name, "id": slot.id, "state": "processing" if slot.is_processing else "idle",
                    "key": slot.client if slot.is_processing else None, "n_prompt_tokens": slot.n_prompt_tokens,
                    "n_prompt_tokens_cache": slot.n_prompt_tokens_cache, "n_decoded": slot.n_decoded}
-                  for slot in backend.slot_states()]
+                  for slot in states]
         upstreams += [{"model": entry.name, **member} for member in described.members]
         processing += engine_stats.requests_processing
         deferred += engine_stats.requests_deferred

@@ -114,15 +114,17 @@ def engine_paths(root: type, scope: tuple[str, ...] = ("kinetic.",)) -> list[str
 def test_no_route_touches_an_engine() -> None:
     """Routes ask the model's backend (kinetic/backends/base.py), never the engine under it: no route reads
     an `.engine` or imports the engine's interface, and nothing a route is handed (the backend, the
-    registry and its entries), nor anything they hold or return, is an engine by another name."""
-    from kinetic.backends.base import ModelBackend
+    registry and its entries, the model as served, each role), nor anything they hold or return, is an engine by
+    another name."""
+    from kinetic.backends.base import LACKS, ModelBackend
     from kinetic.model_registry.registry import ModelEntry, ModelRegistry
+    from kinetic.model_registry.served import Served
 
     assert len(route_modules()) >= 6
     for path in route_modules():
         assert engine_touches(path) == [], path
         assert not any(n.startswith(("kinetic.engine.base", "kinetic.engine.llama")) for n in module_imports(path))
-    for handed in (ModelBackend, ModelRegistry, ModelEntry):
+    for handed in (ModelBackend, *LACKS, Served, ModelRegistry, ModelEntry):  # LACKS: every role a route asks for
         assert engine_paths(handed) == [], handed
 
 

@@ -14,9 +14,9 @@ from huggingface_hub import constants
 from kinetic.chat.types import ChatRequest, GenerationOptions, Message, SamplingOptions, TextPart
 from kinetic.config.settings import ServerSettings
 from kinetic.errors import InvalidRequestError
-from kinetic.model_registry.derived import DerivedModel, DerivedStore
-from kinetic.model_registry.derived_backend import dressed, with_defaults
+from kinetic.model_registry.derived import DerivedModel, DerivedStore, with_defaults
 from kinetic.model_registry.downloads import plan, remove_cached
+from kinetic.model_registry.served import dressed
 from kinetic.protocols.ollama import manage
 from kinetic.protocols.ollama.types import CreateRequest
 from tests.scripted import ReadyClient, ScriptedEngine, single_model_app

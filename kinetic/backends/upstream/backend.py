@@ -4,43 +4,44 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from kinetic import __version__
-from kinetic.backends.base import Capabilities, Description, Embeddings, lacking
+from kinetic.backends.base import (
+    Capabilities,
+    Description,
+    Embedding,
+    Embeddings,
+    ForwardsTokenRoutes,
+    Generating,
+    ModelBackend,
+    Pool,
+)
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.media_source import resolve_chat
-from kinetic.backends.model_file import ModelFile
 from kinetic.backends.sources import ModelSpec
 from kinetic.backends.upstream.body import ForwardRequest, chat_body, prompt_body
 from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
 from kinetic.backends.upstream.stream import read_events
-from kinetic.chat.prepare import RenderedChat
-from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
+from kinetic.chat.types import AnswerFormat, ChatRequest, PromptInput, PromptRequest
 from kinetic.classroom.identity import CALLER
 from kinetic.engine.base import Generation
-from kinetic.engine.types import (
-    EngineStats,
-    Event,
-    Finished,
-    RankScore,
-    SlotFileResult,
-    SlotState,
-)
+from kinetic.engine.types import EngineStats, Event, Finished
 from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
 from kinetic.scheduling.inflight import InFlight
 
 DEFAULT_CONNECTIONS = 4  # requests forwarded at once per member when -np is auto
-CAPABILITIES = Capabilities(generate=True, infill=False, embeddings=True, rerank=False, tokenizer=False,
-                            forwards_token_routes=True, slots=False, lora=False, pool=True)
-NO_TOKENIZER = "kinetic has no tokenizer or chat template for it: the server behind it has them"
+CAPABILITIES = Capabilities(generate=True, embeddings=True)
 
 
-class UpstreamBackend:
+class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRoutes, Embedding, Pool):
+    """Only the roles a remote server gives it: generating, embedding, its token routes forwarded, its pool's
+    maintenance. Its tokenizer, template, slots, adapters and model file are the server's behind it: a route
+    that needs one gets the shared 501 (backends/base.py, `role`)."""
+
     def __init__(self, spec: ModelSpec, config: ModelConfig, *, own_limit: int = 0, in_flight: InFlight | None = None):
         self.config = config
         self.name = spec.name
@@ -104,13 +105,7 @@ class UpstreamBackend:
 
     @property
     def sleeping(self) -> bool:
-        return False  # nothing of it is loaded here to unload
-
-    async def sleep(self) -> None:
-        raise lacking(self.name, "sleeping", "nothing of it is loaded here to unload")
-
-    async def wake(self) -> None:
-        pass
+        return False  # nothing of it is loaded here to unload (it has no Sleeping role)
 
     # ------------------------------------------------------------------ what it is
 
@@ -122,9 +117,6 @@ class UpstreamBackend:
         return Description(name=self.name, aliases=self.aliases, info=None, n_ctx=0, n_slots=self.line.n_slots,
                            template=None, pooling="", fingerprint=f"b{__version__}-kinetic",
                            members=self.pool.statuses())
-
-    async def model_file(self) -> ModelFile:
-        raise lacking(self.name, "its model file", "it is the upstream server's")
 
     # ------------------------------------------------------------------ generation
 
@@ -140,9 +132,6 @@ class UpstreamBackend:
         caller = CALLER.get()
         body = prompt_body(req, self.upstream_model, self.config.defaults.n_predict)
         return ForwardRequest.of("/completions", body, client=caller.queue_name, priority=caller.priority)
-
-    async def prepare_infill(self, req: InfillRequest) -> ForwardRequest:
-        raise lacking(self.name, "/infill", "its upstream is reached by OpenAI routes, which have no infill")
 
     async def start(self, request: ForwardRequest) -> Generation:
         """Waits for a turn, then sends the request to a pool member; an upstream 4xx is raised here
@@ -205,6 +194,9 @@ class UpstreamBackend:
             raise
         return generations
 
+    def prompt_text(self, request: ForwardRequest) -> str:
+        return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text
+
     async def _forward_json(self, route: str, payload: dict[str, Any]) -> Any:
         """A non-streamed call (embeddings), with the same turns, limits and failover."""
         caller = CALLER.get()
@@ -219,30 +211,7 @@ class UpstreamBackend:
         finally:
             self.line.uncount(client)
 
-    # ------------------------------------------------------------------ token-level work
-
-    async def count_chat_tokens(self, req: ChatRequest) -> int:
-        raise lacking(self.name, "token counting", NO_TOKENIZER)
-
-    def with_template(self, template: str) -> UpstreamBackend:
-        raise lacking(self.name, "a derived model's own chat template", NO_TOKENIZER)
-
-    async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
-                     template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                     continue_final_message: str | None = None) -> RenderedChat:
-        raise lacking(self.name, "template rendering", NO_TOKENIZER)
-
-    async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
-        raise lacking(self.name, "tokenizing", NO_TOKENIZER)
-
-    async def token_pieces(self, tokens: list[int]) -> list[bytes]:
-        raise lacking(self.name, "tokenizing", NO_TOKENIZER)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        raise lacking(self.name, "detokenizing", NO_TOKENIZER)
-
-    def prompt_text(self, request: ForwardRequest) -> str:
-        return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text
+    # ------------------------------------------------------------------ its token routes, the server's
 
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """A token-level route (/tokenize...) answered by a pool member's own native route: at the
@@ -263,22 +232,7 @@ class UpstreamBackend:
         n_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
         return Embeddings(vectors=[[v] for v in vectors] if per_token else vectors, n_tokens=n_tokens)
 
-    async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
-        raise lacking(self.name, "rerank", "its upstream is reached by OpenAI routes, which have no rerank")
-
-    # ------------------------------------------------------------------ slots, adapters, counters
-
-    def slot_states(self) -> list[SlotState]:
-        return []
-
-    async def slot_file(self, action: str, id_slot: int, path: Path | None) -> SlotFileResult:
-        raise lacking(self.name, "slot files", "its slots are the upstream server's")
-
-    def lora_adapters(self) -> list[tuple[Path, float]]:
-        return []
-
-    async def set_lora_scales(self, scales: dict[int, float]) -> None:
-        raise lacking(self.name, "LoRA adapters", "its adapters are the upstream server's")
+    # ------------------------------------------------------------------ counters, its pool
 
     def stats(self, *, scrape: bool = False) -> EngineStats:
         return EngineStats(counters={}, requests_processing=self.line.running, requests_deferred=len(self.line),

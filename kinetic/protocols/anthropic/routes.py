@@ -7,7 +7,8 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.model_registry.deps import BackendDep
+from kinetic.backends.base import ForwardsTokenRoutes, Generating, Tokenizing
+from kinetic.model_registry.deps import ServedDep
 from kinetic.protocols.anthropic import translate
 from kinetic.protocols.anthropic.types import CountTokensRequest, MessagesRequest
 from kinetic.protocols.common.streaming import respond
@@ -16,8 +17,9 @@ router = APIRouter()
 
 
 @router.post("/v1/messages")
-async def create_message(body: MessagesRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
+async def create_message(body: MessagesRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Generating, request.url.path)
+    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body)))
     ctx = translate.message_context(body, answer_format, generation_request.n_prompt_tokens)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
@@ -25,7 +27,9 @@ async def create_message(body: MessagesRequest, request: Request, backend: Backe
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, backend: BackendDep) -> dict[str, int]:
-    if backend.capabilities.forwards_token_routes:  # the server behind it has the tokenizer: it counts
-        return await backend.forward_token_route("/v1/messages/count_tokens", body.model_dump(exclude_unset=True))
-    return {"input_tokens": await backend.count_chat_tokens(translate.count_tokens_request(body))}
+async def count_tokens(body: CountTokensRequest, request: Request, served: ServedDep) -> dict[str, int]:
+    if isinstance(served.backend, ForwardsTokenRoutes):  # the server behind it has the tokenizer: it counts
+        return await served.backend.forward_token_route("/v1/messages/count_tokens",
+                                                        body.model_dump(exclude_unset=True))
+    backend = served.role(Tokenizing, request.url.path)
+    return {"input_tokens": await backend.count_chat_tokens(served.chat(translate.count_tokens_request(body)))}

@@ -14,7 +14,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from kinetic import __version__
-from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
+from kinetic.backends.base import (
+    Adapters,
+    Embedding,
+    ForwardsTokenRoutes,
+    Generating,
+    Infilling,
+    ModelBackend,
+    Pool,
+    Reranking,
+    Slots,
+    Templating,
+    Tokenizing,
+    embeddings_off,
+    lacking,
+    rerank_off,
+    role,
+)
 from kinetic.chat.types import PreparedRequest
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
@@ -27,9 +43,10 @@ from kinetic.errors import (
     RecordUnwritableError,
     UnavailableError,
 )
-from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
+from kinetic.model_registry.deps import RegistryDep, ServedDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
+from kinetic.model_registry.served import Served
 from kinetic.protocols.common import translate as common
 from kinetic.protocols.common.streaming import respond, respond_many
 from kinetic.protocols.llamacpp import (
@@ -83,17 +100,18 @@ async def get_props(request: Request, registry: RegistryDep) -> dict[str, Any]:
     if registry.router and not request.query_params.get("model"):
         return server_state.router_props(max_instances=registry.settings.models_max,
                                       autoload=registry.settings.models_autoload, build_info=BUILD_INFO)
-    async with model_backend(request, wake=False) as backend:  # answered asleep (--sleep-idle-seconds)
-        return server_state.props(served_state(backend, request.url.path))
+    async with model_backend(request, wake=False) as served:  # answered asleep (--sleep-idle-seconds)
+        return server_state.props(served_state(served, request.url.path))
 
 
-def served_state(backend: ModelBackend, route: str) -> server_state.ServedState:
-    described, switches = backend.describe(), backend.config.switches
+def served_state(served: Served, route: str) -> server_state.ServedState:
+    backend = served.backend
+    described, switches = served.describe(), backend.config.switches
     if described.info is None:
-        raise lacking(backend.name, route, "it is served by another server, whose properties are its own")
+        raise lacking(served.name, route, "it is served by another server, whose properties are its own")
     template = described.template
     return server_state.ServedState(
-        alias=backend.name, info=described.info, n_ctx=described.n_ctx, n_slots=described.n_slots,
+        alias=served.name, info=described.info, n_ctx=described.n_ctx, n_slots=described.n_slots,
         sampling=backend.config.defaults.sampling, n_predict=backend.config.defaults.n_predict,
         n_keep=backend.config.defaults.n_keep,
         template_source=template.source if template else "", template_origin=template.origin if template else "",
@@ -139,8 +157,8 @@ async def unload_model(body: ModelActionRequest, registry: RegistryDep) -> dict[
 
 
 @router.post("/props")
-async def set_props(backend: BackendDep) -> dict[str, Any]:
-    if not backend.config.switches.props:
+async def set_props(served: ServedDep) -> dict[str, Any]:
+    if not served.backend.config.switches.props:
         raise NotSupportedError("This server does not support changing global properties. Start it with `--props`")
     return {"success": True}  # as in llama-server, no property is changeable yet
 
@@ -152,28 +170,27 @@ def _viewer(request: Request) -> str | None:
 
 
 @router.get("/slots")
-async def get_slots(request: Request, backend: BackendDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
-    if not backend.config.switches.slots:
+async def get_slots(request: Request, served: ServedDep, fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
+    if not served.backend.config.switches.slots:
         raise NotSupportedError("This server does not support slots endpoint. Start it with `--slots`")
-    require(backend.capabilities.slots, backend, request.url.path, "its slots are the server's behind it")
-    states = backend.slot_states()
+    states = served.role(Slots, request.url.path).slot_states()
     if fail_on_no_slot and all(slot.is_processing for slot in states):
         raise UnavailableError("no slot available")
-    described = backend.describe()
+    described = served.describe()
     return server_state.slots(states, described.n_ctx, viewer=_viewer(request),
                               speculative=described.speculative_types)
 
 
 @router.post("/slots/{id_slot}")
-async def slot_action(id_slot: str, request: Request, backend: BackendDep, action: str = "") -> dict[str, Any]:
-    folder = backend.config.switches.slot_save_path
+async def slot_action(id_slot: str, request: Request, served: ServedDep, action: str = "") -> dict[str, Any]:
+    folder = served.backend.config.switches.slot_save_path
     if not folder:
         raise NotSupportedError("This server does not support slots action. Start it with `--slot-save-path`")
     try:
         slot = int(id_slot)
     except ValueError:
         raise InvalidRequestError("Invalid slot ID", param="id_slot") from None
-    require(backend.capabilities.slots, backend, request.url.path, "its slots are the server's behind it")
+    backend = served.role(Slots, request.url.path)
     if action == "erase":
         return server_state.slot_file(action, await backend.slot_file(action, slot, None), None)
     if action not in ("save", "restore"):
@@ -186,7 +203,7 @@ async def slot_action(id_slot: str, request: Request, backend: BackendDep, actio
     path = slot_folder.slot_path(folder, filename)
     if action == "restore":
         return server_state.slot_file(action, await backend.slot_file(action, slot, path), filename)
-    cap = backend.config.switches.slot_save_max
+    cap = served.backend.config.switches.slot_save_max
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap)  # already full: nothing is written
     result = await backend.slot_file(action, slot, path)
     await anyio.to_thread.run_sync(slot_folder.check_room, folder, cap, path)
@@ -195,8 +212,8 @@ async def slot_action(id_slot: str, request: Request, backend: BackendDep, actio
 
 @router.get("/metrics")
 async def get_metrics(request: Request) -> Response:
-    async with model_backend(request, wake=False) as backend:  # answered asleep: a scraper keeps no model up
-        return _metrics(request, backend)
+    async with model_backend(request, wake=False) as served:  # answered asleep: a scraper keeps no model up
+        return _metrics(request, served.backend)
 
 
 def _offload(backend: ModelBackend) -> Offload | None:
@@ -221,25 +238,25 @@ def _metrics(request: Request, backend: ModelBackend) -> Response:
 
 @router.post("/completion")
 @router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
-async def completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_requests = [await backend.prepare_prompt(r)
-                           for r in translate.to_prompt_requests(body, n_slots=backend.describe().n_slots)]
+async def completion(body: CompletionRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Generating, request.url.path)
+    generation_requests = [await backend.prepare_prompt(served.prompt(r))
+                           for r in translate.to_prompt_requests(body, n_slots=served.describe().n_slots)]
     # one result is an object, several an array (llama-server's rule)
-    return await _generate(body, generation_requests, request, backend, several=len(generation_requests) > 1)
+    return await _generate(body, generation_requests, request, served, backend, several=len(generation_requests) > 1)
 
 
 @router.post("/infill")
-async def infill(body: InfillRequest, request: Request, backend: BackendDep) -> Response:
-    require(backend.capabilities.infill, backend, request.url.path, "the server behind it is reached by its "
-            "OpenAI routes, which have no fill-in-the-middle")
-    generation_request = await backend.prepare_infill(translate.to_infill_request(body))
-    return await _generate(body, [generation_request], request, backend, several=False)
+async def infill(body: InfillRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Infilling, request.url.path)
+    generation_request = await backend.prepare_infill(served.infill(translate.to_infill_request(body)))
+    return await _generate(body, [generation_request], request, served, backend, several=False)
 
 
 async def _generate(body: CompletionRequest | InfillRequest, generation_requests: list[PreparedRequest],
-                    request: Request, backend: ModelBackend, *, several: bool) -> Response:
-    speculative = backend.describe().speculative_types
-    contexts = [translate.native_context(body, g, model=backend.name, index=i, prompt_text=backend.prompt_text(g),
+                    request: Request, served: Served, backend: Generating[Any], *, several: bool) -> Response:
+    speculative = served.describe().speculative_types
+    contexts = [translate.native_context(body, g, model=served.name, index=i, prompt_text=backend.prompt_text(g),
                                          speculative=speculative) for i, g in enumerate(generation_requests)]
     generations = await backend.start_together(generation_requests)
     if not several:
@@ -254,24 +271,26 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
 
 @router.post("/embedding")
 @router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
-async def embedding(body: EmbeddingRequest, request: Request, backend: BackendDep) -> list[dict[str, Any]]:
-    if not backend.capabilities.embeddings:
+async def embedding(body: EmbeddingRequest, request: Request, served: ServedDep) -> list[dict[str, Any]]:
+    backend = served.role(Embedding, request.url.path)
+    if not served.backend.capabilities.embeddings:
         raise embeddings_off()
     items, params = translate.embedding_inputs(body)
     embedded = await backend.embed(items, params, per_token=True)
     # llama-server's native answer shows no count; the ledger keeps what the model read all the same
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
-    return translate.to_native_embeddings(embedded.vectors, pooling=backend.describe().pooling,
+    hand_over_count(request.scope, model=served.name, prompt_tokens=embedded.n_tokens)
+    return translate.to_native_embeddings(embedded.vectors, pooling=served.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
-                                          else backend.config.switches.embd_normalize)
+                                          else served.backend.config.switches.embd_normalize)
 
 
 @router.post("/rerank")
 @router.post("/reranking")
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
-async def rerank_documents(request: Request, backend: BackendDep) -> Any:
-    if not backend.capabilities.rerank:  # checked before the body, as llama-server does
+async def rerank_documents(request: Request, served: ServedDep) -> Any:
+    backend = served.role(Reranking, request.url.path)  # both checked before the body, as llama-server does
+    if not served.backend.capabilities.rerank:
         raise rerank_off()
     try:
         raw = await request.json()
@@ -279,55 +298,59 @@ async def rerank_documents(request: Request, backend: BackendDep) -> Any:
         raise InvalidRequestError("Invalid JSON body", param="body") from None
     body = rerank.rerank_request(raw)
     scores = await backend.rerank(body.query, body.documents)
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
-    return rerank.to_rerank_body(body, scores, model=backend.name)
+    hand_over_count(request.scope, model=served.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
+    return rerank.to_rerank_body(body, scores, model=served.name)
 
 
 @router.get("/lora-adapters")
-async def lora_adapters(backend: BackendDep) -> list[dict[str, Any]]:
+async def lora_adapters(served: ServedDep) -> list[dict[str, Any]]:
     """llama-server's list (a model with no adapters, or a remote one: empty)."""
-    listed = backend.lora_adapters() if backend.capabilities.lora else []
+    backend = served.backend
+    listed = backend.lora_adapters() if isinstance(backend, Adapters) else []
     return [{"id": i, "path": str(path), "scale": scale, "task_name": "", "prompt_prefix": ""}
             for i, (path, scale) in enumerate(listed)]
 
 
 @router.post("/lora-adapters")
-async def set_lora_adapters(request: Request, backend: BackendDep) -> dict[str, bool]:
+async def set_lora_adapters(request: Request, served: ServedDep) -> dict[str, bool]:
     try:
         body = await request.json()
     except ValueError:
         raise InvalidRequestError("Invalid JSON body: expected an array of {id, scale}", param="body") from None
     scales = server_state.lora_scales(body)
-    if backend.capabilities.lora:
+    if isinstance(backend := served.backend, Adapters):  # a remote model's are its server's: nothing to set
         await backend.set_lora_scales(scales)
     return {"success": True}
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, backend: BackendDep) -> dict[str, Any]:
-    if backend.capabilities.forwards_token_routes:
-        return await backend.forward_token_route("/tokenize", body.model_dump(exclude_unset=True))
+async def tokenize(body: TokenizeRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+    if isinstance(served.backend, ForwardsTokenRoutes):
+        return await served.backend.forward_token_route("/tokenize", body.model_dump(exclude_unset=True))
+    backend = served.role(Tokenizing, request.url.path)
     ids = await backend.tokenize(tokens.tokenize_parts(body), add_special=body.add_special,
                                  parse_special=body.parse_special)
     return tokens.tokenize_answer(ids, await backend.token_pieces(ids) if body.with_pieces else None)
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, backend: BackendDep) -> dict[str, Any]:
-    if backend.capabilities.forwards_token_routes:
-        return await backend.forward_token_route("/detokenize", body.model_dump(exclude_unset=True))
-    return {"content": await backend.detokenize(body.tokens)}
+async def detokenize(body: DetokenizeRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+    if isinstance(served.backend, ForwardsTokenRoutes):
+        return await served.backend.forward_token_route("/detokenize", body.model_dump(exclude_unset=True))
+    return {"content": await served.role(Tokenizing, request.url.path).detokenize(body.tokens)}
 
 
 @router.post("/apply-template")
-async def apply_template(body: ApplyTemplateRequest, backend: BackendDep) -> dict[str, Any]:
-    if backend.capabilities.forwards_token_routes:
-        return await backend.forward_token_route("/apply-template", body.model_dump(exclude_unset=True))
+async def apply_template(body: ApplyTemplateRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+    if isinstance(served.backend, ForwardsTokenRoutes):
+        return await served.backend.forward_token_route("/apply-template", body.model_dump(exclude_unset=True))
+    backend = served.role(Templating, request.url.path)
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-    rendered = await backend.render(common.to_messages(body.messages), tools=tools,
+    rendered = await backend.render(served.messages(common.to_messages(body.messages)), tools=tools,
                                     template_kwargs=body.chat_template_kwargs,
                                     add_generation_prompt=body.add_generation_prompt,
-                                    continue_final_message=common.continuation(body.continue_final_message))
+                                    continue_final_message=common.continuation(body.continue_final_message),
+                                    template=served.template)
     return {"prompt": rendered.prompt}
 
 
@@ -336,7 +359,7 @@ async def apply_template(body: ApplyTemplateRequest, backend: BackendDep) -> dic
 DRAIN_WAIT_S = 600.0  # as long as one upstream answer may take (the pool's read timeout)
 
 
-def pool_backend(registry: ModelRegistry, name: str, route: str) -> ModelBackend:
+def pool_backend(registry: ModelRegistry, name: str, route: str) -> Pool:
     """The backend of the upstream pool `name` (router mode, loaded), or the 4xx/501 saying why not."""
     if not registry.router:
         raise NotFoundError("File Not Found")
@@ -345,8 +368,7 @@ def pool_backend(registry: ModelRegistry, name: str, route: str) -> ModelBackend
         raise InvalidRequestError("model is not found", param="model")
     if entry.state is not ModelState.LOADED or entry.backend is None:
         raise InvalidRequestError("model is not running", param="model")
-    require(entry.backend.capabilities.pool, entry.backend, route, "it is not served by a pool of upstream servers")
-    return entry.backend
+    return role(entry.backend, Pool, name=entry.name, route=route)
 
 
 @router.post("/models/drain")

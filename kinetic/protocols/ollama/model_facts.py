@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kinetic.engine.types import ModelInfo
-from kinetic.errors import InvalidRequestError, NotFoundError, NotSupportedError
+from kinetic.errors import InvalidRequestError, NotFoundError
 
 # What /api/version reports: recent enough that clients gating thinking or structured outputs on
 # the version enable them.
@@ -112,12 +112,6 @@ def model_entry(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[s
 
 def tags(served: ServedModel, info: ModelInfo, file: ModelFile) -> dict[str, Any]:
     return {"models": [model_entry(served, info, file)]}
-
-
-def no_model_file(name: str, route: str) -> NotSupportedError:
-    """/api/show of a remote model: kinetic never sees its file, so has nothing to show."""
-    return NotSupportedError(f"model '{name}' cannot serve {route}: it is served by another server, whose model "
-                             "file kinetic does not read")
 
 
 def unloaded_entry(name: str) -> dict[str, Any]:

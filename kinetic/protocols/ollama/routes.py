@@ -12,14 +12,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from kinetic.backends.base import ModelBackend, embeddings_off
+from kinetic.backends.base import Embedding, Generating, ModelBackend, ModelFiles, embeddings_off
 from kinetic.chat.types import AnswerFormat, PreparedRequest
 from kinetic.classroom.outcome import hand_over_count
-from kinetic.model_registry.deps import CallerDep, RegistryDep, backend_dependency
+from kinetic.model_registry.deps import CallerDep, RegistryDep, served_dependency
 from kinetic.model_registry.derived import DerivedModel
-from kinetic.model_registry.derived_backend import DerivedBackend
 from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
+from kinetic.model_registry.served import Served
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.ollama import manage_routes, translate
 from kinetic.protocols.ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
@@ -30,8 +30,8 @@ NDJSON = "application/x-ndjson"
 
 
 # In router mode the body's `model` picks the model; Ollama's own words when it is missing or unknown.
-OllamaBackendDep = Annotated[ModelBackend, Depends(backend_dependency(missing="model is required",
-                                                                      unknown='model "{name}" not found'))]
+OllamaServedDep = Annotated[Served, Depends(served_dependency(missing="model is required",
+                                                              unknown='model "{name}" not found'))]
 
 
 async def shown_name(request: Request, registry: RegistryDep) -> None:
@@ -45,8 +45,8 @@ async def shown_name(request: Request, registry: RegistryDep) -> None:
         manage_routes.known_or_valid(registry, name, "model")
 
 
-def served_model(backend: ModelBackend) -> translate.ServedModel:
-    described, capabilities = backend.describe(), backend.capabilities
+def served_model(served: Served) -> translate.ServedModel:
+    described, capabilities = served.describe(), served.backend.capabilities
     template = described.template
     return translate.ServedModel(name=described.name, aliases=described.aliases,
                                  thinks=template is not None and template.thinks, n_ctx=described.n_ctx,
@@ -57,12 +57,12 @@ def served_model(backend: ModelBackend) -> translate.ServedModel:
 def loaded(entry: ModelEntry) -> ModelBackend | None:
     """A loaded model whose file kinetic reads (a remote one is listed by name only)."""
     backend = entry.backend
-    return backend if backend is not None and backend.ready and backend.describe().info is not None else None
+    return backend if backend is not None and backend.ready and isinstance(backend, ModelFiles) else None
 
 
-async def _listed(backend: ModelBackend) -> tuple[translate.ServedModel, Any, Any]:
-    described = backend.describe()
-    return served_model(backend), described.info, await backend.model_file()
+async def _listed(served: Served, route: str) -> tuple[translate.ServedModel, Any, Any]:
+    files = served.role(ModelFiles, route)
+    return served_model(served), served.describe().info, await files.model_file()
 
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
@@ -78,7 +78,7 @@ async def tags(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
     served: list[tuple[ModelEntry, DerivedModel | None]] = [(e, None) for e in registry.entries.values()
                                                             if allows(e.spec.names) and not e.spec.hidden]
     served += [(base, m) for m, base in derived_models(registry) if allows((m.name,)) and allows(base.spec.names)]
-    return {"models": [translate.model_entry(*await _listed(b if m is None else DerivedBackend(b, m)))
+    return {"models": [translate.model_entry(*await _listed(Served(b, m), "/api/tags"))
                        if (b := loaded(e)) else translate.unloaded_entry(e.name if m is None else m.name)
                        for e, m in served]}
 
@@ -86,49 +86,52 @@ async def tags(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
 @router.get("/api/ps")
 async def ps(registry: RegistryDep, caller: CallerDep) -> dict[str, Any]:
     """The models loaded now (those the key may use)."""
-    return {"models": [translate.ps_entry(*await _listed(b)) for e in registry.entries.values()
+    return {"models": [translate.ps_entry(*await _listed(Served(b), "/api/ps")) for e in registry.entries.values()
                        if (b := loaded(e)) and caller.limits.allows_model(e.spec.names)]}
 
 
 @router.post("/api/show", dependencies=[Depends(shown_name)])  # listed first: it runs before the lookup
-async def show(body: ShowRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
-    model = served_model(backend)
+async def show(body: ShowRequest, request: Request, served: OllamaServedDep) -> dict[str, Any]:
+    model = served_model(served)
     translate.check_model(body.model or body.name or "", model)
-    described = backend.describe()
-    if described.info is None:
-        raise translate.no_model_file(model.name, request.url.path)
+    files = served.role(ModelFiles, request.url.path)
+    described = served.describe()
+    info = described.info
+    assert info is not None  # a model whose file is here: kinetic read it
     template = described.template.source if described.template is not None else ""
-    return translate.show(model, described.info, await backend.model_file(), template=template,
-                          stop=(described.info.eos_token,), temperature=backend.config.temperature)
+    return translate.show(model, info, await files.model_file(), template=template, stop=(info.eos_token,),
+                          temperature=served.backend.config.temperature)
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, request: Request, backend: OllamaBackendDep) -> Response:
-    started, model = time.monotonic_ns(), served_model(backend)
+async def chat(body: ChatRequest, request: Request, served: OllamaServedDep) -> Response:
+    started, model = time.monotonic_ns(), served_model(served)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body, model))
+    backend = served.role(Generating, request.url.path)
+    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body, model)))
     ctx = translate.reply_context(body, answer_format, started_ns=started)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx), media_type=NDJSON)
 
 
-async def _prepare_generate(body: GenerateRequest, backend: ModelBackend,
+async def _prepare_generate(body: GenerateRequest, served: Served, backend: Generating[Any],
                             model: translate.ServedModel) -> tuple[PreparedRequest, AnswerFormat]:
     """`raw` prompts go to the model verbatim; others through the chat template."""
     if body.raw:
         # no template: every generated character is the response
-        return await backend.prepare_prompt(translate.to_prompt_request(body, model)), AnswerFormat()
-    return await backend.prepare_chat(translate.to_generate_chat(body, model))
+        return await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body, model))), AnswerFormat()
+    return await backend.prepare_chat(served.chat(translate.to_generate_chat(body, model)))
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, request: Request, backend: OllamaBackendDep) -> Response:
-    started, model = time.monotonic_ns(), served_model(backend)
+async def generate(body: GenerateRequest, request: Request, served: OllamaServedDep) -> Response:
+    started, model = time.monotonic_ns(), served_model(served)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
-    generation_request, answer_format = await _prepare_generate(body, backend, model)
+    backend = served.role(Generating, request.url.path)
+    generation_request, answer_format = await _prepare_generate(body, served, backend, model)
     # an image's stand-ins are no tokens a client could send back as `context`: left out
     ctx = translate.reply_context(body, answer_format, started_ns=started, prompt_tokens=generation_request.text_tokens)
     generation = await backend.start(generation_request)
@@ -137,12 +140,13 @@ async def generate(body: GenerateRequest, request: Request, backend: OllamaBacke
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
-    if not backend.capabilities.embeddings:
+async def embed(body: EmbedRequest, request: Request, served: OllamaServedDep) -> dict[str, Any]:
+    backend = served.role(Embedding, request.url.path)
+    if not served.backend.capabilities.embeddings:
         raise embeddings_off()
-    started, model = time.monotonic_ns(), served_model(backend)
+    started, model = time.monotonic_ns(), served_model(served)
     items, params = translate.embed_inputs(body, model)
-    described = backend.describe()
+    described = served.describe()
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body.dimensions, described.info.n_embd)
     embedded = await backend.embed(items, params, truncate=body.truncate is not False)
@@ -151,10 +155,11 @@ async def embed(body: EmbedRequest, request: Request, backend: OllamaBackendDep)
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, request: Request, backend: OllamaBackendDep) -> dict[str, Any]:
-    if not backend.capabilities.embeddings:
+async def embeddings(body: EmbeddingsRequest, request: Request, served: OllamaServedDep) -> dict[str, Any]:
+    backend = served.role(Embedding, request.url.path)
+    if not served.backend.capabilities.embeddings:
         raise embeddings_off()
-    items = translate.embeddings_input(body, served_model(backend))
+    items = translate.embeddings_input(body, served_model(served))
     embedded = await backend.embed(items, ["prompt"], truncate=True)
     # the legacy answer shows no count; the ledger keeps what the model read all the same
     hand_over_count(request.scope, model=body.model, prompt_tokens=embedded.n_tokens)

@@ -19,7 +19,6 @@ from kinetic.protocols.common import translate as common
 from kinetic.protocols.ollama.model_facts import OLLAMA_VERSION as OLLAMA_VERSION
 from kinetic.protocols.ollama.model_facts import ServedModel, check_model, timestamp
 from kinetic.protocols.ollama.model_facts import model_entry as model_entry
-from kinetic.protocols.ollama.model_facts import no_model_file as no_model_file
 from kinetic.protocols.ollama.model_facts import ps_entry as ps_entry
 from kinetic.protocols.ollama.model_facts import show as show
 from kinetic.protocols.ollama.model_facts import unloaded_entry as unloaded_entry

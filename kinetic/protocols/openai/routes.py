@@ -10,13 +10,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from kinetic.backends.base import embeddings_off, require
+from kinetic.backends.base import Embedding, Generating, Tokenizing, embeddings_off
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.outcome import hand_over_count
 from kinetic.classroom.roles import Role
 from kinetic.errors import ForbiddenError, InvalidRequestError
 from kinetic.model_registry import listing
-from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
+from kinetic.model_registry.deps import CallerDep, RegistryDep, ServedDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.openai import transcription, translate
@@ -34,11 +34,12 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
-    described = backend.describe()
-    ctx = translate.chat_context(body, answer_format, model=backend.name, fingerprint=described.fingerprint,
-                                 generation=generation_request, verbose=backend.config.switches.verbose,
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Generating, request.url.path)
+    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body)))
+    described = served.describe()
+    ctx = translate.chat_context(body, answer_format, model=served.name, fingerprint=described.fingerprint,
+                                 generation=generation_request, verbose=served.backend.config.switches.verbose,
                                  speculative=described.speculative_types,
                                  prompt_text=partial(backend.prompt_text, generation_request))
     generation = await backend.start(generation_request)
@@ -70,17 +71,17 @@ def key_name(request: Request) -> str | None:
 @router.post("/v1/chat/completions/input_tokens")
 @router.post("/chat/completions/input_tokens")
 async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request,
-                                      backend: BackendDep) -> dict[str, int]:
+                                      served: ServedDep) -> dict[str, int]:
     """llama-server's: the prompt tokens this chat request would take (tools and template included)."""
-    require(backend.capabilities.tokenizer, backend, request.url.path, "its tokenizer and template are the "
-            "server's behind it")
-    return {"input_tokens": await backend.count_chat_tokens(translate.to_chat_request(body))}
+    backend = served.role(Tokenizing, request.url.path)
+    return {"input_tokens": await backend.count_chat_tokens(served.chat(translate.to_chat_request(body)))}
 
 
 @router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there
-async def create_completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request = await backend.prepare_prompt(translate.to_prompt_request(body))
-    ctx = translate.completion_context(body, model=backend.name, fingerprint=backend.describe().fingerprint)
+async def create_completion(body: CompletionRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Generating, request.url.path)
+    generation_request = await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body)))
+    ctx = translate.completion_context(body, model=served.name, fingerprint=served.describe().fingerprint)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream),
                          encoder=translate.CompletionChunkEncoder(ctx),
@@ -88,10 +89,11 @@ async def create_completion(body: CompletionRequest, request: Request, backend: 
 
 
 @router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
-async def create_embeddings(body: EmbeddingRequest, request: Request, backend: BackendDep) -> dict[str, Any]:
-    if not backend.capabilities.embeddings:
+async def create_embeddings(body: EmbeddingRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+    backend = served.role(Embedding, request.url.path)
+    if not served.backend.capabilities.embeddings:
         raise embeddings_off()
-    described = backend.describe()
+    described = served.describe()
     if described.pooling == "none":
         raise InvalidRequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type",
                                   param="input")
@@ -99,23 +101,24 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body, described.info.n_embd)
     embedded = await backend.embed(items, params)
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
-    return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, backend.name)
+    hand_over_count(request.scope, model=served.name, prompt_tokens=embedded.n_tokens)
+    return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, served.name)
 
 
 @router.post("/v1/audio/transcriptions")
 @router.post("/audio/transcriptions")
 async def create_transcription(body: Annotated[TranscriptionRequest, Form()], file: Annotated[UploadFile, File()],
-                               request: Request, backend: BackendDep) -> Response:
+                               request: Request, served: ServedDep) -> Response:
     """OpenAI's multipart upload, read by the model's audio projector as one chat turn (llama-server's)."""
-    described = backend.describe()
-    transcription.check_model_hears(described.modalities, backend.name)
+    backend = served.role(Generating, request.url.path)
+    described = served.describe()
+    transcription.check_model_hears(described.modalities, served.name)
     clip = await file.read()
     transcription.check_request(body, clip)
     chat = transcription.to_chat_request(body, clip, template_source=described.template.source
                                          if described.template else "")
-    generation_request, answer_format = await backend.prepare_chat(chat)
-    ctx = transcription.transcription_context(body, clip, answer_format, model=backend.name)
+    generation_request, answer_format = await backend.prepare_chat(served.chat(chat))
+    ctx = transcription.transcription_context(body, clip, answer_format, model=served.name)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=transcription.TranscriptEncoder(ctx),
                          to_body=partial(transcription.to_transcription, ctx=ctx),

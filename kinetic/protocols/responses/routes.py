@@ -13,13 +13,13 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from kinetic.backends.base import ModelBackend, require
+from kinetic.backends.base import Generating, Tokenizing
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.identity import caller_of
 from kinetic.classroom.ledger import run_record
 from kinetic.classroom.outcome import ErrorTold, Outcome, hand_over
 from kinetic.errors import InvalidRequestError, KineticError, field_error
-from kinetic.model_registry.deps import BackendDep, server_state
+from kinetic.model_registry.deps import ServedDep, server_state
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.store_database import listing, page
 from kinetic.protocols.common.streaming import respond
@@ -53,7 +53,8 @@ def background_runs(request: Request) -> BackgroundRuns:
 
 @router.post("/v1/responses")
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, request: Request, backend: BackendDep) -> Response:
+async def create_response(body: ResponsesRequest, request: Request, served: ServedDep) -> Response:
+    backend = served.role(Generating, request.url.path)
     store, caller = response_store(request), caller_of(request)
     conversation = items.conversation_id(body)
     history: list[dict[str, Any]] = []
@@ -62,8 +63,8 @@ async def create_response(body: ResponsesRequest, request: Request, backend: Bac
     elif body.previous_response_id is not None:
         history = store.get(body.previous_response_id, caller, param="previous_response_id").history
     chat = translate.to_chat_request(body, items.history_items(history))
-    generation_request, answer_format = await backend.prepare_chat(chat)
-    ctx = translate.response_context(body, answer_format, model=backend.name)
+    generation_request, answer_format = await backend.prepare_chat(served.chat(chat))
+    ctx = translate.response_context(body, answer_format, model=served.name)
     kept = Kept(store if body.store is not False else None, conversation_store(request) if conversation else None,
                 caller, ctx.id, conversation, items.input_item_records(body), history)
     ctx.on_completed = kept.completed
@@ -74,7 +75,7 @@ async def create_response(body: ResponsesRequest, request: Request, backend: Bac
                          to_body=partial(translate.to_response, ctx=ctx))
 
 
-async def _start_in_background(request: Request, body: ResponsesRequest, backend: ModelBackend[Any],
+async def _start_in_background(request: Request, body: ResponsesRequest, backend: Generating[Any],
                                generation_request: Any, ctx: translate.ResponseContext, kept: Kept) -> Response:
     """Queued like any request, answered at once; the run keeps its response and its ledger line when it ends."""
     if kept.store is None:
@@ -129,10 +130,9 @@ class Kept:
 
 @router.post("/v1/responses/input_tokens")
 @router.post("/responses/input_tokens")
-async def count_input_tokens(body: InputTokensRequest, request: Request, backend: BackendDep) -> dict[str, Any]:
-    require(backend.capabilities.tokenizer, backend, request.url.path, "its tokenizer and template are the "
-            "server's behind it")
-    return translate.input_tokens_body(await backend.count_chat_tokens(translate.to_chat_request(body)))
+async def count_input_tokens(body: InputTokensRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+    backend = served.role(Tokenizing, request.url.path)
+    return translate.input_tokens_body(await backend.count_chat_tokens(served.chat(translate.to_chat_request(body))))
 
 
 @router.get("/v1/responses/{response_id}")

@@ -4,6 +4,11 @@ behind the chat layer (local.py) or a remote OpenAI-compatible server (upstream/
 Routes ask a backend, never an engine: they translate the wire request to a neutral one, hand it
 to the backend, and stream back what it yields (kinetic.protocols.common.streaming.respond). What a backend cannot
 do is data (`Capabilities`), checked by the route, which answers 501 naming itself (`lacking`).
+
+Each call a request makes that a backend queues or prepares takes that request's `RequestRecord`
+(kinetic.classroom.request_record), handed down by the route: the backend reads the Caller there (the
+fair queue's name and priority) and notes on it the media its prompts read. Nothing comes through a
+context variable.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kinetic.chat.types import (
     PromptInput,
     PromptRequest,
 )
+from kinetic.classroom.request_record import RequestRecord
 from kinetic.engine.base import Generation
 from kinetic.engine.types import (
     EngineStats,
@@ -135,11 +141,11 @@ class ModelBackend(Protocol[RequestT]):
         """The GGUF's digest, size and time (Ollama's /api/tags and /api/show); a remote model has none."""
 
     # generation
-    async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]: ...
+    async def prepare_chat(self, req: ChatRequest, record: RequestRecord) -> tuple[RequestT, AnswerFormat]: ...
 
-    async def prepare_prompt(self, req: PromptRequest) -> RequestT: ...
+    async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> RequestT: ...
 
-    async def prepare_infill(self, req: InfillRequest) -> RequestT: ...
+    async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> RequestT: ...
 
     async def start(self, request: RequestT) -> Generation: ...
 
@@ -149,7 +155,7 @@ class ModelBackend(Protocol[RequestT]):
         """This backend, rendering chats with the Jinja `template` instead of its own (a derived model's)."""
 
     # token-level work
-    async def count_chat_tokens(self, req: ChatRequest) -> int: ...
+    async def count_chat_tokens(self, req: ChatRequest, record: RequestRecord) -> int: ...
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
@@ -170,8 +176,8 @@ class ModelBackend(Protocol[RequestT]):
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
     # embeddings and rerank
-    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
-                    per_token: bool = False) -> Embeddings: ...
+    async def embed(self, inputs: list[PromptInput], params: list[str], record: RequestRecord, *,
+                    truncate: bool = False, per_token: bool = False) -> Embeddings: ...
 
     async def rerank(self, query: str, documents: list[str]) -> list[RankScore]: ...
 

@@ -1,5 +1,5 @@
 """FastAPI dependencies: the model backend a request is for, resolved through the model registry on the
-app's typed state (ServerState), and the request's Caller.
+app's typed state (ServerState), and the request's record (its Caller on it).
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
 llama-server's native routes take it); with one model it is ignored, unless it names a derived model
@@ -24,9 +24,9 @@ from kinetic.backends.base import ModelBackend
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.chats import ChatStore
-from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import LedgerRecord, LedgerWriter
+from kinetic.classroom.request_record import RequestRecord, caller_of, request_record
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
@@ -180,3 +180,11 @@ def backend_dependency(*, missing: str, unknown: str) -> Callable[[Request], Asy
 BackendDep = Annotated[ModelBackend, Depends(get_backend)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CallerDep = Annotated[Caller, Depends(caller_of)]
+
+
+def get_record(request: Request) -> RequestRecord:
+    return request_record(request)
+
+
+# The request's record, for a route to hand down to its backend (which reads the Caller there and notes media)
+RecordDep = Annotated[RequestRecord, Depends(get_record)]

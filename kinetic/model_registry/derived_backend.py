@@ -26,6 +26,7 @@ from kinetic.chat.types import (
     PromptRequest,
     TextPart,
 )
+from kinetic.classroom.request_record import RequestRecord
 from kinetic.engine.base import Generation
 from kinetic.engine.types import EngineStats, RankScore, SlotFileResult, SlotState
 from kinetic.errors import KineticError
@@ -64,14 +65,15 @@ class DerivedBackend(Generic[RequestT]):
     def describe(self) -> Description:
         return replace(self.chatting.describe(), name=self.name, aliases=self.aliases)
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]:
-        return await self.chatting.prepare_chat(self._chat(req))
+    async def prepare_chat(self, req: ChatRequest, record: RequestRecord) -> tuple[RequestT, AnswerFormat]:
+        return await self.chatting.prepare_chat(self._chat(req), record)
 
-    async def prepare_prompt(self, req: PromptRequest) -> RequestT:
-        return await self.base.prepare_prompt(replace(req, options=with_defaults(req.options, self.model.options)))
+    async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> RequestT:
+        return await self.base.prepare_prompt(replace(req, options=with_defaults(req.options, self.model.options)),
+                                              record)
 
-    async def count_chat_tokens(self, req: ChatRequest) -> int:
-        return await self.chatting.count_chat_tokens(self._chat(req))
+    async def count_chat_tokens(self, req: ChatRequest, record: RequestRecord) -> int:
+        return await self.chatting.count_chat_tokens(self._chat(req), record)
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                      template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
@@ -119,8 +121,9 @@ class DerivedBackend(Generic[RequestT]):
     async def model_file(self) -> ModelFile:
         return await self.base.model_file()
 
-    async def prepare_infill(self, req: InfillRequest) -> RequestT:
-        return await self.base.prepare_infill(replace(req, options=with_defaults(req.options, self.model.options)))
+    async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> RequestT:
+        return await self.base.prepare_infill(replace(req, options=with_defaults(req.options, self.model.options)),
+                                              record)
 
     async def start(self, request: RequestT) -> Generation:
         return await self.base.start(request)
@@ -143,9 +146,9 @@ class DerivedBackend(Generic[RequestT]):
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.base.forward_token_route(route, body)
 
-    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
-                    per_token: bool = False) -> Embeddings:
-        return await self.base.embed(inputs, params, truncate=truncate, per_token=per_token)
+    async def embed(self, inputs: list[PromptInput], params: list[str], record: RequestRecord, *,
+                    truncate: bool = False, per_token: bool = False) -> Embeddings:
+        return await self.base.embed(inputs, params, record, truncate=truncate, per_token=per_token)
 
     async def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
         return await self.base.rerank(query, documents)

@@ -7,7 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kinetic.model_registry.deps import BackendDep
+from kinetic.model_registry.deps import BackendDep, RecordDep
 from kinetic.protocols.anthropic import translate
 from kinetic.protocols.anthropic.types import CountTokensRequest, MessagesRequest
 from kinetic.protocols.common.streaming import respond
@@ -16,8 +16,8 @@ router = APIRouter()
 
 
 @router.post("/v1/messages")
-async def create_message(body: MessagesRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
+async def create_message(body: MessagesRequest, request: Request, backend: BackendDep, record: RecordDep) -> Response:
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body), record)
     ctx = translate.message_context(body, answer_format, generation_request.n_prompt_tokens)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
@@ -25,7 +25,7 @@ async def create_message(body: MessagesRequest, request: Request, backend: Backe
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, backend: BackendDep) -> dict[str, int]:
+async def count_tokens(body: CountTokensRequest, backend: BackendDep, record: RecordDep) -> dict[str, int]:
     if backend.capabilities.forwards_token_routes:  # the server behind it has the tokenizer: it counts
         return await backend.forward_token_route("/v1/messages/count_tokens", body.model_dump(exclude_unset=True))
-    return {"input_tokens": await backend.count_chat_tokens(translate.count_tokens_request(body))}
+    return {"input_tokens": await backend.count_chat_tokens(translate.count_tokens_request(body), record)}

@@ -16,8 +16,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from kinetic import __version__
 from kinetic.backends.base import ModelBackend, embeddings_off, lacking, require, rerank_off
 from kinetic.chat.types import PreparedRequest
-from kinetic.classroom.identity import caller_of
-from kinetic.classroom.outcome import hand_over_count
+from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Offload
 from kinetic.errors import (
@@ -27,7 +26,7 @@ from kinetic.errors import (
     RecordUnwritableError,
     UnavailableError,
 )
-from kinetic.model_registry.deps import BackendDep, RegistryDep, model_backend
+from kinetic.model_registry.deps import BackendDep, RecordDep, RegistryDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
 from kinetic.protocols.common import translate as common
@@ -221,18 +220,18 @@ def _metrics(request: Request, backend: ModelBackend) -> Response:
 
 @router.post("/completion")
 @router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
-async def completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_requests = [await backend.prepare_prompt(r)
+async def completion(body: CompletionRequest, request: Request, backend: BackendDep, record: RecordDep) -> Response:
+    generation_requests = [await backend.prepare_prompt(r, record)
                            for r in translate.to_prompt_requests(body, n_slots=backend.describe().n_slots)]
     # one result is an object, several an array (llama-server's rule)
     return await _generate(body, generation_requests, request, backend, several=len(generation_requests) > 1)
 
 
 @router.post("/infill")
-async def infill(body: InfillRequest, request: Request, backend: BackendDep) -> Response:
+async def infill(body: InfillRequest, request: Request, backend: BackendDep, record: RecordDep) -> Response:
     require(backend.capabilities.infill, backend, request.url.path, "the server behind it is reached by its "
             "OpenAI routes, which have no fill-in-the-middle")
-    generation_request = await backend.prepare_infill(translate.to_infill_request(body))
+    generation_request = await backend.prepare_infill(translate.to_infill_request(body), record)
     return await _generate(body, [generation_request], request, backend, several=False)
 
 
@@ -254,13 +253,13 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
 
 @router.post("/embedding")
 @router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
-async def embedding(body: EmbeddingRequest, request: Request, backend: BackendDep) -> list[dict[str, Any]]:
+async def embedding(body: EmbeddingRequest, backend: BackendDep, record: RecordDep) -> list[dict[str, Any]]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     items, params = translate.embedding_inputs(body)
-    embedded = await backend.embed(items, params, per_token=True)
+    embedded = await backend.embed(items, params, record, per_token=True)
     # llama-server's native answer shows no count; the ledger keeps what the model read all the same
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
+    record.add_count(model=backend.name, prompt_tokens=embedded.n_tokens)
     return translate.to_native_embeddings(embedded.vectors, pooling=backend.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
                                           else backend.config.switches.embd_normalize)
@@ -270,7 +269,7 @@ async def embedding(body: EmbeddingRequest, request: Request, backend: BackendDe
 @router.post("/reranking")
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
-async def rerank_documents(request: Request, backend: BackendDep) -> Any:
+async def rerank_documents(request: Request, backend: BackendDep, record: RecordDep) -> Any:
     if not backend.capabilities.rerank:  # checked before the body, as llama-server does
         raise rerank_off()
     try:
@@ -279,7 +278,7 @@ async def rerank_documents(request: Request, backend: BackendDep) -> Any:
         raise InvalidRequestError("Invalid JSON body", param="body") from None
     body = rerank.rerank_request(raw)
     scores = await backend.rerank(body.query, body.documents)
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
+    record.add_count(model=backend.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
     return rerank.to_rerank_body(body, scores, model=backend.name)
 
 

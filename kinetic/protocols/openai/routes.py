@@ -11,12 +11,11 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from kinetic.backends.base import embeddings_off, require
-from kinetic.classroom.identity import caller_of
-from kinetic.classroom.outcome import hand_over_count
+from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.errors import ForbiddenError, InvalidRequestError
 from kinetic.model_registry import listing
-from kinetic.model_registry.deps import BackendDep, CallerDep, RegistryDep
+from kinetic.model_registry.deps import BackendDep, CallerDep, RecordDep, RegistryDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.openai import transcription, translate
@@ -34,8 +33,9 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body))
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, backend: BackendDep,
+                                 record: RecordDep) -> Response:
+    generation_request, answer_format = await backend.prepare_chat(translate.to_chat_request(body), record)
     described = backend.describe()
     ctx = translate.chat_context(body, answer_format, model=backend.name, fingerprint=described.fingerprint,
                                  generation=generation_request, verbose=backend.config.switches.verbose,
@@ -69,17 +69,18 @@ def key_name(request: Request) -> str | None:
 
 @router.post("/v1/chat/completions/input_tokens")
 @router.post("/chat/completions/input_tokens")
-async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request,
-                                      backend: BackendDep) -> dict[str, int]:
+async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request, backend: BackendDep,
+                                      record: RecordDep) -> dict[str, int]:
     """llama-server's: the prompt tokens this chat request would take (tools and template included)."""
     require(backend.capabilities.tokenizer, backend, request.url.path, "its tokenizer and template are the "
             "server's behind it")
-    return {"input_tokens": await backend.count_chat_tokens(translate.to_chat_request(body))}
+    return {"input_tokens": await backend.count_chat_tokens(translate.to_chat_request(body), record)}
 
 
 @router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there
-async def create_completion(body: CompletionRequest, request: Request, backend: BackendDep) -> Response:
-    generation_request = await backend.prepare_prompt(translate.to_prompt_request(body))
+async def create_completion(body: CompletionRequest, request: Request, backend: BackendDep,
+                            record: RecordDep) -> Response:
+    generation_request = await backend.prepare_prompt(translate.to_prompt_request(body), record)
     ctx = translate.completion_context(body, model=backend.name, fingerprint=backend.describe().fingerprint)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream),
@@ -88,7 +89,7 @@ async def create_completion(body: CompletionRequest, request: Request, backend: 
 
 
 @router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
-async def create_embeddings(body: EmbeddingRequest, request: Request, backend: BackendDep) -> dict[str, Any]:
+async def create_embeddings(body: EmbeddingRequest, backend: BackendDep, record: RecordDep) -> dict[str, Any]:
     if not backend.capabilities.embeddings:
         raise embeddings_off()
     described = backend.describe()
@@ -98,15 +99,15 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, backend: B
     items, params = translate.embedding_inputs(body)
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body, described.info.n_embd)
-    embedded = await backend.embed(items, params)
-    hand_over_count(request.scope, model=backend.name, prompt_tokens=embedded.n_tokens)
+    embedded = await backend.embed(items, params, record)
+    record.add_count(model=backend.name, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, backend.name)
 
 
 @router.post("/v1/audio/transcriptions")
 @router.post("/audio/transcriptions")
 async def create_transcription(body: Annotated[TranscriptionRequest, Form()], file: Annotated[UploadFile, File()],
-                               request: Request, backend: BackendDep) -> Response:
+                               request: Request, backend: BackendDep, record: RecordDep) -> Response:
     """OpenAI's multipart upload, read by the model's audio projector as one chat turn (llama-server's)."""
     described = backend.describe()
     transcription.check_model_hears(described.modalities, backend.name)
@@ -114,7 +115,7 @@ async def create_transcription(body: Annotated[TranscriptionRequest, Form()], fi
     transcription.check_request(body, clip)
     chat = transcription.to_chat_request(body, clip, template_source=described.template.source
                                          if described.template else "")
-    generation_request, answer_format = await backend.prepare_chat(chat)
+    generation_request, answer_format = await backend.prepare_chat(chat, record)
     ctx = transcription.transcription_context(body, clip, answer_format, model=backend.name)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=transcription.TranscriptEncoder(ctx),

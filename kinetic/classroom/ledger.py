@@ -9,13 +9,13 @@ their method, status and error. Prompt and answer text are written only with `--
 
 The numbers come from the code that told them to the client: each protocol's encoder fills an
 `Outcome` (kinetic.classroom.outcome) as it writes the frames or the body, and the route hands it to
-the request's one typed `RequestRecord` (kinetic.classroom.request_record), which this middleware opens at
-the door; the recorder never reads the response's bytes, so a new protocol is recorded whole or a test fails
-(tests/unit/test_ledger_catalog.py). The middleware hands
-each record to its sinks: the file writer (with `--ledger`), the dashboard's in-memory totals (always,
-see stats.py). One writer per file: lines are written whole, under a lock, and flushed one by one, so
-the file can be read (and graded, and read back at start for budgets) while the server runs. The
-server's web pages and the dashboard's polling are not recorded.
+the request's one typed `RequestRecord` (kinetic.classroom.request_record), which this middleware opens
+at the door; the recorder never reads the response's bytes, so a new protocol is recorded whole or a
+test fails (tests/unit/test_ledger_catalog.py). The middleware hands each line to its sinks: the file
+writer (with `--ledger`), the dashboard's in-memory totals (always, see stats.py). One writer per file:
+lines are written whole, under a lock, and flushed one by one, so the file can be read (and graded, and
+read back at start for budgets) while the server runs. The server's web pages and the dashboard's polling
+are not recorded.
 """
 
 from __future__ import annotations
@@ -375,8 +375,8 @@ def auth_outcome(status: int, headers: dict[str, str], *, keyed: bool, client: s
 
 
 class LedgerMiddleware:
-    """Builds one record per HTTP request (CORS preflights and the web pages excepted) once its
-    answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
+    """Builds one line (a LedgerRecord) per HTTP request (CORS preflights and the web pages excepted)
+    once its answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
     It opens the request's RequestRecord at the door, before the gate runs, for every HTTP request (the
     routes it does not record read their caller there too); the gate names the caller on it, the route

@@ -11,6 +11,11 @@ without --embeddings or --rerank) is data (`Capabilities`), in llama-server's wo
 
 Routes ask a backend, never an engine: they translate the wire request to a neutral one, hand it to the
 backend, and stream back what it yields (kinetic.protocols.common.streaming.respond).
+
+Each call a request makes that a backend queues or prepares takes that request's `RequestRecord`
+(kinetic.classroom.request_record), handed down by the route: the backend reads the Caller there (the
+fair queue's name and priority) and notes on it the media its prompts read. Nothing comes through a
+context variable.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kinetic.chat.types import (
     PromptInput,
     PromptRequest,
 )
+from kinetic.classroom.request_record import RequestRecord
 from kinetic.engine.base import Generation
 from kinetic.engine.types import (
     EngineStats,
@@ -152,9 +158,9 @@ class Generating(Protocol[RequestT]):
     """Chat and completions. A route holds it as Generating[Any]: what `prepare_*` gave it goes back to the same
     backend's `start`, unopened but for what every prepared request shows (PreparedRequest)."""
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[RequestT, AnswerFormat]: ...
+    async def prepare_chat(self, req: ChatRequest, record: RequestRecord) -> tuple[RequestT, AnswerFormat]: ...
 
-    async def prepare_prompt(self, req: PromptRequest) -> RequestT: ...
+    async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> RequestT: ...
 
     async def start(self, request: RequestT) -> Generation: ...
 
@@ -167,14 +173,14 @@ class Generating(Protocol[RequestT]):
 class Infilling(Generating[RequestT], Protocol[RequestT]):
     """Fill-in-the-middle (/infill), started as any generation."""
 
-    async def prepare_infill(self, req: InfillRequest) -> RequestT: ...
+    async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> RequestT: ...
 
 
 @runtime_checkable
 class Tokenizing(Protocol):
     """The model's tokenizer, here: the token routes and token counting."""
 
-    async def count_chat_tokens(self, req: ChatRequest) -> int: ...
+    async def count_chat_tokens(self, req: ChatRequest, record: RequestRecord) -> int: ...
 
     async def tokenize(self, parts: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
         """Text parts tokenized (only a first text part gets the special tokens `add_special` asks for),
@@ -207,10 +213,11 @@ class ForwardsTokenRoutes(Protocol):
     async def forward_token_route(self, route: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
+
 @runtime_checkable
 class Embedding(Protocol):
-    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
-                    per_token: bool = False) -> Embeddings: ...
+    async def embed(self, inputs: list[PromptInput], params: list[str], record: RequestRecord, *,
+                    truncate: bool = False, per_token: bool = False) -> Embeddings: ...
 
 
 @runtime_checkable

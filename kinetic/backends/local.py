@@ -41,7 +41,7 @@ from kinetic.chat.media import check_readable, media_parts
 from kinetic.chat.prepare import ChatLayer, RenderedChat
 from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
-from kinetic.classroom.identity import CALLER, note_media
+from kinetic.classroom.request_record import RequestRecord
 from kinetic.engine.base import Engine, Generation
 from kinetic.engine.types import (
     EngineStats,
@@ -168,34 +168,35 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
             raise InvalidRequestError(f"model '{self.name}' is an embedding model and does not generate "
                                       "text: use /v1/embeddings with it", param="model")
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[GenerationRequest, AnswerFormat]:
+    async def prepare_chat(self, req: ChatRequest, record: RequestRecord) -> tuple[GenerationRequest, AnswerFormat]:
         self._require_generation()
         # files named by URL are loaded first (the chat layer reads bytes only); no URL, no work. A file the model
         # cannot read is refused before anything is fetched for it.
         check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
         generation, answer_format = await anyio.to_thread.run_sync(self._chat(req.template).prepare_chat, req)
-        return self._made(generation), answer_format
+        return self._made(generation, record), answer_format
 
-    async def prepare_prompt(self, req: PromptRequest) -> GenerationRequest:
+    async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> GenerationRequest:
         self._require_generation()
         req = await resolve_prompt(req, self.config.media)
-        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_prompt, req))
+        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_prompt, req), record)
 
-    async def prepare_infill(self, req: InfillRequest) -> GenerationRequest:
+    async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> GenerationRequest:
         check_fim(self.info.fim_tokens)  # llama-server's 501 naming the missing tokens
         self._require_generation()
-        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_infill, req))
+        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_infill, req), record)
 
-    def _made(self, generation: GenerationRequest) -> GenerationRequest:
-        """A prepared request, the client's name on it; with --log-prompts-dir its prompt is written out."""
+    def _made(self, generation: GenerationRequest, record: RequestRecord) -> GenerationRequest:
+        """A prepared request, its caller's queue name and priority on it, the files its prompt read noted on the
+        request's record; with --log-prompts-dir its prompt is written out."""
         if self.config.switches.log_prompts_dir:
             write_prompt(self.config.switches.log_prompts_dir, self.prompt_text(generation))
         if generation.media:
-            note_media(images=sum(span.modality == "image" for span in generation.media),
-                       audio=sum(span.modality == "audio" for span in generation.media),
-                       tokens=sum(span.n_tokens for span in generation.media))
-        caller = CALLER.get()
+            record.note_media(images=sum(span.modality == "image" for span in generation.media),
+                              audio=sum(span.modality == "audio" for span in generation.media),
+                              tokens=sum(span.n_tokens for span in generation.media))
+        caller = record.caller
         return replace(generation, client=caller.queue_name, priority=caller.priority)
 
     async def start(self, request: GenerationRequest) -> Generation:
@@ -207,9 +208,9 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
 
     # ------------------------------------------------------------------ token-level work
 
-    async def count_chat_tokens(self, req: ChatRequest) -> int:
+    async def count_chat_tokens(self, req: ChatRequest, record: RequestRecord) -> int:
         """Tokens of the prompt `req` renders to (tools and constraints included), without generating."""
-        generation, _ = await self.prepare_chat(req)
+        generation, _ = await self.prepare_chat(req, record)
         return generation.n_prompt_tokens
 
     async def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
@@ -240,8 +241,8 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
 
     # ------------------------------------------------------------------ embeddings
 
-    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
-                    per_token: bool = False) -> Embeddings:
+    async def embed(self, inputs: list[PromptInput], params: list[str], record: RequestRecord, *,
+                    truncate: bool = False, per_token: bool = False) -> Embeddings:
         """Pooled, L2-normalised vectors; with `per_token` the raw rows of each input (one pooled row,
         or one per token with --pooling none), for llama-server's native /embedding."""
         if self.engine.embedding_n_ctx == 0:

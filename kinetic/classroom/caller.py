@@ -1,9 +1,9 @@
 """Who is asking: one `Caller`, resolved once by the request gate from the key sent, and read by the
 routes, the fair queue, the ledger, the budgets and the dashboard.
 
-The gate puts it in the ASGI scope's state (`state["caller"]`); the identity middleware inside the gate
-makes it current for the request (classroom/identity.py), so the layers below the routes (a backend
-naming the request for the fair queue) read the same object. It never holds the key itself.
+The gate names it on the request's record (classroom/request_record.py); the routes read it there and
+hand it down explicitly, with the record, to the backend that names the request for the fair queue. It
+never holds the key itself.
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ class Caller:
 NOBODY = Caller(None, Role.STUDENT)  # outside any request (a test calling a backend directly)
 
 
-# A batch's line reaches the routes as an in-process request whose ASGI scope holds its BatchOrigin under this key:
-# uvicorn never puts it there, so no client can claim one. The gate makes its Caller from the owner's key entry
-# now (its budget, its hours), below every live request in the waiting line.
-BATCH_SCOPE = "kinetic.batch"
+# A batch's line (kinetic/classroom/request_record.py's BATCH_SCOPE): the gate makes its Caller from the owner's key
+# entry now (its budget, its hours), below every live request in the waiting line.
 BATCH_PRIORITY = -(2**31)
 
 

@@ -8,13 +8,14 @@ answer text and when the first one left. Rejected attempts (401) and other route
 their method, status and error. Prompt and answer text are written only with `--ledger-content`.
 
 The numbers come from the code that told them to the client: each protocol's encoder fills an
-`Outcome` (kinetic.classroom.outcome) as it writes the frames or the body, and the route's
-request hands it over in the ASGI scope's state; the recorder never reads the response's bytes, so a
-new protocol is recorded whole or a test fails (tests/unit/test_ledger_catalog.py). The middleware hands
-each record to its sinks: the file writer (with `--ledger`), the dashboard's in-memory totals (always,
-see stats.py). One writer per file: lines are written whole, under a lock, and flushed one by one, so
-the file can be read (and graded, and read back at start for budgets) while the server runs. The
-server's web pages and the dashboard's polling are not recorded.
+`Outcome` (kinetic.classroom.outcome) as it writes the frames or the body, and the route hands it to
+the request's one typed `RequestRecord` (kinetic.classroom.request_record), which this middleware opens
+at the door; the recorder never reads the response's bytes, so a new protocol is recorded whole or a
+test fails (tests/unit/test_ledger_catalog.py). The middleware hands each line to its sinks: the file
+writer (with `--ledger`), the dashboard's in-memory totals (always, see stats.py). One writer per file:
+lines are written whole, under a lock, and flushed one by one, so the file can be read (and graded, and
+read back at start for budgets) while the server runs. The server's web pages and the dashboard's polling
+are not recorded.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kinetic.classroom.caller import BATCH_SCOPE, BatchOrigin, Caller
+from kinetic.classroom.request_record import RequestRecord, open_record
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -343,6 +344,19 @@ def _error_record(error: ErrorTold | None) -> ErrorRecord | None:
     return None if error is None else ErrorRecord(type=error.type, message=error.message)
 
 
+def request_fields(record: RequestRecord, started: float, *, content: bool) -> dict[str, Any]:
+    """What a request's record says, as line fields: the error told, the counts its client saw, the batch it ran
+    for, the media its prompts read (the HTTP facts, status and route, are the middleware's)."""
+    fields: dict[str, Any] = {"error": _error_record(record.error_told),
+                              **told_fields(record.outcomes, started, content=content)}
+    if record.batch is not None:
+        fields["batch"] = BatchRecord(id=record.batch.batch_id, custom_id=record.batch.custom_id)
+    if record.media is not None:
+        fields["media"] = MediaRecord(images=record.media.images, audio=record.media.audio,
+                                      tokens=record.media.tokens)
+    return fields
+
+
 # ---------------------------------------------------------------------------------------------
 # The ASGI recorder: outermost, so that it also sees the gate's 401s and 503s.
 
@@ -361,13 +375,13 @@ def auth_outcome(status: int, headers: dict[str, str], *, keyed: bool, client: s
 
 
 class LedgerMiddleware:
-    """Builds one record per HTTP request (CORS preflights and the web pages excepted) once its
-    answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
+    """Builds one line (a LedgerRecord) per HTTP request (CORS preflights and the web pages excepted)
+    once its answer is sent, and hands it to each sink: a LedgerWriter, the dashboard's ClassStats.
 
-    The request gate inside puts the Caller in `scope["state"]["caller"]`, and the route its outcomes
-    (kinetic.classroom.outcome); this reads both after the answer, so the state dict is created
-    here, before the gate runs. `content` keeps the prompt and answer text in the record
-    (`--ledger-content`); it defaults to the writer's setting.
+    It opens the request's RequestRecord at the door, before the gate runs, for every HTTP request (the
+    routes it does not record read their caller there too); the gate names the caller on it, the route
+    adds its outcomes, and this reads it after the answer. `content` keeps the prompt and answer text in
+    the line (`--ledger-content`); it defaults to the writer's setting.
     """
 
     def __init__(self, app: ASGIApp, *, keyed: bool, writer: LedgerWriter | None = None,
@@ -378,10 +392,13 @@ class LedgerMiddleware:
         self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not recorded(scope["path"]):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
+        record = open_record(scope)
+        if scope["method"] == "OPTIONS" or not recorded(scope["path"]):
+            await self.app(scope, receive, send)
+            return
         started = time.monotonic()
         status, stream = 500, False
         ended: float | None = None  # when the last byte left: what the client's clock can compare with
@@ -392,7 +409,7 @@ class LedgerMiddleware:
             nonlocal written
             if not written:
                 written = True
-                self._write(scope, state, status, stream, started, (ended or time.monotonic()) - started,
+                self._write(scope, record, status, stream, started, (ended or time.monotonic()) - started,
                             request_body)
 
         async def receive_and_keep() -> Message:
@@ -420,33 +437,25 @@ class LedgerMiddleware:
         finally:
             write_once()  # a response that never ended (an error before its start, a disconnect)
 
-    def _write(self, scope: Scope, state: dict[str, Any], status: int, stream: bool, started: float,
+    def _write(self, scope: Scope, record: RequestRecord, status: int, stream: bool, started: float,
                duration: float, request_body: bytearray) -> None:
-        headers = _headers(scope)
-        caller = state.get("caller")
-        client = caller.name if isinstance(caller, Caller) else None
-        outcomes: list[Outcome] = state.get("outcomes", [])
-        error = state.get("error") or next((o.error for o in outcomes if o.error is not None), None)
-        fields: dict[str, Any] = {
+        client = record.caller.name
+        fields = request_fields(record, started, content=self.content)
+        fields.update({
             "time": _now_iso(), "duration_s": round(duration, 4), "client": client,
-            "auth": auth_outcome(status, headers, keyed=self.keyed, client=client),
+            "auth": auth_outcome(status, _headers(scope), keyed=self.keyed, client=client),
             "addr": (scope.get("client") or ("", 0))[0], "method": scope["method"], "route": scope["path"],
-            "status": status, "stream": stream, "error": _error_record(error),
-            **told_fields(outcomes, started, content=self.content),
-        }
-        if isinstance(origin := scope.get(BATCH_SCOPE), BatchOrigin):
-            fields["batch"] = BatchRecord(id=origin.batch_id, custom_id=origin.custom_id)
-        if "media" in state:  # the images and audio its prompt read (kinetic.classroom.identity.note_media)
-            fields["media"] = MediaRecord(**state["media"])
+            "status": status, "stream": stream,
+        })
         if self.content and request_body:
             try:
                 fields["request"] = json.loads(bytes(request_body))
             except ValueError:
                 fields["request"] = bytes(request_body).decode("utf-8", "replace")
-        record = LedgerRecord(**fields)
+        line = LedgerRecord(**fields)
         for sink in self.sinks:
             try:
-                sink(record)
+                sink(line)
             except (OSError, ValueError):  # the writer has said so and marked the ledger (the gate refuses next)
                 pass
             except Exception:  # nor a bug in a sink: the answer has been sent already

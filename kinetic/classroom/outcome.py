@@ -7,21 +7,17 @@ first one's time, the tool calls it starts, then usage and finish), the body bui
 a route that embeds or ranks. The counts are neutral (prompt tokens include the cached ones, as
 OpenAI's `prompt_tokens`): a protocol that shows them split, as Anthropic does, shows the same numbers.
 
-The route's request carries them to the ledger in the ASGI scope's state (`hand_over`), which the
+The route hands them to the request's record (classroom/request_record.py: `add_outcomes`), which the
 ledger middleware reads once the answer is out, as it reads the caller's name.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from kinetic.errors import KineticError
-
-OUTCOMES = "outcomes"  # the scope state's key: every Outcome of the request (a list of prompts has several)
-ERROR = "error"  # the scope state's key: the error the request was answered with
 
 
 class TokenCounts(Protocol):
@@ -108,18 +104,3 @@ class Outcome:
 
     def failed(self, err: KineticError) -> None:
         self.error = error_told(err)
-
-
-def hand_over(scope: MutableMapping[str, Any], *outcomes: Outcome) -> None:
-    """Gives the request's outcomes to the ledger, through the request's ASGI scope state."""
-    scope.setdefault("state", {}).setdefault(OUTCOMES, []).extend(outcomes)
-
-
-def hand_over_count(scope: MutableMapping[str, Any], *, model: str, prompt_tokens: int) -> None:
-    """What an embedding or ranking told its client: the prompt tokens it read, nothing generated."""
-    hand_over(scope, Outcome(model=model, prompt_tokens=prompt_tokens, completion_tokens=0))
-
-
-def note_error(scope: MutableMapping[str, Any], err: KineticError) -> None:
-    """The error a request was refused or answered with, for its ledger line."""
-    scope.setdefault("state", {})[ERROR] = error_told(err)

@@ -1,5 +1,6 @@
 """FastAPI dependencies: the model a request is for (its backend, and the derived model it is served as:
-served.py), resolved through the model registry on the app's typed state (ServerState), and the request's Caller.
+served.py), resolved through the model registry on the app's typed state (ServerState), and the request's record
+(its Caller on it).
 
 In router mode the model comes from the JSON body's `model` field (POST) or `?model=` (GET, as
 llama-server's native routes take it); with one model it is ignored, unless it names a derived model
@@ -23,9 +24,9 @@ from starlette.applications import Starlette
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.caller import Caller
 from kinetic.classroom.chats import ChatStore
-from kinetic.classroom.identity import caller_of
 from kinetic.classroom.keys import KeyRing
 from kinetic.classroom.ledger import LedgerRecord, LedgerWriter
+from kinetic.classroom.request_record import RequestRecord, caller_of, request_record
 from kinetic.classroom.stats import ClassStats
 from kinetic.errors import ClientDisconnected, InvalidRequestError, NotFoundError
 from kinetic.model_registry.registry import ModelEntry, ModelMissingError, ModelNotFoundError, ModelRegistry
@@ -180,3 +181,11 @@ def served_dependency(*, missing: str, unknown: str) -> Callable[[Request], Asyn
 ServedDep = Annotated[Served, Depends(get_served)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CallerDep = Annotated[Caller, Depends(caller_of)]
+
+
+def get_record(request: Request) -> RequestRecord:
+    return request_record(request)
+
+
+# The request's record, for a route to hand down to its backend (which reads the Caller there and notes media)
+RecordDep = Annotated[RequestRecord, Depends(get_record)]

@@ -17,7 +17,6 @@ from fastapi import FastAPI
 
 from kinetic.classroom.budgets import Budgets
 from kinetic.classroom.chats import ChatStore
-from kinetic.classroom.identity import ClientIdentity
 from kinetic.classroom.ledger import LedgerMiddleware, LedgerWriter, set_aside_torn_tail
 from kinetic.classroom.stats import ClassStats
 from kinetic.config.settings import ServerSettings
@@ -76,7 +75,6 @@ async def start_models(registry: ModelRegistry, app: FastAPI, on_ready: Callable
 
 def add_gate(app: FastAPI, state: ServerState) -> None:
     settings = state.registry.settings
-    app.add_middleware(ClientIdentity)  # inside the gate, which names the caller
     app.add_middleware(RequestGate, registry=state.registry, keys=state.keys, budgets=state.budgets,
                        ledger=state.ledger,
                        cors_origins=settings.cors_policy, body_timeout=settings.body_timeout,

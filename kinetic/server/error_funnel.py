@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kinetic.classroom.outcome import note_error
+from kinetic.classroom.request_record import request_record
 from kinetic.errors import (
     ClientDisconnected,
     InvalidRequestError,
@@ -41,7 +41,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def _answer(request: Request, err: KineticError) -> JSONResponse:
-    note_error(request.scope, err)
+    request_record(request).note_error(err)
     return error_response(request.url.path, err, request.method)
 
 

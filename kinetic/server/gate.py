@@ -1,8 +1,8 @@
 """The request gate, in front of every route: CORS, the preflight, "loading" (503), the API key (401)
 and the admin role (403), the key's limits (403 outside its dates or hours, 429 over its budget, with
 `x-ratelimit-*` headers), the class record (503 while the ledger cannot be written), and a deadline
-on reading the body (408). It resolves the request's one Caller (classroom/caller.py), which
-everything after it reads."""
+on reading the body (408). It resolves the request's one Caller (classroom/caller.py) and names it on
+the request's record (classroom/request_record.py), where everything after it reads it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kinetic.classroom.budgets import Budgets
-from kinetic.classroom.caller import BATCH_PRIORITY, BATCH_SCOPE, BatchOrigin, Caller
+from kinetic.classroom.caller import BATCH_PRIORITY, BatchOrigin, Caller
 from kinetic.classroom.keys import KeyRing, key_from_headers
 from kinetic.classroom.ledger import LedgerWriter, recorded
 from kinetic.classroom.limits import Limits
-from kinetic.classroom.outcome import note_error
+from kinetic.classroom.request_record import request_record
 from kinetic.classroom.roles import Role, needs_admin, require_admin, role_of
 from kinetic.errors import KineticError, RecordUnwritableError, RequestTimeoutError, UnauthorizedError, UnavailableError
 from kinetic.model_registry.registry import ModelRegistry
@@ -58,15 +58,15 @@ class RequestGate:
         allowed = [o.strip() for o in self.cors_origins.split(",")]
         return origin if origin in allowed else (allowed[0] if len(allowed) == 1 else None)
 
-    def caller(self, scope: Scope, sent: str) -> Caller:
+    def caller(self, scope: Scope, sent: str, batch: BatchOrigin | None) -> Caller:
         """Who sent `sent`: its key's name and limits (None and none for no key or a wrong one), its role. A
         batch's line is its owner's, under the limits the owner's key has now (none once that key is gone)."""
-        if isinstance(origin := scope.get(BATCH_SCOPE), BatchOrigin):
-            owner = self.keys.entry_named(origin.owner) if self.keys and origin.owner else None
+        if batch is not None:
+            owner = self.keys.entry_named(batch.owner) if self.keys and batch.owner else None
             if self.keys and owner is None:
                 return Caller(None, Role.STUDENT, addr="batch")
             limits = replace(owner.limits if owner else Limits(), priority=BATCH_PRIORITY)
-            return Caller(origin.owner, Role.ADMIN if origin.admin else Role.STUDENT, limits, "batch")
+            return Caller(batch.owner, Role.ADMIN if batch.admin else Role.STUDENT, limits, "batch")
         entry = self.keys.entry_for(sent) if self.keys else None
         addr = (scope.get("client") or ("", 0))[0]
         return Caller(entry.name if entry else None, role_of(self.keys, sent),
@@ -85,8 +85,9 @@ class RequestGate:
         # Who is asking, by name and never by key: for the ledger, the fair queue, the budgets, the
         # dashboard; in which role (classroom/roles.py), for what the routes show them.
         sent = key_from_headers(headers)
-        caller = self.caller(scope, sent)
-        scope.setdefault("state", {})["caller"] = caller
+        record = request_record(scope)
+        caller = self.caller(scope, sent, record.batch)
+        record.identify(caller)
         cors += self.budgets.headers(caller)  # what the key's budget has left, on every answer
 
         async def send_with_cors(message: Message) -> None:
@@ -171,7 +172,7 @@ class RequestGate:
 
 def refuse(scope: Scope, err: KineticError) -> Response:
     """The gate's own answer `err`, in the request's protocol, noted for its ledger line."""
-    note_error(scope, err)
+    request_record(scope).note_error(err)
     return error_response(scope["path"], err, scope["method"])
 
 

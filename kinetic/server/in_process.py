@@ -1,6 +1,7 @@
 """A request made inside the server, through the whole app as a client's would go (the ledger, the gate, the
-route): a batch's line. Its scope carries the batch's origin, which the gate reads for the owner's Caller and
-the ledger for the line's `batch` field; no client can send one, since only this builds such a scope."""
+route): a batch's line. Its scope carries the batch's origin, which the request's record takes at the door: the
+gate reads it there for the owner's Caller, the ledger for the line's `batch` field. No client can send one,
+since only this builds such a scope."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from kinetic.classroom.caller import BATCH_SCOPE, BatchOrigin
+from kinetic.classroom.caller import BatchOrigin
+from kinetic.classroom.request_record import BATCH_SCOPE
 
 
 async def post_json(app: ASGIApp, path: str, body: dict[str, Any], origin: BatchOrigin) -> tuple[int, dict[str, Any]]:

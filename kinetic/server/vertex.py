@@ -31,7 +31,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Scope
 
-from kinetic.classroom.identity import caller_of
+from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role, admin_refusal, needs_admin
 from kinetic.errors import ForbiddenError, InvalidRequestError, KineticError, ServerError
 from kinetic.model_registry.deps import server_state

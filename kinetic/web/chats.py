@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from kinetic.classroom.chats import MAX_TITLE_CHARS, ChatStore
-from kinetic.classroom.identity import caller_of
+from kinetic.classroom.request_record import caller_of
 from kinetic.errors import NotFoundError
 from kinetic.model_registry.deps import server_state
 

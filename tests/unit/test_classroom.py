@@ -25,7 +25,8 @@ from kinetic.classroom.ledger import (
     ToolCallRecord,
     read_ledger,
 )
-from kinetic.classroom.outcome import Outcome, hand_over
+from kinetic.classroom.outcome import Outcome
+from kinetic.classroom.request_record import request_record
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Finished, Timings, Usage
 from kinetic.errors import UnauthorizedError
@@ -104,7 +105,7 @@ async def chat(request):  # a route as the real ones: it answers and hands the l
     body = await request.json()
     if body.get("stream"):
         outcome = Outcome(id="chatcmpl-s", model="m")
-        hand_over(request.scope, outcome)
+        request_record(request).add_outcomes(outcome)
 
         def frames():
             for word in ("a", "b", "c"):
@@ -117,7 +118,7 @@ async def chat(request):  # a route as the real ones: it answers and hands the l
     outcome = Outcome(id="chatcmpl-j", model="m")
     outcome.call("call_1", "meteo")
     outcome.finished(FINISHED, "tool_calls", answer="abc")
-    hand_over(request.scope, outcome)
+    request_record(request).add_outcomes(outcome)
     return JSONResponse({"the body": "is not read by the ledger"})
 
 
@@ -133,7 +134,7 @@ class NameGate:
         if name is None:
             await refuse(scope, UnauthorizedError("Invalid API Key"))(scope, receive, send)
             return
-        scope.setdefault("state", {})["caller"] = Caller(name, Role.STUDENT)
+        request_record(scope).identify(Caller(name, Role.STUDENT))
         await self.app(scope, receive, send)
 
 

@@ -21,9 +21,6 @@ from kinetic.backends.model_file import read_model_file
 from kinetic.backends.sources import ModelSpec, UpstreamSpec
 from kinetic.backends.upstream.backend import UpstreamBackend
 from kinetic.backends.upstream.body import ForwardRequest
-from kinetic.classroom.caller import Caller
-from kinetic.classroom.identity import CALLER
-from kinetic.classroom.roles import Role
 from kinetic.config.settings import ServerSettings
 from kinetic.errors import RateLimitError, ServerError, UnavailableError
 from kinetic.protocols.common.streaming import merge_frames
@@ -221,7 +218,6 @@ def test_a_prompt_list_refused_by_the_key_limit_leaks_nothing(upstream_url: str)
 
     async def refused_list() -> None:
         await engine.load()
-        CALLER.set(Caller("alice", Role.STUDENT))
         with pytest.raises(RateLimitError):
             await engine.start_together([forward("alice"), forward("alice")])
         await asyncio.sleep(0.2)  # the cancelled pump's cleanup

@@ -27,7 +27,8 @@ from kinetic.backends.upstream.line import WaitingLine
 from kinetic.backends.upstream.pool import UpstreamPool
 from kinetic.backends.upstream.stream import read_events
 from kinetic.chat.types import AnswerFormat, ChatRequest, PromptInput, PromptRequest
-from kinetic.classroom.identity import CALLER
+from kinetic.classroom.caller import Caller
+from kinetic.classroom.request_record import RequestRecord
 from kinetic.engine.base import Generation
 from kinetic.engine.types import EngineStats, Event, Finished
 from kinetic.errors import InvalidRequestError, KineticError, ServerError, UnavailableError
@@ -120,16 +121,16 @@ class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRou
 
     # ------------------------------------------------------------------ generation
 
-    async def prepare_chat(self, req: ChatRequest) -> tuple[ForwardRequest, AnswerFormat]:
+    async def prepare_chat(self, req: ChatRequest, record: RequestRecord) -> tuple[ForwardRequest, AnswerFormat]:
         req = await resolve_chat(req, self.config.media)  # URLs loaded under kinetic's rules, sent inline
         body = chat_body(req, self.upstream_model, self.config.defaults.n_predict)
-        caller = CALLER.get()
+        caller = record.caller
         # the upstream's reasoning and calls come back as structure (stream.py): nothing is read from the text
         return (ForwardRequest.of("/chat/completions", body, client=caller.queue_name, priority=caller.priority),
                 AnswerFormat(reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format))
 
-    async def prepare_prompt(self, req: PromptRequest) -> ForwardRequest:
-        caller = CALLER.get()
+    async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> ForwardRequest:
+        caller = record.caller
         body = prompt_body(req, self.upstream_model, self.config.defaults.n_predict)
         return ForwardRequest.of("/completions", body, client=caller.queue_name, priority=caller.priority)
 
@@ -197,9 +198,8 @@ class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRou
     def prompt_text(self, request: ForwardRequest) -> str:
         return ""  # the upstream rendered and tokenized it; kinetic never saw the prompt's text
 
-    async def _forward_json(self, route: str, payload: dict[str, Any]) -> Any:
-        """A non-streamed call (embeddings), with the same turns, limits and failover."""
-        caller = CALLER.get()
+    async def _forward_json(self, route: str, payload: dict[str, Any], caller: Caller) -> Any:
+        """A non-streamed call (embeddings) made for `caller`, with the same turns, limits and failover."""
         client = caller.queue_name
         self.line.count(client)
         try:
@@ -222,12 +222,13 @@ class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRou
 
     # ------------------------------------------------------------------ embeddings
 
-    async def embed(self, inputs: list[PromptInput], params: list[str], *, truncate: bool = False,
-                    per_token: bool = False) -> Embeddings:
+    async def embed(self, inputs: list[PromptInput], params: list[str], record: RequestRecord, *,
+                    truncate: bool = False, per_token: bool = False) -> Embeddings:
         """The upstream's vectors (it tokenizes and pools) and its count of the tokens read."""
         if not inputs:
             return Embeddings(vectors=[], n_tokens=0)
-        answer = await self._forward_json("/embeddings", {"model": self.upstream_model, "input": list(inputs)})
+        answer = await self._forward_json("/embeddings", {"model": self.upstream_model, "input": list(inputs)},
+                                          record.caller)
         vectors = [item["embedding"] for item in sorted(answer.get("data", []), key=lambda d: d["index"])]
         n_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
         return Embeddings(vectors=[[v] for v in vectors] if per_token else vectors, n_tokens=n_tokens)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response
 
-from kinetic.classroom.identity import caller_of
+from kinetic.classroom.request_record import caller_of
 from kinetic.protocols.batches.runner import BatchRunner
 from kinetic.protocols.batches.store import BatchStore
 from kinetic.protocols.batches.types import BatchRequest, FileUpload

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from kinetic.classroom.identity import caller_of
-from kinetic.classroom.outcome import Outcome, hand_over
+from kinetic.classroom.outcome import Outcome
+from kinetic.classroom.request_record import caller_of, request_record
 from kinetic.engine.base import Generation
 from kinetic.engine.types import Event, Finished, TextDelta
 from kinetic.errors import ClientDisconnected, KineticError, ServerError
@@ -215,7 +215,7 @@ async def respond(request: Request, generation: Generation, *, stream: bool, enc
     or one body at the end, JSON unless `render` says otherwise (the generation is cancelled if the
     client leaves before then). The encoder's outcome (which `to_body` fills for a whole answer) goes
     to the ledger."""
-    hand_over(request.scope, encoder.outcome)
+    request_record(request).add_outcomes(encoder.outcome)
     if stream:
         return stream_response(request, encode_events(generation, encoder), media_type)
     deltas, finished = await until_disconnect(request, generation.result())
@@ -259,7 +259,7 @@ async def respond_many(request: Request, generations: list[Generation], *, strea
                        to_body: Callable[[int, list[TextDelta], Finished], Any]) -> Response:
     """Several generations answered as one: their events merged into one stream, or a JSON array
     of their bodies in order (all cancelled if the client leaves)."""
-    hand_over(request.scope, *(encoder.outcome for encoder in encoders))
+    request_record(request).add_outcomes(*(encoder.outcome for encoder in encoders))
     if stream:
         return stream_response(request,
                                merge_frames([encode_events(g, e) for g, e in zip(generations, encoders, strict=False)]))

@@ -32,8 +32,7 @@ from kinetic.backends.base import (
     role,
 )
 from kinetic.chat.types import PreparedRequest
-from kinetic.classroom.identity import caller_of
-from kinetic.classroom.outcome import hand_over_count
+from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.engine.types import Offload
 from kinetic.errors import (
@@ -43,7 +42,7 @@ from kinetic.errors import (
     RecordUnwritableError,
     UnavailableError,
 )
-from kinetic.model_registry.deps import RegistryDep, ServedDep, model_backend
+from kinetic.model_registry.deps import RecordDep, RegistryDep, ServedDep, model_backend
 from kinetic.model_registry.deps import server_state as app_state
 from kinetic.model_registry.registry import ModelRegistry, ModelState
 from kinetic.model_registry.served import Served
@@ -238,18 +237,18 @@ def _metrics(request: Request, backend: ModelBackend) -> Response:
 
 @router.post("/completion")
 @router.post("/completions")  # no /v1: llama-server answers it natively too (docs/reference/native.md)
-async def completion(body: CompletionRequest, request: Request, served: ServedDep) -> Response:
+async def completion(body: CompletionRequest, request: Request, served: ServedDep, record: RecordDep) -> Response:
     backend = served.role(Generating, request.url.path)
-    generation_requests = [await backend.prepare_prompt(served.prompt(r))
+    generation_requests = [await backend.prepare_prompt(served.prompt(r), record)
                            for r in translate.to_prompt_requests(body, n_slots=served.describe().n_slots)]
     # one result is an object, several an array (llama-server's rule)
     return await _generate(body, generation_requests, request, served, backend, several=len(generation_requests) > 1)
 
 
 @router.post("/infill")
-async def infill(body: InfillRequest, request: Request, served: ServedDep) -> Response:
+async def infill(body: InfillRequest, request: Request, served: ServedDep, record: RecordDep) -> Response:
     backend = served.role(Infilling, request.url.path)
-    generation_request = await backend.prepare_infill(served.infill(translate.to_infill_request(body)))
+    generation_request = await backend.prepare_infill(served.infill(translate.to_infill_request(body)), record)
     return await _generate(body, [generation_request], request, served, backend, several=False)
 
 
@@ -271,14 +270,15 @@ async def _generate(body: CompletionRequest | InfillRequest, generation_requests
 
 @router.post("/embedding")
 @router.post("/embeddings")  # no /v1: llama-server's native shape, as /embedding
-async def embedding(body: EmbeddingRequest, request: Request, served: ServedDep) -> list[dict[str, Any]]:
+async def embedding(body: EmbeddingRequest, request: Request, served: ServedDep,
+                    record: RecordDep) -> list[dict[str, Any]]:
     backend = served.role(Embedding, request.url.path)
     if not served.backend.capabilities.embeddings:
         raise embeddings_off()
     items, params = translate.embedding_inputs(body)
-    embedded = await backend.embed(items, params, per_token=True)
+    embedded = await backend.embed(items, params, record, per_token=True)
     # llama-server's native answer shows no count; the ledger keeps what the model read all the same
-    hand_over_count(request.scope, model=served.name, prompt_tokens=embedded.n_tokens)
+    record.add_count(model=served.name, prompt_tokens=embedded.n_tokens)
     return translate.to_native_embeddings(embedded.vectors, pooling=served.describe().pooling,
                                           embd_normalize=body.embd_normalize if body.embd_normalize is not None
                                           else served.backend.config.switches.embd_normalize)
@@ -288,7 +288,7 @@ async def embedding(body: EmbeddingRequest, request: Request, served: ServedDep)
 @router.post("/reranking")
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
-async def rerank_documents(request: Request, served: ServedDep) -> Any:
+async def rerank_documents(request: Request, served: ServedDep, record: RecordDep) -> Any:
     backend = served.role(Reranking, request.url.path)  # both checked before the body, as llama-server does
     if not served.backend.capabilities.rerank:
         raise rerank_off()
@@ -298,7 +298,7 @@ async def rerank_documents(request: Request, served: ServedDep) -> Any:
         raise InvalidRequestError("Invalid JSON body", param="body") from None
     body = rerank.rerank_request(raw)
     scores = await backend.rerank(body.query, body.documents)
-    hand_over_count(request.scope, model=served.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
+    record.add_count(model=served.name, prompt_tokens=sum(ranked.n_tokens for ranked in scores))
     return rerank.to_rerank_body(body, scores, model=served.name)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from kinetic.classroom.identity import caller_of
+from kinetic.classroom.request_record import caller_of
 from kinetic.errors import InvalidRequestError, NotFoundError, UnavailableError
 from kinetic.model_registry.deps import server_state
 from kinetic.protocols.common.app_parts import installed

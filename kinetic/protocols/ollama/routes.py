@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import Embedding, Generating, ModelBackend, ModelFiles, embeddings_off
 from kinetic.chat.types import AnswerFormat, PreparedRequest
-from kinetic.classroom.outcome import hand_over_count
-from kinetic.model_registry.deps import CallerDep, RegistryDep, served_dependency
+from kinetic.classroom.request_record import RequestRecord
+from kinetic.model_registry.deps import CallerDep, RecordDep, RegistryDep, served_dependency
 from kinetic.model_registry.derived import DerivedModel
 from kinetic.model_registry.listing import derived_models
 from kinetic.model_registry.registry import ModelEntry
@@ -104,12 +104,13 @@ async def show(body: ShowRequest, request: Request, served: OllamaServedDep) -> 
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, request: Request, served: OllamaServedDep) -> Response:
+async def chat(body: ChatRequest, request: Request, served: OllamaServedDep, record: RecordDep) -> Response:
     started, model = time.monotonic_ns(), served_model(served)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
     backend = served.role(Generating, request.url.path)
-    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body, model)))
+    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body, model)),
+                                                                   record)
     ctx = translate.reply_context(body, answer_format, started_ns=started)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=body.stream is not False, encoder=translate.LineEncoder(ctx),
@@ -117,21 +118,22 @@ async def chat(body: ChatRequest, request: Request, served: OllamaServedDep) -> 
 
 
 async def _prepare_generate(body: GenerateRequest, served: Served, backend: Generating[Any],
-                            model: translate.ServedModel) -> tuple[PreparedRequest, AnswerFormat]:
+                            model: translate.ServedModel, record: RequestRecord) -> tuple[PreparedRequest, AnswerFormat]:
     """`raw` prompts go to the model verbatim; others through the chat template."""
     if body.raw:
         # no template: every generated character is the response
-        return await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body, model))), AnswerFormat()
-    return await backend.prepare_chat(served.chat(translate.to_generate_chat(body, model)))
+        return (await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body, model)), record),
+                AnswerFormat())
+    return await backend.prepare_chat(served.chat(translate.to_generate_chat(body, model)), record)
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, request: Request, served: OllamaServedDep) -> Response:
+async def generate(body: GenerateRequest, request: Request, served: OllamaServedDep, record: RecordDep) -> Response:
     started, model = time.monotonic_ns(), served_model(served)
     if translate.is_load_request(body):
         return JSONResponse(translate.load_reply(body, model))
     backend = served.role(Generating, request.url.path)
-    generation_request, answer_format = await _prepare_generate(body, served, backend, model)
+    generation_request, answer_format = await _prepare_generate(body, served, backend, model, record)
     # an image's stand-ins are no tokens a client could send back as `context`: left out
     ctx = translate.reply_context(body, answer_format, started_ns=started, prompt_tokens=generation_request.text_tokens)
     generation = await backend.start(generation_request)
@@ -140,7 +142,7 @@ async def generate(body: GenerateRequest, request: Request, served: OllamaServed
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, request: Request, served: OllamaServedDep) -> dict[str, Any]:
+async def embed(body: EmbedRequest, request: Request, served: OllamaServedDep, record: RecordDep) -> dict[str, Any]:
     backend = served.role(Embedding, request.url.path)
     if not served.backend.capabilities.embeddings:
         raise embeddings_off()
@@ -149,18 +151,19 @@ async def embed(body: EmbedRequest, request: Request, served: OllamaServedDep) -
     described = served.describe()
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body.dimensions, described.info.n_embd)
-    embedded = await backend.embed(items, params, truncate=body.truncate is not False)
-    hand_over_count(request.scope, model=body.model, prompt_tokens=embedded.n_tokens)
+    embedded = await backend.embed(items, params, record, truncate=body.truncate is not False)
+    record.add_count(model=body.model, prompt_tokens=embedded.n_tokens)
     return translate.to_embed_response(body, embedded.n_tokens, embedded.vectors, started)
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, request: Request, served: OllamaServedDep) -> dict[str, Any]:
+async def embeddings(body: EmbeddingsRequest, request: Request, served: OllamaServedDep,
+                     record: RecordDep) -> dict[str, Any]:
     backend = served.role(Embedding, request.url.path)
     if not served.backend.capabilities.embeddings:
         raise embeddings_off()
     items = translate.embeddings_input(body, served_model(served))
-    embedded = await backend.embed(items, ["prompt"], truncate=True)
+    embedded = await backend.embed(items, ["prompt"], record, truncate=True)
     # the legacy answer shows no count; the ledger keeps what the model read all the same
-    hand_over_count(request.scope, model=body.model, prompt_tokens=embedded.n_tokens)
+    record.add_count(model=body.model, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings_response(embedded.vectors)

@@ -11,12 +11,11 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from kinetic.backends.base import Embedding, Generating, Tokenizing, embeddings_off
-from kinetic.classroom.identity import caller_of
-from kinetic.classroom.outcome import hand_over_count
+from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role
 from kinetic.errors import ForbiddenError, InvalidRequestError
 from kinetic.model_registry import listing
-from kinetic.model_registry.deps import CallerDep, RegistryDep, ServedDep
+from kinetic.model_registry.deps import CallerDep, RecordDep, RegistryDep, ServedDep
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.streaming import respond
 from kinetic.protocols.openai import transcription, translate
@@ -34,9 +33,11 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, served: ServedDep) -> Response:
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, served: ServedDep,
+                                 record: RecordDep) -> Response:
     backend = served.role(Generating, request.url.path)
-    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body)))
+    generation_request, answer_format = await backend.prepare_chat(served.chat(translate.to_chat_request(body)),
+                                                                   record)
     described = served.describe()
     ctx = translate.chat_context(body, answer_format, model=served.name, fingerprint=described.fingerprint,
                                  generation=generation_request, verbose=served.backend.config.switches.verbose,
@@ -70,17 +71,18 @@ def key_name(request: Request) -> str | None:
 
 @router.post("/v1/chat/completions/input_tokens")
 @router.post("/chat/completions/input_tokens")
-async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request,
-                                      served: ServedDep) -> dict[str, int]:
+async def count_chat_completion_tokens(body: ChatCompletionRequest, request: Request, served: ServedDep,
+                                      record: RecordDep) -> dict[str, int]:
     """llama-server's: the prompt tokens this chat request would take (tools and template included)."""
     backend = served.role(Tokenizing, request.url.path)
-    return {"input_tokens": await backend.count_chat_tokens(served.chat(translate.to_chat_request(body)))}
+    return {"input_tokens": await backend.count_chat_tokens(served.chat(translate.to_chat_request(body)), record)}
 
 
 @router.post("/v1/completions")  # /completions (no v1) is llama-server's native route, as there
-async def create_completion(body: CompletionRequest, request: Request, served: ServedDep) -> Response:
+async def create_completion(body: CompletionRequest, request: Request, served: ServedDep,
+                            record: RecordDep) -> Response:
     backend = served.role(Generating, request.url.path)
-    generation_request = await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body)))
+    generation_request = await backend.prepare_prompt(served.prompt(translate.to_prompt_request(body)), record)
     ctx = translate.completion_context(body, model=served.name, fingerprint=served.describe().fingerprint)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream),
@@ -89,7 +91,8 @@ async def create_completion(body: CompletionRequest, request: Request, served: S
 
 
 @router.post("/v1/embeddings")  # /embeddings (no v1) is llama-server's native route, as there
-async def create_embeddings(body: EmbeddingRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+async def create_embeddings(body: EmbeddingRequest, request: Request, served: ServedDep,
+                            record: RecordDep) -> dict[str, Any]:
     backend = served.role(Embedding, request.url.path)
     if not served.backend.capabilities.embeddings:
         raise embeddings_off()
@@ -100,15 +103,15 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, served: Se
     items, params = translate.embedding_inputs(body)
     if described.info is not None:  # a remote model's width is the server's behind it to check
         translate.check_dimensions(body, described.info.n_embd)
-    embedded = await backend.embed(items, params)
-    hand_over_count(request.scope, model=served.name, prompt_tokens=embedded.n_tokens)
+    embedded = await backend.embed(items, params, record)
+    record.add_count(model=served.name, prompt_tokens=embedded.n_tokens)
     return translate.to_embeddings(body, embedded.n_tokens, embedded.vectors, served.name)
 
 
 @router.post("/v1/audio/transcriptions")
 @router.post("/audio/transcriptions")
 async def create_transcription(body: Annotated[TranscriptionRequest, Form()], file: Annotated[UploadFile, File()],
-                               request: Request, served: ServedDep) -> Response:
+                               request: Request, served: ServedDep, record: RecordDep) -> Response:
     """OpenAI's multipart upload, read by the model's audio projector as one chat turn (llama-server's)."""
     backend = served.role(Generating, request.url.path)
     described = served.describe()
@@ -117,7 +120,7 @@ async def create_transcription(body: Annotated[TranscriptionRequest, Form()], fi
     transcription.check_request(body, clip)
     chat = transcription.to_chat_request(body, clip, template_source=described.template.source
                                          if described.template else "")
-    generation_request, answer_format = await backend.prepare_chat(served.chat(chat))
+    generation_request, answer_format = await backend.prepare_chat(served.chat(chat), record)
     ctx = transcription.transcription_context(body, clip, answer_format, model=served.name)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=transcription.TranscriptEncoder(ctx),

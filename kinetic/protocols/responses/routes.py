@@ -15,11 +15,11 @@ from fastapi.responses import JSONResponse, Response
 
 from kinetic.backends.base import Generating, Tokenizing
 from kinetic.classroom.caller import Caller
-from kinetic.classroom.identity import caller_of
 from kinetic.classroom.ledger import run_record
-from kinetic.classroom.outcome import ErrorTold, Outcome, hand_over
+from kinetic.classroom.outcome import ErrorTold, Outcome
+from kinetic.classroom.request_record import RequestRecord, caller_of
 from kinetic.errors import InvalidRequestError, KineticError, field_error
-from kinetic.model_registry.deps import ServedDep, server_state
+from kinetic.model_registry.deps import RecordDep, ServedDep, server_state
 from kinetic.protocols.common.app_parts import installed
 from kinetic.protocols.common.store_database import listing, page
 from kinetic.protocols.common.streaming import respond
@@ -53,9 +53,10 @@ def background_runs(request: Request) -> BackgroundRuns:
 
 @router.post("/v1/responses")
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, request: Request, served: ServedDep) -> Response:
+async def create_response(body: ResponsesRequest, request: Request, served: ServedDep,
+                          record: RecordDep) -> Response:
     backend = served.role(Generating, request.url.path)
-    store, caller = response_store(request), caller_of(request)
+    store, caller = response_store(request), record.caller
     conversation = items.conversation_id(body)
     history: list[dict[str, Any]] = []
     if conversation is not None:
@@ -63,20 +64,21 @@ async def create_response(body: ResponsesRequest, request: Request, served: Serv
     elif body.previous_response_id is not None:
         history = store.get(body.previous_response_id, caller, param="previous_response_id").history
     chat = translate.to_chat_request(body, items.history_items(history))
-    generation_request, answer_format = await backend.prepare_chat(served.chat(chat))
+    generation_request, answer_format = await backend.prepare_chat(served.chat(chat), record)
     ctx = translate.response_context(body, answer_format, model=served.name)
     kept = Kept(store if body.store is not False else None, conversation_store(request) if conversation else None,
                 caller, ctx.id, conversation, items.input_item_records(body), history)
     ctx.on_completed = kept.completed
     if body.background:
-        return await _start_in_background(request, body, backend, generation_request, ctx, kept)
+        return await _start_in_background(request, record, body, backend, generation_request, ctx, kept)
     generation = await backend.start(generation_request)
     return await respond(request, generation, stream=bool(body.stream), encoder=translate.EventEncoder(ctx),
                          to_body=partial(translate.to_response, ctx=ctx))
 
 
-async def _start_in_background(request: Request, body: ResponsesRequest, backend: Generating[Any],
-                               generation_request: Any, ctx: translate.ResponseContext, kept: Kept) -> Response:
+async def _start_in_background(request: Request, record: RequestRecord, body: ResponsesRequest,
+                               backend: Generating[Any], generation_request: Any, ctx: translate.ResponseContext,
+                               kept: Kept) -> Response:
     """Queued like any request, answered at once; the run keeps its response and its ledger line when it ends."""
     if kept.store is None:
         raise field_error("background", "needs 'store': a background response is read back by its id")
@@ -96,7 +98,7 @@ async def _start_in_background(request: Request, body: ResponsesRequest, backend
                                 content=state.registry.settings.ledger_content, error=error))
 
     background_runs(request).start(ctx.id, generation, partial(translate.to_response, ctx=ctx), ended)
-    hand_over(request.scope, Outcome(id=ctx.id, model=ctx.model))  # this line names it; the run's line counts it
+    record.add_outcomes(Outcome(id=ctx.id, model=ctx.model))  # this line names it; the run's line counts it
     return JSONResponse(queued)
 
 
@@ -130,9 +132,11 @@ class Kept:
 
 @router.post("/v1/responses/input_tokens")
 @router.post("/responses/input_tokens")
-async def count_input_tokens(body: InputTokensRequest, request: Request, served: ServedDep) -> dict[str, Any]:
+async def count_input_tokens(body: InputTokensRequest, request: Request, served: ServedDep,
+                             record: RecordDep) -> dict[str, Any]:
     backend = served.role(Tokenizing, request.url.path)
-    return translate.input_tokens_body(await backend.count_chat_tokens(served.chat(translate.to_chat_request(body))))
+    return translate.input_tokens_body(await backend.count_chat_tokens(served.chat(translate.to_chat_request(body)),
+                                                                       record))
 
 
 @router.get("/v1/responses/{response_id}")

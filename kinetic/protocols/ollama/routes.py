@@ -118,7 +118,8 @@ async def chat(body: ChatRequest, request: Request, served: OllamaServedDep, rec
 
 
 async def _prepare_generate(body: GenerateRequest, served: Served, backend: Generating[Any],
-                            model: translate.ServedModel, record: RequestRecord) -> tuple[PreparedRequest, AnswerFormat]:
+                            model: translate.ServedModel,
+                            record: RequestRecord) -> tuple[PreparedRequest, AnswerFormat]:
     """`raw` prompts go to the model verbatim; others through the chat template."""
     if body.raw:
         # no template: every generated character is the response

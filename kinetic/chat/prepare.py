@@ -90,18 +90,11 @@ def template_message(message: Message, calls_in_text: str | None = None, *,
         written = rendered_calls(calls_in_text, [FoundCall(c.name, c.arguments) for c in message.tool_calls])
         data["content"] = "\n".join(text for text in (message.text, written) if text)
         message = replace(message, tool_calls=())
-    if message.name is not None:
-        data["name"] = message.name
-    if message.tool_call_id is not None:
-        data["tool_call_id"] = message.tool_call_id
+    data.update(message.addressing())
     if message.reasoning_content is not None:
         data["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
-        data["tool_calls"] = [{"id": call.id, "type": "function",
-                               "function": {"name": call.name, "arguments": call.arguments}}
-                              if call.id is not None else
-                              {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                              for call in message.tool_calls]
+        data["tool_calls"] = [call.openai(call.arguments, call.id) for call in message.tool_calls]
     return data
 
 

@@ -48,6 +48,12 @@ class ToolCall:
     arguments: Any  # an object, or the JSON text the caller sent when it does not parse
     id: str | None = None
 
+    def openai(self, arguments: Any, id: str | None) -> dict[str, Any]:  # noqa: A002  OpenAI's own field name
+        """The call as an OpenAI message's `tool_calls` entry, with `arguments` as the reader wants them (a
+        template: the object; a server: JSON text) and `id` (none: the entry has no id)."""
+        call = {"type": "function", "function": {"name": self.name, "arguments": arguments}}
+        return call if id is None else {"id": id, **call}
+
 
 @dataclass(frozen=True)
 class Message:
@@ -66,6 +72,11 @@ class Message:
         if self.parts is None:
             return None
         return "\n".join(part.text for part in self.parts if isinstance(part, TextPart))
+
+    def addressing(self) -> dict[str, str]:
+        """The OpenAI message fields that say who speaks and which call a tool's turn answers, where set."""
+        return {key: value for key, value in (("name", self.name), ("tool_call_id", self.tool_call_id))
+                if value is not None}
 
 
 @dataclass(frozen=True)

@@ -81,14 +81,10 @@ def openai_message(message: Message) -> dict[str, Any]:
                            for part in message.parts]
     elif message.parts is not None:
         data["content"] = message.text
-    if message.name is not None:
-        data["name"] = message.name
-    if message.tool_call_id is not None:
-        data["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        data["tool_calls"] = [{"id": call.id or f"call_{i}", "type": "function",
-                               "function": {"name": call.name, "arguments": call.arguments
-                                            if isinstance(call.arguments, str) else json.dumps(call.arguments)}}
+    data.update(message.addressing())
+    if message.tool_calls:  # an OpenAI server reads arguments as JSON text, and every call with an id
+        data["tool_calls"] = [call.openai(call.arguments if isinstance(call.arguments, str)
+                                          else json.dumps(call.arguments), call.id or f"call_{i}")
                               for i, call in enumerate(message.tool_calls)]
     return data
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import shutil
 import ssl
@@ -22,14 +24,16 @@ DEFAULT_ARGS = ("-c", "4096", "-np", "2", "-a", MODEL_ALIAS, "--embeddings", "--
 _session_lock = FileLock(str(MODEL_LOCK_PATH))
 
 
-def _share_the_default_ssl_context() -> None:
-    """httpx.get, httpx.post and the other functions make a Client per call, and each Client (an SDK's as well)
-    loads the CA bundle (certifi's, or SSL_CERT_FILE's) into a new SSL context: ~20 ms of CPU, more than a request
-    to the local server takes, thousands of times in a run (every poll of wait_until). The tests talk plain HTTP to
-    their own servers and never use that context: the default one (verify=True, no client certificate) is made once
-    per CA setting and shared. Any other `verify` (the https tests' verify=False) is made per client, as before."""
-    import httpx._transports.default as transport
-
+def _share_the_default_ssl_context(module: str) -> None:
+    """httpx.get, httpx.post and the other functions make a Client per call, and each Client (the SDKs' too, over
+    httpx or its fork httpx2) loads the CA bundle (certifi's, or SSL_CERT_FILE's) into a new SSL context: ~20 ms of
+    CPU, more than a request to the local server takes, thousands of times in a run (every poll of wait_until). The
+    tests talk plain HTTP to their own servers and never use that context: the default one (verify=True, no client
+    certificate) is made once per CA setting and shared. Any other `verify` (the https tests' verify=False) is made
+    per client, as before."""
+    if importlib.util.find_spec(module) is None:
+        return
+    transport = importlib.import_module(module + "._transports.default")
     make = transport.create_ssl_context
     shared: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
 
@@ -44,7 +48,8 @@ def _share_the_default_ssl_context() -> None:
     transport.create_ssl_context = create_ssl_context
 
 
-_share_the_default_ssl_context()
+for _module in ("httpx", "httpx2"):
+    _share_the_default_ssl_context(_module)
 
 # `kinetic serve` with no model is a router over the Hugging Face cache when that holds models (docs/router.md):
 # the tests' servers see an empty cache unless a test lays one out and points HF_HOME (or LLAMA_CACHE) at it.

@@ -61,8 +61,8 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kinetic-tests-hf-")
 # use (sliding window, 262k vocabulary, the peer suite's model); the tests of the default chat model, the docs'
 # and the notebooks' ask for it with tests.server.DEFAULT_MODEL_ENV.
 os.environ["KINETIC_BUNDLED"] = "gemma"
-# PYTHONDONTWRITEBYTECODE (set on the machines that run the suite) made every `kinetic serve` the suite starts (some
-# 150) and every script it runs compile kinetic from source, ~0.2 s each. The suite's subprocesses keep their
+# Where PYTHONDONTWRITEBYTECODE is set (the shared dev machine sets it), every `kinetic serve` the suite starts (some
+# 150) and every script it runs compiled kinetic from source, ~0.15 s a start. The suite's subprocesses keep their
 # bytecode in a folder of their own, outside the tree; Python checks each file against its source as always.
 # This process does the same from here on: the test modules (their asserts rewritten) and what they import.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import shutil
+import ssl
+import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from filelock import FileLock
 
-from tests.server import DEFAULT_MODEL_ENV, MODEL_LOCK_PATH, KineticServer
+from tests.server import DEFAULT_MODEL_ENV, KEYED_SERVER_ARGS, MODEL_LOCK_PATH, KineticServer
 
 MODEL_ALIAS = "kinetic-test"
 # Two slots of 2048 tokens: enough for every test prompt, small enough to load fast.
@@ -18,6 +23,34 @@ DEFAULT_ARGS = ("-c", "4096", "-np", "2", "-a", MODEL_ALIAS, "--embeddings", "--
 
 
 _session_lock = FileLock(str(MODEL_LOCK_PATH))
+
+
+def _share_the_default_ssl_context(module: str) -> None:
+    """httpx.get, httpx.post and the other functions make a Client per call, and each Client (the SDKs' too, over
+    httpx or its fork httpx2) loads the CA bundle (certifi's, or SSL_CERT_FILE's) into a new SSL context: ~20 ms of
+    CPU, more than a request to the local server takes, thousands of times in a run (every poll of wait_until). The
+    tests talk plain HTTP to their own servers and never use that context: the default one (verify=True, no client
+    certificate) is made once per CA setting and shared. Any other `verify` (the https tests' verify=False) is made
+    per client, as before."""
+    if importlib.util.find_spec(module) is None:
+        return
+    transport = importlib.import_module(module + "._transports.default")
+    make = transport.create_ssl_context
+    shared: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
+        if verify is not True or cert:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        where = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if trust_env else (None, None)
+        if where not in shared:
+            shared[where] = make(verify=verify, cert=cert, trust_env=trust_env)
+        return shared[where]
+
+    transport.create_ssl_context = create_ssl_context
+
+
+for _module in ("httpx", "httpx2"):
+    _share_the_default_ssl_context(_module)
 
 # `kinetic serve` with no model is a router over the Hugging Face cache when that holds models (docs/router.md):
 # the tests' servers see an empty cache unless a test lays one out and points HF_HOME (or LLAMA_CACHE) at it.
@@ -28,6 +61,14 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kinetic-tests-hf-")
 # use (sliding window, 262k vocabulary, the peer suite's model); the tests of the default chat model, the docs'
 # and the notebooks' ask for it with tests.server.DEFAULT_MODEL_ENV.
 os.environ["KINETIC_BUNDLED"] = "gemma"
+# Where PYTHONDONTWRITEBYTECODE is set (the shared dev machine sets it), every `kinetic serve` the suite starts (some
+# 150) and every script it runs compiled kinetic from source, ~0.15 s a start. The suite's subprocesses keep their
+# bytecode in a folder of their own, outside the tree; Python checks each file against its source as always.
+# This process does the same from here on: the test modules (their asserts rewritten) and what they import.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "kinetic-tests-pycache"))
+    sys.pycache_prefix = sys.pycache_prefix or os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -74,6 +115,14 @@ def default_server(model_lock: None) -> Iterator[KineticServer]:
     """`kinetic serve` with no arguments: the default bundled chat model, as a new user starts it (the docs',
     the notebooks' and clients/' answers come from it)."""
     with KineticServer(env=DEFAULT_MODEL_ENV) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def keyed_server(model_lock: None) -> Iterator[KineticServer]:
+    """The bundled model behind one --api-key (tests.server.KEYED_SERVER_KEY), as lab 04-02 starts it: one server
+    for every module whose flags are these (the 401s, the SDKs' and clients' keys, the lab's scripts)."""
+    with KineticServer(*KEYED_SERVER_ARGS) as server:
         yield server
 
 

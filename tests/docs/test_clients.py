@@ -18,7 +18,7 @@ import pytest
 
 from tests.browser import ARTIFACTS, chromium_context, serve_directory
 from tests.projector_model import GEMMA3_IMAGE_TOKENS, tiny_projector
-from tests.server import KineticServer
+from tests.server import KEYED_SERVER_KEY, KineticServer
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ CLIENTS = Path(__file__).resolve().parents[2] / "clients"
 BROWSER_PAGE = "browser.html"
 
 
-KEY = "sk-course"
+KEY = KEYED_SERVER_KEY  # the session's keyed_server (tests/conftest.py)
 
 
 def launch(command: list[str], server: KineticServer, key: str = KEY) -> subprocess.CompletedProcess[str]:
@@ -39,12 +39,6 @@ def run_client(command: list[str], server: KineticServer) -> str:
     proc = launch(command, server)
     assert proc.returncode == 0, f"{command} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
-
-
-@pytest.fixture(scope="module")
-def keyed_server(model_lock: None) -> Iterator[KineticServer]:
-    with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,10 @@ from fastapi.routing import APIRoute
 from kinetic.config.settings import ServerSettings
 from kinetic.engine.llama import LlamaEngine
 from tests.scripted import single_model_app
-from tests.server import KineticServer
+from tests.server import KEYED_SERVER_KEY, KineticServer
 
-KEY = "segreta123"
+KEY = KEYED_SERVER_KEY  # the session's keyed_server (tests/conftest.py)
 UNAUTHORIZED = {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}
-
-
-@pytest.fixture(scope="module")
-def keyed_server(model_lock: None, live_server: KineticServer) -> Iterator[KineticServer]:
-    with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
-        yield server
 
 
 def test_missing_or_wrong_key_gets_exact_401(keyed_server: KineticServer) -> None:

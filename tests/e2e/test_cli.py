@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ import openai
 import pytest
 
 from kinetic.backends.bundled import gemma_model_path
+from kinetic.cli import main
 from tests.fake_hub import FakeHub
 from tests.server import KineticServer, free_port
 
@@ -40,12 +42,27 @@ def test_broken_model_is_one_line_exit_1(tmp_path: Path) -> None:
     assert len(error_lines) == 1 and str(broken) in error_lines[0]
 
 
-def test_help_lists_every_flag() -> None:
-    result = subprocess.run([sys.executable, "-m", "kinetic", "serve", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0
+def serve_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`python -m kinetic serve ARGS` for a command line that ends before anything starts (help, a bad
+    setting): `kinetic.cli.main`, the function `python -m kinetic` runs, called here without a new
+    process; its exit code, stdout and stderr."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    capsys.readouterr()
+    try:
+        code = main(["serve", *args])
+    finally:  # main() configures logging once per process: this process is pytest's
+        root.handlers[:], root.level = handlers, level
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = serve_in_process(capsys, "--help")
+    assert code == 0
     for spelling in ("-hf", "--ctx-size", "--parallel", "--api-key-file", "--chat-template-file", "--no-jinja",
                      "--reasoning-format", "--cors-origins", "--offline", "LLAMA_ARG_CTX_SIZE", "KINETIC_PORT"):
-        assert spelling in result.stdout
+        assert spelling in out
 
 
 @pytest.mark.parametrize(("args", "env", "message"), [
@@ -56,11 +73,13 @@ def test_help_lists_every_flag() -> None:
     ([], {"LLAMA_ARG_THINK": "r1"}, "error: invalid value 'r1' for LLAMA_ARG_THINK: expected one of: none, auto"),
     (["--no-such-flag"], {}, "error: unknown flag --no-such-flag"),
 ])
-def test_bad_setting_is_one_line_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "kinetic", "serve", *args], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, **env})
-    assert result.returncode == 2 and result.stdout == ""
-    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(message)
+def test_bad_setting_is_one_line_exit_2(args: list[str], env: dict[str, str], message: str,
+                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = serve_in_process(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(message)
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,14 @@ free text is never checked for wording."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anthropic
 import httpx
 import jsonschema
 import pytest
 
-from tests.server import KineticServer
+from tests.server import KEYED_SERVER_KEY, KineticServer
 
-KEY = "anthropic-key-1"
+KEY = KEYED_SERVER_KEY  # the session's keyed_server (tests/conftest.py)
 ASK = [{"role": "user", "content": "What is the weather in Rome?"}]
 WEATHER = {"name": "get_weather", "description": "Current weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
@@ -32,12 +30,6 @@ SCHEMAS = {"get_weather": WEATHER["input_schema"], "get_time": TIME["input_schem
 @pytest.fixture()
 def client(live_server: KineticServer) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=live_server.url, api_key="nokey", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def keyed_server(model_lock: None, live_server: KineticServer) -> Iterator[KineticServer]:
-    with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
-        yield server
 
 
 # --------------------------------------------------------------------------- tool use

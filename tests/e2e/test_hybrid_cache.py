@@ -54,25 +54,31 @@ def architecture(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def references(architecture: str, model_lock: None) -> dict[str, str]:
-    """Each prompt's fresh text, from a server of its own that serves nothing else."""
-    with KineticServer("-m", str(tiny_model(architecture)), "-c", "2048", "-np", "1") as server:
-        prompts = {"P1": P1, "P2": P2, "UNRELATED": UNRELATED, "SHORT": SHORT}
-        prompts.update({f"S{i}": p for i, p in enumerate(STUDENTS)})
-        texts = {name: fresh(server.url, prompt) for name, prompt in prompts.items()}
-    # the fixed prompts must part ways: otherwise an answer copied from the wrong state could pass
-    assert texts["P1"] != texts["P2"]
-    return texts
-
-
-@pytest.fixture(scope="module")
-def one_slot(architecture: str, model_lock: None, tmp_path_factory: pytest.TempPathFactory,
-             ) -> Iterator[KineticServer]:
-    """The lab's own server line: one slot, so other prompts go through the host-memory cache."""
+def one_slot_and_references(architecture: str, model_lock: None, tmp_path_factory: pytest.TempPathFactory,
+                            ) -> Iterator[tuple[KineticServer, dict[str, str]]]:
+    """The lab's own server line: one slot, so other prompts go through the host-memory cache. Before it
+    serves anything else, it gives each prompt's fresh text (the references): evaluated whole
+    (`cache_prompt: false`), from a slot that holds nothing yet."""
     slot_files = tmp_path_factory.mktemp("slot-files")
     with KineticServer("-m", str(tiny_model(architecture)), "-c", "2048", "-np", "1",
                        "--slot-save-path", str(slot_files)) as server:
-        yield server
+        prompts = {"P1": P1, "P2": P2, "UNRELATED": UNRELATED, "SHORT": SHORT}
+        prompts.update({f"S{i}": p for i, p in enumerate(STUDENTS)})
+        texts = {name: fresh(server.url, prompt) for name, prompt in prompts.items()}
+        # the fixed prompts must part ways: otherwise an answer copied from the wrong state could pass
+        assert texts["P1"] != texts["P2"]
+        yield server, texts
+
+
+@pytest.fixture(scope="module")
+def references(one_slot_and_references: tuple[KineticServer, dict[str, str]]) -> dict[str, str]:
+    """Each prompt's fresh text."""
+    return one_slot_and_references[1]
+
+
+@pytest.fixture(scope="module")
+def one_slot(one_slot_and_references: tuple[KineticServer, dict[str, str]]) -> KineticServer:
+    return one_slot_and_references[0]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import json
 import re
 import runpy
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,11 @@ from tests.lab_04_02_runs import (
     student_runs,
     template_style,
 )
-from tests.server import KineticServer
+from tests.server import KEYED_SERVER_KEY, KineticServer
 
 pytestmark = pytest.mark.e2e
 
-KEY = "segreta123"
+KEY = KEYED_SERVER_KEY  # the session's keyed_server (tests/conftest.py)
 ERROR_LINE = ("openai.AuthenticationError: Error code: 401 - {'error': {'message': 'Invalid API Key', "
               "'type': 'authentication_error', 'code': 401}}")
 
@@ -46,12 +45,6 @@ def grading_rules():
 def outputs(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     runs = student_runs(base_url, None, tmp_path_factory.mktemp("runs"), ERROR_LINE)
     return {"full": runs.full, "stream": runs.stream, "mjs": runs.mjs, "mjs_stream": runs.mjs_stream}
-
-
-@pytest.fixture(scope="module")
-def keyed_server(model_lock: None, live_server: KineticServer) -> Iterator[KineticServer]:
-    with KineticServer("-c", "1024", "-np", "1", "--api-key", KEY) as server:
-        yield server
 
 
 def last_lines(text: str, n: int) -> list[str]:

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server import KineticServer
+from tests.server import KineticServer, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -186,7 +186,9 @@ def test_a_background_response_is_polled_to_its_end_and_one_is_cancelled(server:
     took = time.monotonic() - asked
     assert cancelled.status == "cancelled" and took < 1.0, (cancelled.status, took)
     assert ann.responses.retrieve(long.id).status == "cancelled"
-    slots = httpx.get(server.url + "/slots", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()
-    assert not any(slot["is_processing"] for slot in slots)  # its slot was given back
+    # its slot was given back: the decode thread frees a cancelled job's slot at its next step, after the 200
+    wait_until(lambda: not any(slot["is_processing"] for slot in httpx.get(
+        server.url + "/slots", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()),
+        "the cancelled response's slot given back", timeout=2)
     with pytest.raises(openai.BadRequestError):
         ann.responses.create(model="m", input="hi", background=True, store=False)

@@ -254,61 +254,72 @@ def test_with_room_for_one_model_a_flood_on_one_cannot_hold_off_another(model_lo
         assert states(server, "ka") == {"chat-a": "loaded", "chat-b": "unloaded"}
 
 
-def test_lru_unload_with_models_max_1_and_the_load_routes(model_lock: None, minilm_path: str) -> None:
+@pytest.fixture(scope="module")
+def one_at_a_time(model_lock: None, minilm_path: str) -> Iterator[KineticServer]:
+    """The router with --models-max 1, for the tests below: each leaves every model unloaded, as it started."""
     with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
-        def chat(model: str) -> int:
-            return httpx.post(server.url + "/v1/chat/completions", timeout=120,
-                              json={"model": model, "messages": CHAT, "max_tokens": 2}).status_code
-
-        assert chat("chat-a") == 200
-        assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
-        assert chat("chat-b") == 200
-        assert states(server) == {"chat-a": "unloaded", "chat-b": "loaded", "minilm": "unloaded"}
-        embed = httpx.post(server.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, timeout=120)
-        assert embed.status_code == 200
-        assert states(server) == {"chat-a": "unloaded", "chat-b": "unloaded", "minilm": "loaded"}
-
-        def action(route: str, model: str) -> httpx.Response:
-            return httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
-
-        assert action("load", "chat-a").json() == {"success": True}
-        assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
-        again = action("load", "chat-a")
-        assert again.status_code == 400 and again.json()["error"]["message"] == "model is already running"
-        assert action("unload", "chat-a").json() == {"success": True}
-        not_running = action("unload", "chat-a")
-        assert not_running.status_code == 400 and not_running.json()["error"]["message"] == "model is not running"
-        assert action("unload", "nope").json()["error"]["message"] == "model is not found"
-        assert set(states(server).values()) == {"unloaded"}
+        yield server
 
 
-def test_models_sse_streams_loading_loaded_and_unloaded(model_lock: None, minilm_path: str) -> None:
+def test_lru_unload_with_models_max_1_and_the_load_routes(one_at_a_time: KineticServer) -> None:
+    server = one_at_a_time
+    assert set(states(server).values()) == {"unloaded"}
+
+    def chat(model: str) -> int:
+        return httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                          json={"model": model, "messages": CHAT, "max_tokens": 2}).status_code
+
+    assert chat("chat-a") == 200
+    assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
+    assert chat("chat-b") == 200
+    assert states(server) == {"chat-a": "unloaded", "chat-b": "loaded", "minilm": "unloaded"}
+    embed = httpx.post(server.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, timeout=120)
+    assert embed.status_code == 200
+    assert states(server) == {"chat-a": "unloaded", "chat-b": "unloaded", "minilm": "loaded"}
+
+    def action(route: str, model: str) -> httpx.Response:
+        return httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
+
+    assert action("load", "chat-a").json() == {"success": True}
+    assert states(server) == {"chat-a": "loaded", "chat-b": "unloaded", "minilm": "unloaded"}
+    again = action("load", "chat-a")
+    assert again.status_code == 400 and again.json()["error"]["message"] == "model is already running"
+    assert action("unload", "chat-a").json() == {"success": True}
+    not_running = action("unload", "chat-a")
+    assert not_running.status_code == 400 and not_running.json()["error"]["message"] == "model is not running"
+    assert action("unload", "nope").json()["error"]["message"] == "model is not found"
+    assert set(states(server).values()) == {"unloaded"}
+
+
+def test_models_sse_streams_loading_loaded_and_unloaded(one_at_a_time: KineticServer) -> None:
     """GET /models/sse, read with httpx while another thread loads chat-a, then chat-b (which unloads
     chat-a: --models-max 1), then unloads chat-b."""
-    with KineticServer(*router_args(minilm_path, "--models-max", "1")) as server:
-        def act() -> None:
-            for route, model in (("load", "chat-a"), ("load", "chat-b"), ("unload", "chat-b")):
-                reply = httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
-                assert reply.status_code == 200, reply.text
+    server = one_at_a_time
+    assert set(states(server).values()) == {"unloaded"}
 
-        events: list[dict] = []
-        with httpx.stream("GET", server.url + "/models/sse", timeout=httpx.Timeout(120, read=120)) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            actor = threading.Thread(target=act)
-            actor.start()  # the stream listens from the moment its headers came back
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line[6:]))
-                if events and events[-1] == {"model": "chat-b", "event": "status_change",
-                                             "data": {"status": "unloaded", "exit_code": 0}}:
-                    break
-        actor.join(timeout=120)
-        changes = [(e["model"], e["data"]["status"]) for e in events if e["event"] == "status_change"]
-        assert changes == [("chat-a", "loading"), ("chat-a", "loaded"), ("chat-a", "unloaded"),
-                           ("chat-b", "loading"), ("chat-b", "loaded"), ("chat-b", "unloaded")]
-        starts = [e["model"] for e in events if e["event"] == "model_status"]
-        assert starts == ["chat-a", "chat-b"]  # llama-server's event when an instance starts loading
+    def act() -> None:
+        for route, model in (("load", "chat-a"), ("load", "chat-b"), ("unload", "chat-b")):
+            reply = httpx.post(server.url + f"/models/{route}", json={"model": model}, timeout=120)
+            assert reply.status_code == 200, reply.text
+
+    events: list[dict] = []
+    with httpx.stream("GET", server.url + "/models/sse", timeout=httpx.Timeout(120, read=120)) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        actor = threading.Thread(target=act)
+        actor.start()  # the stream listens from the moment its headers came back
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+            if events and events[-1] == {"model": "chat-b", "event": "status_change",
+                                         "data": {"status": "unloaded", "exit_code": 0}}:
+                break
+    actor.join(timeout=120)
+    changes = [(e["model"], e["data"]["status"]) for e in events if e["event"] == "status_change"]
+    assert changes == [("chat-a", "loading"), ("chat-a", "loaded"), ("chat-a", "unloaded"),
+                       ("chat-b", "loading"), ("chat-b", "loaded"), ("chat-b", "unloaded")]
+    starts = [e["model"] for e in events if e["event"] == "model_status"]
+    assert starts == ["chat-a", "chat-b"]  # llama-server's event when an instance starts loading
 
 
 def test_no_models_autoload(model_lock: None, minilm_path: str) -> None:

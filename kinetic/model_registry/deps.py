@@ -180,11 +180,17 @@ def served_dependency(*, missing: str, unknown: str) -> Callable[[Request], Asyn
 
 ServedDep = Annotated[Served, Depends(get_served)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
-CallerDep = Annotated[Caller, Depends(caller_of)]
 
 
 def get_record(request: Request) -> RequestRecord:
     return request_record(request)
+
+
+def get_caller(request: Request) -> Caller:  # FastAPI reads this signature: request_record.py names no starlette type
+    return caller_of(request)
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
 # The request's record, for a route to hand down to its backend (which reads the Caller there and notes media)

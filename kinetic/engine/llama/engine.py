@@ -8,9 +8,11 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
 
@@ -56,6 +58,7 @@ SLOT_POLL_S = 0.05  # how often a slot action looks again at a busy slot
 RATE_GAUGES = ("prompt_tokens_seconds", "predicted_tokens_seconds")  # /metrics gauges over the window between scrapes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def default_threads() -> int:
@@ -125,6 +128,8 @@ class LlamaEngine:
         self._model: LoadedModel | None = None
         self._scheduler: Scheduler | None = None
         self._embeddings: EmbeddingContext | None = None
+        self._executor: ThreadPoolExecutor | None = None  # an embedding-only model's one computing thread
+        self._compute: Callable[[Callable[[], Any]], Any] = self._on_executor  # runs llama.cpp work on its thread
         self.generates = True  # False once load() finds an embedding-only (encoder) model
         # Generation steps and embedding decodes take turns on the CPU; in router mode every model's
         # engine gets the same DecodeTurns, so two models never decode at once either.
@@ -142,9 +147,8 @@ class LlamaEngine:
         if is_embedding_only(model):
             self._load_embedding_only(model)
             return
-        projector = Projector(model, self.projector, self.n_threads) if self.projector.enabled else None
         long_context = self.long_context
-        if projector is not None and (long_context.context_shift or long_context.cache_reuse):
+        if self.projector.enabled and (long_context.context_shift or long_context.cache_reuse):
             # shifting or moving cells would split an image's embeddings: llama-server turns both off too
             log.warning("--context-shift and --cache-reuse are not supported with a multimodal projector: both off")
             long_context = replace(long_context, context_shift=False, cache_reuse=0)
@@ -157,17 +161,22 @@ class LlamaEngine:
                                   decode_lock=self._decode_lock, fair=self.fair_share, max_queue=self.max_queue,
                                   max_in_flight=self.max_in_flight_per_client, cache_ram_mib=self.cache_ram_mib,
                                   ctx_checkpoints=self.ctx_checkpoints, in_flight=self.in_flight,
-                                  long_context=long_context, spec=self.spec, projector=projector)
+                                  long_context=long_context, spec=self.spec)
         except ValueError as exc:
             raise ModelLoadError(f"llama.cpp could not create a context of {total_ctx} tokens "
                                  f"for {self.model_path}") from exc
-        if self.embeddings_enabled:
-            try:
+        projector = None
+        try:
+            if self.projector.enabled:  # mtmd's warm-up encodes: on the decode thread, as every computation
+                projector = scheduler.projector = scheduler.call(partial(Projector, model, self.projector,
+                                                                         self.n_threads))
+            if self.embeddings_enabled:
                 self._embeddings = EmbeddingContext(model, n_ctx=scheduler.slot_n_ctx, n_threads=self.n_threads,
                                                     decode_lock=self._decode_lock, pooling=self.pooling)
-            except BaseException:
-                scheduler.close()  # its context and decode thread go with the failed load
-                raise
+        except BaseException:
+            scheduler.close()  # its context and decode thread go with the failed load
+            raise
+        self._compute = scheduler.call
         self._model = model
         self._projector = projector
         self.slot_n_ctx = scheduler.slot_n_ctx
@@ -179,6 +188,9 @@ class LlamaEngine:
         n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
         self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
                                             decode_lock=self._decode_lock, pooling=self.pooling)
+        # no decode thread here: one thread of its own still runs every computation (the scheduler's docstring)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-embed")
+        self._compute = self._on_executor
         self.generates = False
         self.n_slots = 0
         self.slot_n_ctx = self._embeddings.n_ctx
@@ -191,7 +203,11 @@ class LlamaEngine:
         self._closed = True
         if self._scheduler is not None:
             self._scheduler.close(error)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         self._scheduler = None
+        self._executor = None
+        self._compute = self._on_executor
         self._embeddings = None
         self._model = None
         self._projector = None
@@ -346,14 +362,20 @@ class LlamaEngine:
         return self._embeddings.pooling if self._embeddings is not None else ""
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        return self._require_embeddings().embed(inputs)
+        return self._compute(partial(self._require_embeddings().embed, inputs))
 
     def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
-        return self._require_embeddings().embed_all(inputs)
+        return self._compute(partial(self._require_embeddings().embed_all, inputs))
 
     def rerank(self, query: str, documents: list[str]) -> list[RankScore]:
         """Blocking: each document's score against the query (--rerank: pooling rank), in their order."""
-        return rerank(self._require_embeddings(), query, documents)
+        return self._compute(partial(rerank, self._require_embeddings(), query, documents))
+
+    def _on_executor(self, work: Callable[[], T]) -> T:
+        """The embedding-only model's way of running a computation on its one thread."""
+        if self._executor is None:
+            raise UnavailableError(f"the model {self.model_path.name} was unloaded")
+        return self._executor.submit(work).result()
 
     def _require_embeddings(self) -> EmbeddingContext:
         if self._embeddings is None:

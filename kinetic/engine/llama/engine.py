@@ -378,6 +378,8 @@ class LlamaEngine:
         return self._executor.submit(work).result()
 
     def _require_embeddings(self) -> EmbeddingContext:
+        if self._embeddings is None and self._closed:
+            raise UnavailableError(f"the model {self.model_path.name} was unloaded")
         if self._embeddings is None:
             raise NotSupportedError("This server does not support embeddings. Start it with `--embeddings`")
         return self._embeddings

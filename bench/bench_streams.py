@@ -121,6 +121,8 @@ def records(headers: list[str], rows: list[list[Any]]) -> list[dict[str, Any]]:
 def mode_streams(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     counts = [int(n) for n in args.streams.split(",")]
     figures: dict[tuple[str, int], list[list[Timed]]] = {}
+    for server in servers:  # both start equally warm: a server's first request pays its one-time costs
+        concurrent(server.url, 1, 4, args.constrained)
     for _ in range(args.rounds):
         for n in counts:
             for server in servers:  # take turns: never two servers decoding at once

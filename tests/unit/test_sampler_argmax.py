@@ -11,7 +11,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from kinetic.engine.llama.sampler import TOKEN_DATA, argmax_biased, reduces_to_argmax
+from kinetic.engine.llama.sampler import TOKEN_DATA, argmax_biased, quick_to_build, reduces_to_argmax
 from kinetic.engine.types import SamplingParams
 
 N_VOCAB = 4096
@@ -123,3 +123,17 @@ def test_a_tie_resolves_to_the_lower_id() -> None:
     assert shortcut_pick(logits, {7: float("-inf")}) == 40
     assert shortcut_pick(logits, {9: 3.0}) == 7  # 9 ties at 3.0 and loses to the lower id
     assert shortcut_pick(logits, {3: 3.0}) == 3
+
+
+@pytest.mark.parametrize(("params", "n_prompt", "quick"), [
+    (SamplingParams(), 20_000, True),  # the penalties read only their last 64 tokens
+    (SamplingParams(grammar='root ::= "a"'), 10, False),  # a grammar is parsed on a worker thread
+    (SamplingParams(repeat_last_n=-1), 400, True),
+    (SamplingParams(repeat_last_n=-1), 20_000, False),  # the whole prompt fed to the penalties
+    (SamplingParams(repeat_last_n=-1, samplers=("top_k", "temperature")), 20_000, True),  # no penalties in the chain
+    (SamplingParams(dry_multiplier=0.8, dry_penalty_last_n=4096), 20_000, False),
+    (SamplingParams(dry_multiplier=0.0, dry_penalty_last_n=4096), 20_000, True),  # DRY off: nothing fed
+])
+def test_a_sampler_quick_to_build_is_built_on_the_event_loop(params: SamplingParams, n_prompt: int,
+                                                               quick: bool) -> None:
+    assert quick_to_build(params, n_prompt) is quick

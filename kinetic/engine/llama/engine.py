@@ -24,7 +24,7 @@ from kinetic.engine.llama.media import MEDIA_MARKER, Projector
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
-from kinetic.engine.llama.sampler import Sampler
+from kinetic.engine.llama.sampler import Sampler, quick_to_build
 from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
 from kinetic.engine.options import EngineConfig
 from kinetic.engine.turns import DecodeLock, DecodeTurns
@@ -343,10 +343,13 @@ class LlamaEngine:
             raise InvalidRequestError("the prompt must not end with an image or audio clip", param="prompt")
         if request.id_slot >= 0:
             request = replace(request, id_slot=request.id_slot % self.n_slots)
-        # Parsing a grammar, feeding the prompt to the penalties: keep both off the event loop.
+        # Parsing a grammar, feeding a long prompt to the penalties: both off the event loop (quick_to_build).
         budget = request.reasoning_budget  # --reasoning-budget: a sampler that forces the end of thinking
         make = Sampler if budget is None else partial(BudgetedSampler, budget=budget)
-        sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens)
+        if quick_to_build(request.sampling, len(text_tokens)):
+            sampler = make(model, request.sampling, text_tokens)
+        else:
+            sampler = await anyio.to_thread.run_sync(make, model, request.sampling, text_tokens)
         queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         return Job(request=request, sampler=sampler, inbox=inbox_for(asyncio.get_running_loop()), queue=queue,
                    lora=model.lora_scales(request.lora))

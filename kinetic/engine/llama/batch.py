@@ -1,5 +1,5 @@
 """One token into a llama_batch: what the decode loop, the draft model and the embedding context fill their
-batches with."""
+batches with; and what llama_decode's failure on a batch means."""
 
 from __future__ import annotations
 
@@ -16,3 +16,12 @@ def add_token(batch: _internals.LlamaBatch, token: int, pos: int, seq_id: int, l
     raw.seq_id[i][0] = seq_id
     raw.logits[i] = logits
     raw.n_tokens = i + 1
+
+
+def decode_failure(status: int) -> str:
+    """llama_decode's failure in llama-server's words (its clients match them), with the status."""
+    if status == 1:  # no KV cells left for the batch: the slots together outgrew the (unified) context
+        return f"Context size has been exceeded. (llama_decode status {status}: no free KV cells for the batch)"
+    if status == -1:
+        return f"Invalid input batch. (llama_decode status {status})"
+    return f"Compute error. (llama_decode status {status})"

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import llama_cpp
 
+from kinetic.engine.llama.slots import Slot
 from kinetic.engine.options import LongContext
 
 log = logging.getLogger(__name__)
@@ -111,3 +112,15 @@ def reuse_chunks(cells: CellMover, seq_id: int, cached: list[int], prompt: list[
         else:
             head_c += 1
     return held
+
+
+def shift_slot(cells: CellMover, slot: Slot, *, enabled: bool, add_bos: bool, n_ctx: int) -> bool:
+    """--context-shift on a full slot: its cells and tokens shifted; False when off or its shared cells would move."""
+    assert slot.job is not None
+    request = slot.job.request
+    n_keep, n_discard = shift_span(len(slot.tokens), request.n_keep, len(slot.prompt), n_discard=request.n_discard,
+                                   add_bos=add_bos, n_ctx=n_ctx)
+    if not enabled or n_discard <= 0 or n_keep + n_discard < slot.shared:
+        return False
+    slot.tokens, slot.shifted = shift(cells, slot.id, slot.tokens, n_keep, n_discard), True
+    return True

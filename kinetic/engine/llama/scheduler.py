@@ -25,12 +25,8 @@ each step is shared by every slot still reading its prompt, so a long prompt nev
 reach each event loop through its inbox (inbox.py), once per step, in a way that never makes the decode thread wait
 for the event loop.
 
-Every llama.cpp computation of the model runs on the decode thread: the load's warm-up, the projector's, embeddings
-and reranking too (`call`). ggml's CPU backend computes a graph on an OpenMP team led by the calling thread, and
-libgomp keeps each leading thread's team for good; once the process holds more OpenMP threads than CPUs, libgomp
-spins only 100 times at a barrier before it sleeps on a futex, and a graph has a barrier per node. On 2 cores one
-decode on a second thread (the warm-up, on the loading thread) made every later one-token decode of a tiny LFM2
-take 3.4 ms instead of 2.0 (2026-12-05, AVX-512).
+Every llama.cpp computation of the model runs on the decode thread, the warm-up, the projector's load, embeddings and
+reranking too (`call`, decode_calls.py: libgomp slows every decode once a second thread has computed).
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TypeVar
 
 import llama_cpp
@@ -50,8 +45,9 @@ from llama_cpp import _internals
 from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
 from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
-from kinetic.engine.llama.batch import add_token
-from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift, shift_span
+from kinetic.engine.llama.batch import add_token, decode_failure
+from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
+from kinetic.engine.llama.decode_calls import DecodeCalls
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.media import Projector
@@ -62,7 +58,7 @@ from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
 from kinetic.engine.llama.speculative import make_speculator
 from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
-from kinetic.engine.types import Event, Finished, FinishReason, PromptProgress, StopType, TextDelta, TokenLogprob, Usage
+from kinetic.engine.types import Event, Finished, FinishReason, StopType, TextDelta, TokenLogprob, Usage
 from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
 from kinetic.scheduling.fairqueue import FairQueue
 from kinetic.scheduling.inflight import InFlight, ModelInFlight
@@ -72,15 +68,6 @@ __all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Sl
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def decode_failure(status: int) -> str:
-    """llama_decode's failure in llama-server's words (its clients match them), with the status."""
-    if status == 1:  # no KV cells left for the batch: the slots together outgrew the (unified) context
-        return f"Context size has been exceeded. (llama_decode status {status}: no free KV cells for the batch)"
-    if status == -1:
-        return f"Invalid input batch. (llama_decode status {status})"
-    return f"Compute error. (llama_decode status {status})"
 
 
 class Scheduler(SlotAdmission):
@@ -141,8 +128,7 @@ class Scheduler(SlotAdmission):
         self._use_counter = itertools.count(1)
         self._task_ids = itertools.count()
         self._group_ids = itertools.count()
-        # call()'s work for the decode thread, each as (run it, fail it)
-        self._calls: list[tuple[Callable[[], None], Callable[[BaseException], None]]] = []
+        self._calls = DecodeCalls(self._cv)  # call()'s work for the decode thread
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
         self._thread.start()
         if model.options.warmup:
@@ -155,30 +141,10 @@ class Scheduler(SlotAdmission):
 
     def call(self, work: Callable[[], T]) -> T:
         """Runs `work` on the decode thread between two steps and returns what it returns (or raises what it
-        raises): every llama.cpp computation of this model runs on that one thread (see the module's docstring).
-        Blocking; `work` takes the decode lock itself if it needs it."""
+        raises). Blocking; `work` takes the decode lock itself if it needs it."""
         if threading.current_thread() is self._thread:
             return work()
-        future: Future[T] = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(work())
-            except BaseException as exc:  # the caller gets it; the decode thread goes on
-                future.set_exception(exc)
-
-        with self._cv:
-            if self._stopping:
-                raise self._closed_error
-            self._calls.append((run, future.set_exception))
-            self._cv.notify()
-        return future.result()
-
-    def _run_calls(self) -> None:
-        with self._cv:
-            calls, self._calls = self._calls, []
-        for run, _ in calls:
-            run()
+        return self._calls.put(work, lambda: self._closed_error if self._stopping else None)
 
     # ------------------------------------------------------------ from the event loop
 
@@ -281,11 +247,10 @@ class Scheduler(SlotAdmission):
                     for slot in self.slots:
                         if slot.job is not None:
                             self._release(slot)
-                    for _, fail in self._calls:
-                        fail(self._closed_error)
+                    self._calls.fail_all(self._closed_error)
                     return
             if self._calls:
-                self._run_calls()
+                self._calls.run_all()
             with self._cv:
                 if not self._pending and not any(s.job for s in self.slots):
                     continue
@@ -415,14 +380,8 @@ class Scheduler(SlotAdmission):
         return rows
 
     def _progress(self, slot: Slot, *, start: bool = False) -> None:
-        """llama-server's prompt_progress, for a request that asked: once at the start, then per batch."""
-        job = slot.job
-        if job is None or not job.request.return_progress:
-            return
-        total = len(slot.prompt)
-        elapsed_ms = 0.0 if start else (time.perf_counter() - slot.t_prompt_start) * 1000.0
-        self._emit(job, PromptProgress(total=total, cache=slot.n_cached, processed=total - len(slot.to_evaluate),
-                                       time_ms=elapsed_ms))
+        if slot.job is not None and slot.job.request.return_progress:
+            self._emit(slot.job, slot.progress(start=start))
 
     def _sample(self, slot: Slot, row: int, forced: int | None = None) -> None:
         """Picks `row`'s token and emits it, or finishes; a `forced` token (--spec-synth-*) stands for the pick."""
@@ -478,15 +437,8 @@ class Scheduler(SlotAdmission):
         slot.next_token = token
 
     def _shift_context(self, slot: Slot) -> bool:
-        """--context-shift on a full slot (context_shift.py); False when off or its shared cells would move."""
-        assert slot.job is not None
-        request = slot.job.request
-        n_keep, n_discard = shift_span(len(slot.tokens), request.n_keep, len(slot.prompt), n_discard=request.n_discard,
-                                       add_bos=self.model.info.add_bos, n_ctx=self.slot_n_ctx)
-        if not self.long_context.context_shift or n_discard <= 0 or n_keep + n_discard < slot.shared:
-            return False
-        slot.tokens, slot.shifted = shift(self.cells, slot.id, slot.tokens, n_keep, n_discard), True
-        return True
+        return shift_slot(self.cells, slot, enabled=self.long_context.context_shift, add_bos=self.model.info.add_bos,
+                          n_ctx=self.slot_n_ctx)
 
     def _emit_text(self, slot: Slot, text: str, token: int, logprob: TokenLogprob | None) -> None:
         assert slot.job is not None

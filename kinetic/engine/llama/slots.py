@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.text import TextAssembler
-from kinetic.engine.types import Event, GenerationRequest, MediaSpan, SlotState, Timings
+from kinetic.engine.types import Event, GenerationRequest, MediaSpan, PromptProgress, SlotState, Timings
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,13 @@ class Slot:
         """Embeddings beyond positions in the media before `upto`: an image on an M-RoPE model takes fewer
         positions (its stand-ins in the token list) than the embeddings it counts as in usage."""
         return sum(span.extra_tokens for span in self.media.values() if span.end <= upto)
+
+    def progress(self, *, start: bool = False) -> PromptProgress:
+        """llama-server's prompt_progress: once at the start, then after each prompt batch."""
+        total = len(self.prompt)
+        elapsed_ms = 0.0 if start else (time.perf_counter() - self.t_prompt_start) * 1000.0
+        return PromptProgress(total=total, cache=self.n_cached, processed=total - len(self.to_evaluate),
+                              time_ms=elapsed_ms)
 
     def timings(self) -> Timings:
         """The job's llama-server `timings` so far: each streamed token's and, at the end, the answer's."""

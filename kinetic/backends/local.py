@@ -38,7 +38,7 @@ from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.backends.prompt_log import write_prompt
 from kinetic.chat.infill import check_fim
 from kinetic.chat.media import check_readable, media_parts
-from kinetic.chat.prepare import ChatLayer, RenderedChat
+from kinetic.chat.prepare import ChatLayer, RenderedChat, quick_to_prepare
 from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.request_record import RequestRecord
@@ -180,7 +180,9 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
     async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> GenerationRequest:
         self._require_generation()
         req = await resolve_prompt(req, self.config.media)
-        return self._made(await anyio.to_thread.run_sync(self._chat().prepare_prompt, req), record)
+        prepare = self._chat().prepare_prompt
+        return self._made(prepare(req) if quick_to_prepare(req) else await anyio.to_thread.run_sync(prepare, req),
+                          record)
 
     async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> GenerationRequest:
         check_fim(self.info.fim_tokens)  # llama-server's 501 naming the missing tokens

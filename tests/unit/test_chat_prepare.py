@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from kinetic.chat.prepare import ChatLayer, ServerDefaults
+from kinetic.chat.prepare import INLINE_PROMPT_SIZE, ChatLayer, ServerDefaults, quick_to_prepare
 from kinetic.chat.templates import ChatTemplate, builtin_template
 from kinetic.chat.types import (
     ChatRequest,
     GenerationOptions,
     MediaPart,
     Message,
+    OutputConstraint,
     PromptRequest,
     SamplingOptions,
     TextPart,
@@ -152,3 +153,15 @@ def test_a_context_limit_below_the_slot_bounds_prompt_and_answer_above_it_is_ign
     with pytest.raises(ContextOverflowError) as info:
         max_tokens(64)
     assert info.value.extra == {"n_prompt_tokens": 100, "n_ctx": 64}
+
+
+@pytest.mark.parametrize(("req", "quick"), [
+    (PromptRequest(prompt="Once upon a time"), True),
+    (PromptRequest(prompt=[1, 2, 3, "more text"]), True),
+    (PromptRequest(prompt="x" * (INLINE_PROMPT_SIZE + 1)), False),  # tokenized on a worker thread
+    (PromptRequest(prompt="{", output=OutputConstraint(schema={"type": "object"})), False),  # a schema to compile
+    (PromptRequest(prompt="{", output=OutputConstraint(grammar='root ::= "{"')), True),  # parsed by the sampler
+    (PromptRequest(prompt="<__media__>", media=(MediaPart(kind="image", data=b"\x89PNG"),)), False),
+])
+def test_a_short_raw_prompt_is_prepared_on_the_event_loop(req: PromptRequest, quick: bool) -> None:
+    assert quick_to_prepare(req) is quick

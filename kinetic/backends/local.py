@@ -190,8 +190,8 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
         return self._made(await anyio.to_thread.run_sync(self._chat().prepare_infill, req), record)
 
     def _made(self, generation: GenerationRequest, record: RequestRecord) -> GenerationRequest:
-        """A prepared request, its caller's queue name and priority on it, the files its prompt read noted on the
-        request's record; with --log-prompts-dir its prompt is written out."""
+        """A prepared request, its caller's queue name and priority on it, the files its prompt read and its being
+        prepared noted on the request's record; with --log-prompts-dir its prompt is written out."""
         if self.config.switches.log_prompts_dir:
             write_prompt(self.config.switches.log_prompts_dir, self.prompt_text(generation))
         if generation.media:
@@ -199,6 +199,7 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
                               audio=sum(span.modality == "audio" for span in generation.media),
                               tokens=sum(span.n_tokens for span in generation.media))
         caller = record.caller
+        record.note_prepared()
         return replace(generation, client=caller.queue_name, priority=caller.priority)
 
     async def start(self, request: GenerationRequest) -> Generation:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kinetic.classroom.request_record import RequestRecord, open_record
+from kinetic.scheduling.arrivals import DOOR
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -399,6 +400,9 @@ class LedgerMiddleware:
         if scope["method"] == "OPTIONS" or not recorded(scope["path"]):
             await self.app(scope, receive, send)
             return
+        # a POST may be a generation: counted at the door until it is prepared, answered or over (arrivals.py)
+        leave_door = DOOR.arrive() if scope["method"] == "POST" else (lambda: None)
+        record.when_prepared(leave_door)
         started = time.monotonic()
         status, stream = 500, False
         ended: float | None = None  # when the last byte left: what the client's clock can compare with
@@ -421,6 +425,7 @@ class LedgerMiddleware:
         async def send_and_note(message: Message) -> None:
             nonlocal status, stream, ended
             if message["type"] == "http.response.start":
+                leave_door()
                 status = message["status"]
                 content_type = dict((k.decode("latin-1").lower(), v.decode("latin-1"))
                                     for k, v in message.get("headers", [])).get("content-type", "")
@@ -435,6 +440,7 @@ class LedgerMiddleware:
         try:
             await self.app(scope, receive_and_keep if self.content else receive, send_and_note)
         finally:
+            leave_door()
             write_once()  # a response that never ended (an error before its start, a disconnect)
 
     def _write(self, scope: Scope, record: RequestRecord, status: int, stream: bool, started: float,

@@ -8,7 +8,8 @@ something about the request says so through a method, never through a key of a s
 - a protocol's route hands over what its client was told (`add_outcomes`, `add_count`), the error funnel
   the error a route raised (`note_error`);
 - a backend is handed the record with each request it prepares: it reads the Caller there (the fair queue's
-  name and priority) and notes the images and audio the prompt read (`note_media`).
+  name and priority), notes the images and audio the prompt read (`note_media`), and that the request is
+  prepared (`note_prepared`: the ledger middleware counts it out of the door then, scheduling/arrivals.py).
 
 Once the answer is out the ledger builds the line from the record. So a ledger line's every number can be
 traced back by grepping for the method that wrote it, and nothing reaches the record through a context
@@ -17,7 +18,7 @@ variable.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,16 @@ class RequestRecord:
         self.outcomes: list[Outcome] = []
         self.error: ErrorTold | None = None  # the error the request was refused or answered with
         self.media: MediaCounts | None = None  # None: the prompts read no file
+        self._on_prepared: list[Callable[[], None]] = []
+
+    def when_prepared(self, action: Callable[[], None]) -> None:
+        """The ledger middleware's: `action` runs once a backend has prepared the request (scheduling/arrivals.py)."""
+        self._on_prepared.append(action)
+
+    def note_prepared(self) -> None:
+        """A backend's: the request's generation is prepared and about to be queued."""
+        for action in self._on_prepared:
+            action()
 
     def identify(self, caller: Caller) -> None:
         """The gate's: who is asking, resolved once from the request's key."""

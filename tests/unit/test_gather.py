@@ -11,6 +11,7 @@ import pytest
 
 from kinetic.engine.llama import admission as admission_module
 from kinetic.engine.llama.admission import SlotAdmission
+from kinetic.scheduling.arrivals import Arrivals
 
 LONG = 30.0  # a cap no test waits out unless the wait is wrong
 
@@ -58,3 +59,35 @@ def test_the_wait_ends_at_the_cap_when_a_request_never_comes(monkeypatch: pytest
     admission = Admission(busy=False)
     admission.preparing(1)
     assert 0.05 <= gather_time(admission) < LONG
+
+
+def test_a_request_at_the_door_keeps_an_idle_scheduler_waiting_until_it_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission_module, "GATHER_S", LONG)
+    door = Arrivals()
+    monkeypatch.setattr(admission_module, "DOOR", door)
+    admission = Admission(busy=False)
+    admission._gathering = False
+    door.subscribe(admission._arrival_left)
+    leave = door.arrive()  # parsed by the event loop, not yet prepared
+    done: list[float] = []
+    waiter = threading.Thread(target=lambda: done.append(gather_time(admission)))
+    waiter.start()
+    time.sleep(0.05)
+    assert not done  # still waiting for it
+    leave()
+    waiter.join(timeout=LONG)
+    assert done and done[0] < LONG
+    leave()  # its answer starts, then it ends: counted out once
+    assert door.count == 0
+
+
+def test_the_door_counts_each_request_out_once_and_tells_its_listeners() -> None:
+    door = Arrivals()
+    heard: list[int] = []
+    door.subscribe(lambda: heard.append(door.count))
+    first, second = door.arrive(), door.arrive()
+    assert door.count == 2
+    first()
+    first()
+    second()
+    assert door.count == 0 and heard == [1, 0]

@@ -125,12 +125,14 @@ class UpstreamBackend(ModelBackend, Generating[ForwardRequest], ForwardsTokenRou
         req = await resolve_chat(req, self.config.media)  # URLs loaded under kinetic's rules, sent inline
         body = chat_body(req, self.upstream_model, self.config.defaults.n_predict)
         caller = record.caller
+        record.note_prepared()
         # the upstream's reasoning and calls come back as structure (stream.py): nothing is read from the text
         return (ForwardRequest.of("/chat/completions", body, client=caller.queue_name, priority=caller.priority),
                 AnswerFormat(reasoning_format=req.reasoning_format or self.config.defaults.reasoning_format))
 
     async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> ForwardRequest:
         caller = record.caller
+        record.note_prepared()
         body = prompt_body(req, self.upstream_model, self.config.defaults.n_predict)
         return ForwardRequest.of("/completions", body, client=caller.queue_name, priority=caller.priority)
 

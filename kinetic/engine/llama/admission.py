@@ -20,6 +20,7 @@ from kinetic.engine.options import LongContext
 from kinetic.engine.text import common_prefix
 from kinetic.engine.types import Event, GenerationRequest, MediaSpan
 from kinetic.errors import ServerError
+from kinetic.scheduling.arrivals import DOOR
 from kinetic.scheduling.fairqueue import FairQueue
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,10 @@ def end_breaks(*, n_batch: int, n_ubatch: int, cannot_roll_back: bool) -> tuple[
         return ()
     return tuple(sorted({min(n_batch, CHECKPOINT_END_OFFSET + n_ubatch), CHECKPOINT_END_OFFSET}, reverse=True))
 
-# How long an idle decode thread waits for requests still being prepared (parsed, their sampler built)
-# before it starts the first one's prompt: requests sent together then share the first batch instead of
-# the later ones waiting out a step that evaluates the first prompt alone.
+# How long an idle decode thread waits for requests still on their way (between the server's door and their
+# queue: scheduling/arrivals.py, and Scheduler.preparing) before it starts the first one's prompt: requests
+# sent together then share the first batch instead of the later ones waiting out a step that evaluates the
+# first prompt alone.
 GATHER_S = 0.02
 
 
@@ -82,6 +84,7 @@ class SlotAdmission:
     _task_ids: itertools.count[int]
     _cv: threading.Condition
     _preparing: int
+    _gathering: bool
     _stopping: bool
 
     def preparing(self, delta: int) -> None:
@@ -93,12 +96,23 @@ class SlotAdmission:
 
     def _gather(self) -> None:
         """Under the lock, on an idle scheduler with a job to start: waits up to GATHER_S for the requests
-        still being prepared. A scheduler already generating never waits: its streams would stall."""
+        still on their way. A scheduler already generating never waits: its streams would stall."""
         if any(s.job for s in self.slots):
             return
         deadline = time.monotonic() + GATHER_S
-        while self._preparing and not self._stopping and (left := deadline - time.monotonic()) > 0:
-            self._cv.wait(left)
+        self._gathering = True
+        try:
+            while ((self._preparing or DOOR.count) and not self._stopping
+                   and (left := deadline - time.monotonic()) > 0):
+                self._cv.wait(left)
+        finally:
+            self._gathering = False
+
+    def _arrival_left(self) -> None:
+        """A request has left the door (DOOR calls this on the event loop): a gathering scheduler looks again."""
+        if self._gathering:
+            with self._cv:
+                self._cv.notify()
 
     def _emit(self, job: Job, event: Event | BaseException) -> None:
         raise NotImplementedError

@@ -25,7 +25,8 @@ from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.reasoning_budget import BudgetedSampler
 from kinetic.engine.llama.rerank import rerank
 from kinetic.engine.llama.sampler import Sampler, quick_to_build
-from kinetic.engine.llama.scheduler import Job, Scheduler, Slot, SlotBusyError
+from kinetic.engine.llama.scheduler import Scheduler
+from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
 from kinetic.engine.options import EngineConfig
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import (

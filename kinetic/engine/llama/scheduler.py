@@ -44,7 +44,7 @@ from llama_cpp import _internals
 
 from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
-from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET, MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import add_token, decode_failure
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
 from kinetic.engine.llama.decode_calls import DecodeCalls
@@ -60,11 +60,9 @@ from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
 from kinetic.engine.types import Event, Finished, FinishReason, StopType, TextDelta, TokenLogprob, Usage
 from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
+from kinetic.scheduling.arrivals import DOOR
 from kinetic.scheduling.fairqueue import FairQueue
 from kinetic.scheduling.inflight import InFlight, ModelInFlight
-
-# the scheduler's parts that moved to their own modules, still importable from here
-__all__ = ["CHECKPOINT_END_OFFSET", "MIN_SHARED_PREFIX", "Job", "Scheduler", "Slot", "SlotBusyError"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,12 +120,12 @@ class Scheduler(SlotAdmission):
         self._outbox: list[tuple[Job, Event | BaseException]] = []
         self._prompt_turn = 0
         self._stopping = False
-        self._preparing = 0  # requests between submit_many's start and their enqueue_many
+        # requests between submit_many's start and their enqueue_many; whether admission._gather waits for some
+        self._preparing, self._gathering = 0, False
+        DOOR.subscribe(self._arrival_left)
         self._closed_error: KineticError = UnavailableError("the model was unloaded")
         self._refusal: KineticError | None = None  # a shutdown's: new requests are refused, the running go on
-        self._use_counter = itertools.count(1)
-        self._task_ids = itertools.count()
-        self._group_ids = itertools.count()
+        self._use_counter, self._task_ids, self._group_ids = itertools.count(1), itertools.count(), itertools.count()
         self._calls = DecodeCalls(self._cv)  # call()'s work for the decode thread
         self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
         self._thread.start()
@@ -221,6 +219,7 @@ class Scheduler(SlotAdmission):
             for job in [s.job for s in self.slots if s.job is not None] + [job for _, job in self._pending.in_order()]:
                 self._fail_now(job, self._closed_error)
             self._cv.notify_all()
+        DOOR.unsubscribe(self._arrival_left)
         self._thread.join(timeout=10)
         if self._thread.is_alive():
             log.error("the decode thread did not stop within 10 s (a llama_decode still running)")

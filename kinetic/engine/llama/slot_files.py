@@ -35,7 +35,8 @@ from kinetic.engine.types import SlotFileResult
 from kinetic.errors import InvalidRequestError, ServerError
 
 if TYPE_CHECKING:
-    from kinetic.engine.llama.scheduler import Scheduler, Slot
+    from kinetic.engine.llama.scheduler import Scheduler
+    from kinetic.engine.llama.slots import Slot
 
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL: marks the packed format, and an image's embeddings (no real token has that id)
 PACKED_VERSION = 1  # llama-server's SERVER_TOKENS_STATE_VERSION

@@ -189,7 +189,7 @@ class LlamaEngine:
         n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
         self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
                                             decode_lock=self._decode_lock, pooling=self.pooling)
-        # no decode thread here: one thread of its own still runs every computation (the scheduler's docstring)
+        # no decode thread here: one thread of its own still runs every computation (decode_calls.py says why)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-embed")
         self._compute = self._on_executor
         self.generates = False

@@ -47,12 +47,10 @@ class DecodeCalls:
             self._lock.notify()
         return future.result()
 
-    def run_all(self) -> None:
-        """On the decode thread, outside the lock: every call waiting now, in order."""
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-        for run, _ in waiting:
-            run()
+    def take(self) -> list[Callable[[], None]]:
+        """Under the lock, on the decode thread: every call waiting now, in order, each to be run outside it."""
+        waiting, self._waiting = self._waiting, []
+        return [run for run, _ in waiting]
 
     def fail_all(self, error: BaseException) -> None:
         """Under the lock, as the decode thread stops: every call still waiting gets `error`."""

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -130,7 +130,6 @@ class LlamaEngine:
         self._scheduler: Scheduler | None = None
         self._embeddings: EmbeddingContext | None = None
         self._executor: ThreadPoolExecutor | None = None  # an embedding-only model's one computing thread
-        self._compute: Callable[[Callable[[], Any]], Any] = self._on_executor  # runs llama.cpp work on its thread
         self.generates = True  # False once load() finds an embedding-only (encoder) model
         # Generation steps and embedding decodes take turns on the CPU; in router mode every model's
         # engine gets the same DecodeTurns, so two models never decode at once either.
@@ -177,7 +176,6 @@ class LlamaEngine:
         except BaseException:
             scheduler.close()  # its context and decode thread go with the failed load
             raise
-        self._compute = scheduler.call
         self._model = model
         self._projector = projector
         self.slot_n_ctx = scheduler.slot_n_ctx
@@ -191,7 +189,6 @@ class LlamaEngine:
                                             decode_lock=self._decode_lock, pooling=self.pooling)
         # no decode thread here: one thread of its own still runs every computation (decode_calls.py says why)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-embed")
-        self._compute = self._on_executor
         self.generates = False
         self.n_slots = 0
         self.slot_n_ctx = self._embeddings.n_ctx
@@ -208,7 +205,6 @@ class LlamaEngine:
             self._executor.shutdown(wait=True)
         self._scheduler = None
         self._executor = None
-        self._compute = self._on_executor
         self._embeddings = None
         self._model = None
         self._projector = None
@@ -375,11 +371,14 @@ class LlamaEngine:
         """Blocking: each document's score against the query (--rerank: pooling rank), in their order."""
         return self._compute(partial(rerank, self._require_embeddings(), query, documents))
 
-    def _on_executor(self, work: Callable[[], T]) -> T:
-        """The embedding-only model's way of running a computation on its one thread."""
-        if self._executor is None:
-            raise UnavailableError(f"the model {self.model_path.name} was unloaded")
-        return self._executor.submit(work).result()
+    def _compute(self, work: Callable[[], T]) -> T:
+        """Runs a llama.cpp computation on the model's one computing thread: the decode thread, or an
+        embedding-only model's own (decode_calls.py says why)."""
+        if self._scheduler is not None:
+            return self._scheduler.call(work)
+        if self._executor is not None:
+            return self._executor.submit(work).result()
+        raise UnavailableError(f"the model {self.model_path.name} was unloaded")
 
     def _require_embeddings(self) -> EmbeddingContext:
         if self._embeddings is None and self._closed:

@@ -248,12 +248,13 @@ class Scheduler(SlotAdmission):
                             self._release(slot)
                     self._calls.fail_all(self._closed_error)
                     return
-            if self._calls:
-                self._calls.run_all()
-            with self._cv:
-                if not self._pending and not any(s.job for s in self.slots):
-                    continue
-                self._gather()
+                calls = self._calls.take()
+                if not calls:
+                    self._gather()
+            if calls:  # work handed over by call(), outside the lock; then look again
+                for run in calls:
+                    run()
+                continue
             # Nothing may kill the only decode thread: a failure is logged, the requests it touched
             # fail, and the others go on.
             try:

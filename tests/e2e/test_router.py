@@ -162,11 +162,12 @@ def test_two_models_streaming_at_once_both_finish(router: KineticServer) -> None
     assert results["chat-a"]["choices"][0]["message"] == results["chat-b"]["choices"][0]["message"]
 
 
-def deferred(server: KineticServer, model: str, key: str) -> float:
+def running_and_waiting(server: KineticServer, model: str, key: str) -> tuple[float, float]:
     text = httpx.get(server.url + "/metrics", params={"model": model}, headers={"Authorization": f"Bearer {key}"},
                      timeout=30).text
-    return next(float(line.split()[1]) for line in text.splitlines()
-                if line.startswith("llamacpp:requests_deferred "))
+    numbers = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+               if line.startswith(("llamacpp:requests_processing ", "llamacpp:requests_deferred "))}
+    return numbers["llamacpp:requests_processing"], numbers["llamacpp:requests_deferred"]
 
 
 
@@ -202,7 +203,10 @@ def test_fair_share_and_the_key_limit_hold_across_models(model_lock: None, minil
         threads = [threading.Thread(target=ask, args=(f"a{i}", "ka", "chat-a", 48)) for i in range(3)]
         for thread in threads:
             thread.start()
-        wait_until(lambda: deferred(server, "chat-a", "kb") == 2, "two of A's requests to wait on chat-a")
+        # both numbers: two queued requests alone may be a moment's gathering before the first one starts
+        # (admission.GATHER_S), with A's third request not yet at the server
+        wait_until(lambda: running_and_waiting(server, "chat-a", "kb") == (1, 2),
+                   "one of A's requests to run and two to wait on chat-a")
         over = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer ka"}, timeout=60,
                           json={"model": "chat-b", "messages": CHAT, "max_tokens": 2})
         assert over.status_code == 429 and over.headers["retry-after"] == "1"

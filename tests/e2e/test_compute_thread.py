@@ -1,7 +1,7 @@
-"""Every llama.cpp computation of a model runs on one thread, on the real models in this process: the load's
-warm-up, the projector's loading (mtmd warms up with an encode), generation, embeddings and reranking. A decode on
-any other thread leaves libgomp with more OpenMP threads than CPUs, and every later decode slows down (the
-scheduler's docstring). The decodes are watched by wrapping llama_cpp.llama_decode, which still runs them."""
+"""Every llama.cpp computation of the process runs on one thread, on the real models in this process: the load's
+warm-up, the projector's loading (mtmd warms up with an encode), generation, embeddings and reranking, for every
+model loaded. A decode on any other thread leaves libgomp with more OpenMP threads than CPUs, and every later decode
+slows down (compute_thread.py). The decodes are watched by wrapping llama_cpp.llama_decode, which still runs them."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def test_work_handed_to_the_decode_thread_gives_back_its_result_or_its_error(eng
         scheduler.call(lambda: None)
 
 
-def test_an_embedding_only_model_computes_on_one_thread_of_its_own(model_lock: None,
-                                                                    decoding_threads: list[str]) -> None:
+def test_an_embedding_only_model_computes_on_the_compute_thread(model_lock: None,
+                                                                decoding_threads: list[str]) -> None:
     path = embedding_gguf()
     if path is None:
         pytest.skip("the embedding model's weights package is not installed")
@@ -110,9 +110,34 @@ def test_an_embedding_only_model_computes_on_one_thread_of_its_own(model_lock: N
             worker = threading.Thread(target=engine.embed, args=([engine.tokenize(text)],))
             worker.start()
             worker.join()
-        assert len(decoding_threads) == 3 and len(set(decoding_threads)) == 1
-        assert decoding_threads[0].startswith("kinetic-embed")
+        assert decoding_threads == ["kinetic-decode"] * 3
     finally:
         engine.close()
     with pytest.raises(UnavailableError):
         engine.embed([[1, 2, 3]])
+
+
+def test_every_model_of_a_process_computes_on_one_thread_and_one_unload_leaves_the_others(
+        engine: LlamaEngine, decoding_threads: list[str]) -> None:
+    """A router's models: a second chat model and an embedding-only model loaded beside the first share its thread
+    (a thread of their own would slow every model's decodes down); unloading one stops none of the others."""
+    path = embedding_gguf()
+    if path is None:
+        pytest.skip("the embedding model's weights package is not installed")
+    second = LlamaEngine(gemma_model_path(), EngineConfig(n_ctx=512, n_parallel=1))
+    encoder = LlamaEngine(Path(path), EngineConfig(n_ctx=512))
+    second.load()
+    encoder.load()
+    try:
+        assert generate(second, 3).usage.completion_tokens == 3
+        assert len(encoder.embed([encoder.tokenize("a lighthouse")])) == 1
+        second.close()
+        assert generate(engine, 3).usage.completion_tokens == 3
+        assert len(encoder.embed([encoder.tokenize("the sea")])) == 1
+        encoder.close()
+        assert generate(engine, 2).usage.completion_tokens == 2
+        assert set(decoding_threads) == {"kinetic-decode"}
+        assert [t.name for t in threading.enumerate()].count("kinetic-decode") == 1
+    finally:
+        second.close()
+        encoder.close()

@@ -13,6 +13,7 @@ import time
 import llama_cpp
 from llama_cpp import _internals
 
+from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.context_shift import MemoryCells, reuse_chunks
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
@@ -96,13 +97,15 @@ class SlotAdmission:
 
     def _gather(self) -> None:
         """Under the lock, on an idle scheduler with a job to start: waits up to GATHER_S for the requests
-        still on their way. A scheduler already generating never waits: its streams would stall."""
-        if any(s.job for s in self.slots):
+        still on their way. A scheduler already generating never waits: its streams would stall, nor while
+        another model has work for the compute thread."""
+        if any(s.job for s in self.slots) or COMPUTE_THREAD.others_have_work(self):
             return
         deadline = time.monotonic() + GATHER_S
         self._gathering = True
         try:
             while ((self._preparing or DOOR.count) and not self._stopping
+                   and not COMPUTE_THREAD.others_have_work(self)  # another model's turn must not wait
                    and (left := deadline - time.monotonic()) > 0):
                 self._cv.wait(left)
         finally:

@@ -1,12 +1,6 @@
-"""Work handed to a model's decode thread from other threads (Scheduler.call): the load's warm-up, the projector's
-load, embeddings and reranking, so that every llama.cpp computation of the model runs on that one thread.
-
-ggml's CPU backend computes a graph on an OpenMP team led by the calling thread, and libgomp keeps each leading
-thread's team for good. Once the process holds more OpenMP threads than CPUs, libgomp spins only 100 times at a
-barrier before it sleeps on a futex, and a graph has a barrier per node. On 2 cores one decode on a second thread
-(the warm-up, on the loading thread) made every later one-token decode of a tiny LFM2 take 3.4 ms instead of 2.0
-(2026-12-05, AVX-512), and every decode of the bundled Gemma slower too.
-"""
+"""Work handed to the compute thread from other threads (Scheduler.call, CallsOnly.call): the load's warm-up, the
+projector's load, embeddings and reranking, so that every llama.cpp computation runs on that one thread
+(compute_thread.py says why)."""
 
 from __future__ import annotations
 
@@ -19,8 +13,8 @@ T = TypeVar("T")
 
 
 class DecodeCalls:
-    """The calls waiting for the decode thread. `lock` is the scheduler's condition: a call notifies it, and the
-    decode thread's idle wait ends when there is one."""
+    """The calls waiting for the compute thread. `lock` is that thread's condition: a call notifies it, and the
+    thread's idle wait ends when there is one."""
 
     def __init__(self, lock: threading.Condition):
         self._lock = lock

@@ -8,7 +8,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -18,6 +17,7 @@ import anyio
 
 from kinetic.engine.base import Generation
 from kinetic.engine.llama import slot_files
+from kinetic.engine.llama.compute_thread import CallsOnly
 from kinetic.engine.llama.embeddings import EmbeddingContext
 from kinetic.engine.llama.inbox import inbox_for
 from kinetic.engine.llama.media import MEDIA_MARKER, Projector
@@ -129,7 +129,7 @@ class LlamaEngine:
         self._model: LoadedModel | None = None
         self._scheduler: Scheduler | None = None
         self._embeddings: EmbeddingContext | None = None
-        self._executor: ThreadPoolExecutor | None = None  # an embedding-only model's one computing thread
+        self._calls_only: CallsOnly | None = None  # an embedding-only model's part of the compute thread
         self.generates = True  # False once load() finds an embedding-only (encoder) model
         # Generation steps and embedding decodes take turns on the CPU; in router mode every model's
         # engine gets the same DecodeTurns, so two models never decode at once either.
@@ -187,8 +187,8 @@ class LlamaEngine:
         n_ctx = min(self.requested_ctx, model.info.n_ctx_train) if self.requested_ctx > 0 else model.info.n_ctx_train
         self._embeddings = EmbeddingContext(model, n_ctx=n_ctx, n_threads=self.n_threads,
                                             decode_lock=self._decode_lock, pooling=self.pooling)
-        # no decode thread here: one thread of its own still runs every computation (decode_calls.py says why)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kinetic-embed")
+        # no decode steps here: its computations still run on the compute thread (compute_thread.py says why)
+        self._calls_only = CallsOnly()
         self.generates = False
         self.n_slots = 0
         self.slot_n_ctx = self._embeddings.n_ctx
@@ -201,10 +201,10 @@ class LlamaEngine:
         self._closed = True
         if self._scheduler is not None:
             self._scheduler.close(error)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._calls_only is not None:
+            self._calls_only.close(error)
         self._scheduler = None
-        self._executor = None
+        self._calls_only = None
         self._embeddings = None
         self._model = None
         self._projector = None
@@ -372,12 +372,11 @@ class LlamaEngine:
         return self._compute(partial(rerank, self._require_embeddings(), query, documents))
 
     def _compute(self, work: Callable[[], T]) -> T:
-        """Runs a llama.cpp computation on the model's one computing thread: the decode thread, or an
-        embedding-only model's own (decode_calls.py says why)."""
+        """Runs a llama.cpp computation on the process's one compute thread (compute_thread.py says why)."""
         if self._scheduler is not None:
             return self._scheduler.call(work)
-        if self._executor is not None:
-            return self._executor.submit(work).result()
+        if self._calls_only is not None:
+            return self._calls_only.call(work)
         raise UnavailableError(f"the model {self.model_path.name} was unloaded")
 
     def _require_embeddings(self) -> EmbeddingContext:

@@ -26,7 +26,8 @@ reach each event loop through its inbox (inbox.py), once per step, in a way that
 for the event loop.
 
 Every llama.cpp computation of the model runs on the decode thread, the warm-up, the projector's load, embeddings and
-reranking too (`call`, decode_calls.py: libgomp slows every decode once a second thread has computed).
+reranking too (`call`); that thread is the process's one compute thread, which every model of a router shares
+(compute_thread.py: libgomp slows every decode once a second thread has computed).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
 from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import add_token, decode_failure
+from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
 from kinetic.engine.llama.decode_calls import DecodeCalls
 from kinetic.engine.llama.host_cache import HostPrefixCache
@@ -58,7 +60,7 @@ from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
 from kinetic.engine.llama.speculative import make_speculator
 from kinetic.engine.options import LongContext, SpecOptions
 from kinetic.engine.turns import DecodeLock
-from kinetic.engine.types import Event, Finished, FinishReason, StopType, TextDelta, TokenLogprob, Usage
+from kinetic.engine.types import Event, FinishReason, StopType, TextDelta, TokenLogprob
 from kinetic.errors import InvalidRequestError, KineticError, QueueFullError, ServerError, UnavailableError
 from kinetic.scheduling.arrivals import DOOR
 from kinetic.scheduling.fairqueue import FairQueue
@@ -69,7 +71,7 @@ T = TypeVar("T")
 
 
 class Scheduler(SlotAdmission):
-    """Owns the generation context, its slots, the waiting queue and the decode thread."""
+    """Owns the generation context, its slots and the waiting queue; a member of the compute thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
                  n_batch: int, n_ubatch: int, decode_lock: DecodeLock, fair: bool = True, max_queue: int = 0,
@@ -114,7 +116,7 @@ class Scheduler(SlotAdmission):
         self.speculator = make_speculator(spec, model, n_ctx=self.n_ctx, n_slots=n_slots, n_batch=self.n_batch,
                                           n_ubatch=params.n_ubatch, n_threads=n_threads, kv_unified=kv_unified,
                                           exact_states=self.exact_states) if spec is not None else None
-        self._cv = threading.Condition()
+        self._cv = COMPUTE_THREAD.cv  # shared by every model's scheduler: one notify wakes the one thread
         self._pending: FairQueue[Job] = FairQueue(fair=fair)
         self.max_queue = max_queue  # --max-queue: jobs that may wait for a slot (0: no cap)
         self._outbox: list[tuple[Job, Event | BaseException]] = []
@@ -127,8 +129,8 @@ class Scheduler(SlotAdmission):
         self._refusal: KineticError | None = None  # a shutdown's: new requests are refused, the running go on
         self._use_counter, self._task_ids, self._group_ids = itertools.count(1), itertools.count(), itertools.count()
         self._calls = DecodeCalls(self._cv)  # call()'s work for the decode thread
-        self._thread = threading.Thread(target=self._run, name="kinetic-decode", daemon=True)
-        self._thread.start()
+        self._stopped = threading.Event()
+        COMPUTE_THREAD.join(self)
         if model.options.warmup:
             log.info("warming up the model with an empty run (--no-warmup to disable)")
             try:
@@ -140,7 +142,7 @@ class Scheduler(SlotAdmission):
     def call(self, work: Callable[[], T]) -> T:
         """Runs `work` on the decode thread between two steps and returns what it returns (or raises what it
         raises). Blocking; `work` takes the decode lock itself if it needs it."""
-        if threading.current_thread() is self._thread:
+        if COMPUTE_THREAD.is_current():
             return work()
         return self._calls.put(work, lambda: self._closed_error if self._stopping else None)
 
@@ -220,8 +222,10 @@ class Scheduler(SlotAdmission):
                 self._fail_now(job, self._closed_error)
             self._cv.notify_all()
         DOOR.unsubscribe(self._arrival_left)
-        self._thread.join(timeout=10)
-        if self._thread.is_alive():
+        if COMPUTE_THREAD.is_current():  # from a turn of the thread itself: nothing of this model is running
+            with self._cv:
+                self._stop()
+        elif not self._stopped.wait(timeout=10):
             log.error("the decode thread did not stop within 10 s (a llama_decode still running)")
 
     def _fail_now(self, job: Job, error: KineticError) -> None:
@@ -237,43 +241,54 @@ class Scheduler(SlotAdmission):
 
     # ------------------------------------------------------------ the decode thread
 
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._stopping or self._calls or self._pending or any(s.job for s in self.slots)):
-                    self._cv.wait()
-                if self._stopping:  # close() has failed every job; free what the slots still hold
-                    for slot in self.slots:
-                        if slot.job is not None:
-                            self._release(slot)
-                    self._calls.fail_all(self._closed_error)
-                    return
-                calls = self._calls.take()
-                if not calls:
-                    self._gather()
-            if calls:  # work handed over by call(), outside the lock; then look again
+    def has_work(self) -> bool:
+        """Under the lock: whether the compute thread has something to do for this model."""
+        return bool(self._stopping or self._calls or self._pending or any(s.job for s in self.slots))
+
+    def take_turn(self) -> Callable[[], None]:
+        """Under the lock, on the compute thread: this model's next turn, run once the lock is let go."""
+        if self._stopping:  # close() has failed every job
+            self._stop()
+            return _nothing
+        calls = self._calls.take()
+        if calls:  # work handed over by call()
+
+            def run_calls() -> None:
                 for run in calls:
                     run()
-                continue
-            # Nothing may kill the only decode thread: a failure is logged, the requests it touched
-            # fail, and the others go on.
-            try:
-                with self._cv:
-                    self._assign_pending()
-                with self.decode_lock:
-                    self._step()
-            except Exception as exc:
-                log.exception("decode step failed")
-                for slot in self.slots:
-                    if slot.job is not None:
-                        self._emit(slot.job, ServerError(f"generation failed: {exc}"))
-                        self._forget_cache(slot)
-                        self._release(slot)
-            try:
-                self._flush()
-            except Exception:
-                log.exception("delivering a step's events failed")
-                self._outbox = []
+            return run_calls
+        self._gather()
+        return self._decode_step
+
+    def _stop(self) -> None:
+        """Under the lock: frees what the slots still hold and leaves the compute thread."""
+        for slot in self.slots:
+            if slot.job is not None:
+                self._release(slot)
+        self._calls.fail_all(self._closed_error)
+        COMPUTE_THREAD.leave(self)
+        self._stopped.set()
+
+    def _decode_step(self) -> None:
+        # Nothing may kill the one compute thread: a failure is logged, the requests it touched fail, and the
+        # others go on.
+        try:
+            with self._cv:
+                self._assign_pending()
+            with self.decode_lock:
+                self._step()
+        except Exception as exc:
+            log.exception("decode step failed")
+            for slot in self.slots:
+                if slot.job is not None:
+                    self._emit(slot.job, ServerError(f"generation failed: {exc}"))
+                    self._forget_cache(slot)
+                    self._release(slot)
+        try:
+            self._flush()
+        except Exception:
+            log.exception("delivering a step's events failed")
+            self._outbox = []
 
     def _emit(self, job: Job, event: Event | BaseException) -> None:
         self._outbox.append((job, event))
@@ -447,31 +462,8 @@ class Scheduler(SlotAdmission):
 
     def _finish(self, slot: Slot, reason: FinishReason, stop_type: StopType, *, truncated: bool = False) -> None:
         job = slot.job
-        assert job is not None and slot.assembler is not None
-        timings = slot.timings()
-        n_predicted = len(slot.generated)
-        n_prompt = len(slot.prompt)
-        usage = Usage(prompt_tokens=timings.cache_n + timings.prompt_n, completion_tokens=n_predicted,
-                      cached_tokens=timings.cache_n)
-        metrics = self.metrics
-        metrics["prompt_tokens_total"] += timings.prompt_n
-        metrics["prompt_tokens_cached_total"] += timings.cache_n
-        metrics["prompt_seconds_total"] += slot.prompt_ms / 1000.0
-        metrics["tokens_predicted_total"] += n_predicted
-        metrics["tokens_predicted_seconds_total"] += timings.predicted_ms / 1000.0
-        metrics["n_tokens_max"] = max(metrics["n_tokens_max"], n_prompt + n_predicted)
-        self._emit(job, Finished(
-            finish_reason=reason,
-            stop_type=stop_type,
-            stopping_word=slot.assembler.stopping_word,
-            text="".join(slot.text_parts),
-            tokens=list(slot.generated),
-            usage=usage,
-            timings=timings,
-            id_slot=slot.id,
-            tokens_cached=len(slot.tokens),
-            truncated=truncated or slot.shifted,
-        ))
+        assert job is not None
+        self._emit(job, slot.finished(reason, stop_type, self.metrics, truncated=truncated))
         job.done = True
         self._release(slot)
 
@@ -498,3 +490,7 @@ class Scheduler(SlotAdmission):
     def _forget_cache(self, slot: Slot) -> None:
         self._drop_cells(slot)
         slot.tokens = []
+
+
+def _nothing() -> None:
+    pass

@@ -10,7 +10,18 @@ from dataclasses import dataclass, field
 from kinetic.engine.llama.inbox import LoopInbox
 from kinetic.engine.llama.sampler import Sampler
 from kinetic.engine.text import TextAssembler
-from kinetic.engine.types import Event, GenerationRequest, MediaSpan, PromptProgress, SlotState, Timings
+from kinetic.engine.types import (
+    Event,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    MediaSpan,
+    PromptProgress,
+    SlotState,
+    StopType,
+    Timings,
+    Usage,
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,26 @@ class Slot:
                        predicted_n=len(self.generated),
                        predicted_ms=max((time.perf_counter() - self.t_generation_start) * 1000.0, 0.001),
                        draft_n=self.n_draft, draft_n_accepted=self.n_draft_accepted)
+
+    def finished(self, reason: FinishReason, stop_type: StopType, metrics: dict[str, float], *,
+                 truncated: bool) -> Finished:
+        """The answer's last event (what the slot generated, its usage and timings), counted into the model's
+        `metrics` (/metrics)."""
+        assert self.assembler is not None
+        timings = self.timings()
+        n_predicted = len(self.generated)
+        metrics["prompt_tokens_total"] += timings.prompt_n
+        metrics["prompt_tokens_cached_total"] += timings.cache_n
+        metrics["prompt_seconds_total"] += self.prompt_ms / 1000.0
+        metrics["tokens_predicted_total"] += n_predicted
+        metrics["tokens_predicted_seconds_total"] += timings.predicted_ms / 1000.0
+        metrics["n_tokens_max"] = max(metrics["n_tokens_max"], len(self.prompt) + n_predicted)
+        return Finished(
+            finish_reason=reason, stop_type=stop_type, stopping_word=self.assembler.stopping_word,
+            text="".join(self.text_parts), tokens=list(self.generated),
+            usage=Usage(prompt_tokens=timings.cache_n + timings.prompt_n, completion_tokens=n_predicted,
+                        cached_tokens=timings.cache_n),
+            timings=timings, id_slot=self.id, tokens_cached=len(self.tokens), truncated=truncated or self.shifted)
 
     def state(self) -> SlotState:
         return SlotState(id=self.id, is_processing=self.is_processing, used=bool(self.last_used or self.job),

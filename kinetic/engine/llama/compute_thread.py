@@ -72,7 +72,11 @@ class ComputeThread:
                 # the member taking its turn goes to the back of the line: busy models alternate
                 self._members.remove(member)
                 self._members.append(member)
-                turn = member.take_turn()
+                try:
+                    turn = member.take_turn()
+                except Exception:
+                    log.exception("choosing a turn on the compute thread failed")
+                    continue
             try:
                 turn()
             except Exception:  # a member's turn catches its own failures; this one is a bug, and must not stop

@@ -41,10 +41,14 @@ class DecodeCalls:
             self._lock.notify()
         return future.result()
 
-    def take(self) -> list[Callable[[], None]]:
-        """Under the lock, on the decode thread: every call waiting now, in order, each to be run outside it."""
-        waiting, self._waiting = self._waiting, []
-        return [run for run, _ in waiting]
+    def take(self) -> Callable[[], None]:
+        """Under the lock, on the compute thread: every call waiting now, to be run in order outside the lock."""
+        runs, self._waiting = [run for run, _ in self._waiting], []
+
+        def run_all() -> None:
+            for run in runs:
+                run()
+        return run_all
 
     def fail_all(self, error: BaseException) -> None:
         """Under the lock, as the decode thread stops: every call still waiting gets `error`."""

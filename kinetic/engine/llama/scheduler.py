@@ -250,13 +250,8 @@ class Scheduler(SlotAdmission):
         if self._stopping:  # close() has failed every job
             self._stop()
             return _nothing
-        calls = self._calls.take()
-        if calls:  # work handed over by call()
-
-            def run_calls() -> None:
-                for run in calls:
-                    run()
-            return run_calls
+        if self._calls:  # work handed over by call()
+            return self._calls.take()
         self._gather()
         return self._decode_step
 

@@ -16,6 +16,7 @@ import pytest
 
 from kinetic.backends.bundled import gemma_model_path
 from kinetic.engine.llama import LlamaEngine
+from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.scheduler import Scheduler
 from kinetic.engine.options import EngineConfig
 from kinetic.engine.types import EngineStats, GenerationRequest, TextDelta
@@ -106,7 +107,7 @@ def test_the_decode_thread_survives_a_failure_starting_a_request(engine: LlamaEn
         assert engine.in_flight is not None and engine.in_flight.counts() == {}
 
     asyncio.run(run())
-    assert scheduler._thread.is_alive()
+    assert COMPUTE_THREAD.is_alive()
 
 
 def test_the_decode_thread_survives_a_failing_step(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,7 +129,7 @@ def test_the_decode_thread_survives_a_failing_step(engine: LlamaEngine, monkeypa
         assert await outcome((await engine.submit(request(engine, "alice", 4))).events()) == "finished"
 
     asyncio.run(run())
-    assert scheduler._thread.is_alive()
+    assert COMPUTE_THREAD.is_alive()
 
 
 def test_only_a_metrics_scrape_moves_the_rate_baseline(engine: LlamaEngine) -> None:

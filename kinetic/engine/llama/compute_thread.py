@@ -59,28 +59,36 @@ class ComputeThread:
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def others_have_work(self, member: object) -> bool:
         """Under the lock: whether a member other than `member` waits for a turn (it must not be held up)."""
         return any(m is not member and m.has_work() for m in self._members)
 
     def _run(self) -> None:
         while True:
-            with self.cv:
-                while not (ready := [m for m in self._members if m.has_work()]):
-                    self.cv.wait()
-                member = ready[0]
-                # the member taking its turn goes to the back of the line: busy models alternate
-                self._members.remove(member)
-                self._members.append(member)
-                try:
-                    turn = member.take_turn()
-                except Exception:
-                    log.exception("choosing a turn on the compute thread failed")
-                    continue
+            # a turn's member and work go out of scope with each call: held while the thread waits, they would
+            # keep a closed model's context and weights alive (a sleeping model's memory was never freed)
+            self._one_turn()
+
+    def _one_turn(self) -> None:
+        with self.cv:
+            while not (ready := [m for m in self._members if m.has_work()]):
+                self.cv.wait()
+            member = ready[0]
+            # the member taking its turn goes to the back of the line: busy models alternate
+            self._members.remove(member)
+            self._members.append(member)
             try:
-                turn()
-            except Exception:  # a member's turn catches its own failures; this one is a bug, and must not stop
-                log.exception("a turn on the compute thread failed")  # the thread every model needs
+                turn = member.take_turn()
+            except Exception:
+                log.exception("choosing a turn on the compute thread failed")
+                return
+        try:
+            turn()
+        except Exception:  # a member's turn catches its own failures; this one is a bug, and must not stop
+            log.exception("a turn on the compute thread failed")  # the thread every model needs
 
 
 COMPUTE_THREAD = ComputeThread()

@@ -267,6 +267,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the tables to this file as JSON")
     args = parser.parse_args()
     args.model = model_path(args.model)
+    if args.defaults and (args.parallel or args.ctx != parser.get_default("ctx")):
+        print("--defaults: -c and -np are not passed; each server runs its own (slots: kinetic 16 over one cache, "
+              "llama-server 4)")
     args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
     args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
     # Each server at its own defaults: llama-server repacks weights (except on AMX, where that crashes), kinetic

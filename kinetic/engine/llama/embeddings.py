@@ -50,18 +50,16 @@ class EmbeddingContext:
         self.counters = {"prompt_tokens_total": 0.0, "prompt_seconds_total": 0.0, "n_decode_total": 0.0,
                          "n_busy_slots_total": 0.0}
 
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One pooled, L2-normalised vector per input (mean pooling unless the model names its own).
-        Blocking; call it from a worker thread."""
+    def embed(self, tokens: list[int]) -> list[float]:
+        """One input's pooled, L2-normalised vector (mean pooling unless the model names its own). Blocking, on
+        the compute thread: LlamaEngine hands over one input at a time, so that streams take steps between them."""
         if self.pooling == "none":
             raise InvalidRequestError("--pooling none gives one vector per token: only the native /embedding "
                                       "answers it", param="input")
-        vectors = []
-        for [vector] in self.embed_all(inputs):
-            array = np.asarray(vector)
-            norm = float(np.linalg.norm(array))
-            vectors.append((array / norm if norm > 0 else array).tolist())
-        return vectors
+        [vector] = self.embed_raw(tokens)
+        array = np.asarray(vector)
+        norm = float(np.linalg.norm(array))
+        return (array / norm if norm > 0 else array).tolist()
 
     def decode(self, tokens: list[int]) -> None:
         """Evaluates one input from an empty cache, its outputs then readable; the caller holds decode_lock."""
@@ -78,20 +76,16 @@ class EmbeddingContext:
         self.counters["n_decode_total"] += 1
         self.counters["n_busy_slots_total"] += 1
 
-    def embed_all(self, inputs: list[list[int]]) -> list[list[list[float]]]:
-        """Raw (unnormalised) vectors per input: one pooled vector, or one per token with pooling none."""
+    def embed_raw(self, tokens: list[int]) -> list[list[float]]:
+        """One input's raw (unnormalised) vectors: one pooled vector, or one per token with pooling none."""
         if self.pooling == "rank":  # one score per input, not a vector: /rerank reads it (rerank.py)
             raise InvalidRequestError("this server ranks documents (--rerank, --pooling rank): use /rerank",
                                       param="input")
         n_embd = self.model.info.n_embd
-        vectors: list[list[list[float]]] = []
         with self.decode_lock:
-            for tokens in inputs:
-                self.decode(tokens)
-                if self.pooling == "none":
-                    rows = [llama_cpp.llama_get_embeddings_ith(self.ctx.ctx, i) for i in range(len(tokens))]
-                else:
-                    rows = [llama_cpp.llama_get_embeddings_seq(self.ctx.ctx, 0)]
-                vectors.append([np.ctypeslib.as_array(row, shape=(n_embd,)).astype(np.float64).tolist()
-                                for row in rows])
-        return vectors
+            self.decode(tokens)
+            if self.pooling == "none":
+                rows = [llama_cpp.llama_get_embeddings_ith(self.ctx.ctx, i) for i in range(len(tokens))]
+            else:
+                rows = [llama_cpp.llama_get_embeddings_seq(self.ctx.ctx, 0)]
+            return [np.ctypeslib.as_array(row, shape=(n_embd,)).astype(np.float64).tolist() for row in rows]

@@ -45,18 +45,20 @@ def pair_tokens(model: LoadedModel, template: str | None, query: str, document: 
     return tokens
 
 
-def rerank(context: EmbeddingContext, query: str, documents: list[str]) -> list[RankScore]:
-    """One score per document, in the documents' order. Blocking; call it from a worker thread."""
+def rerank_inputs(context: EmbeddingContext, query: str, documents: list[str]) -> list[list[int]]:
+    """Each (query, document) pair's tokens, every one checked against the context before any is scored."""
     template = rerank_template(context.model)
     inputs = [pair_tokens(context.model, template, query, document) for document in documents]
     for tokens in inputs:
         if len(tokens) > context.n_ctx:
             raise InvalidRequestError(f"input ({len(tokens)} tokens) is larger than the max context size "
                                       f"({context.n_ctx} tokens). skipping", param="documents")
-    scores = []
+    return inputs
+
+
+def score(context: EmbeddingContext, tokens: list[int]) -> RankScore:
+    """One pair's score. Blocking, on the compute thread (one pair a call: streams take steps between them)."""
     with context.decode_lock:
-        for tokens in inputs:
-            context.decode(tokens)
-            pooled = llama_cpp.llama_get_embeddings_seq(context.ctx.ctx, 0)
-            scores.append(RankScore(score=float(pooled[0]), n_tokens=len(tokens)))
-    return scores
+        context.decode(tokens)
+        pooled = llama_cpp.llama_get_embeddings_seq(context.ctx.ctx, 0)
+        return RankScore(score=float(pooled[0]), n_tokens=len(tokens))

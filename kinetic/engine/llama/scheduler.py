@@ -129,7 +129,7 @@ class Scheduler(SlotAdmission):
         self._refusal: KineticError | None = None  # a shutdown's: new requests are refused, the running go on
         self._use_counter, self._task_ids, self._group_ids = itertools.count(1), itertools.count(), itertools.count()
         self._calls = DecodeCalls(self._cv)  # call()'s work for the decode thread
-        self._stopped = threading.Event()
+        self._stopped, self._calls_ran_last = threading.Event(), False
         COMPUTE_THREAD.join(self)
         if model.options.warmup:
             log.info("warming up the model with an empty run (--no-warmup to disable)")
@@ -250,8 +250,12 @@ class Scheduler(SlotAdmission):
         if self._stopping:  # close() has failed every job
             self._stop()
             return _nothing
-        if self._calls:  # work handed over by call()
+        # work handed over by call(); with streams running, calls and steps alternate (an embedding of many inputs
+        # comes one input a call)
+        if self._calls and not (self._calls_ran_last and any(s.job for s in self.slots)):
+            self._calls_ran_last = True
             return self._calls.take()
+        self._calls_ran_last = False
         self._gather()
         return self._decode_step
 

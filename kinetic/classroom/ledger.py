@@ -20,6 +20,7 @@ are not recorded.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -400,9 +402,10 @@ class LedgerMiddleware:
         if scope["method"] == "OPTIONS" or not recorded(scope["path"]):
             await self.app(scope, receive, send)
             return
-        # a POST may be a generation: counted at the door until it is prepared, answered or over (arrivals.py)
+        # a POST may be a generation: counted at the door until it is prepared, answered or over (arrivals.py);
+        # once prepared, out at the loop's next turn: the route queues it before it lets the loop go
         leave_door = DOOR.arrive() if scope["method"] == "POST" else (lambda: None)
-        record.when_prepared(leave_door)
+        record.when_prepared(partial(asyncio.get_running_loop().call_soon, leave_door))
         started = time.monotonic()
         status, stream = 500, False
         ended: float | None = None  # when the last byte left: what the client's clock can compare with

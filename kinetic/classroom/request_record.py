@@ -56,9 +56,9 @@ class RequestRecord:
         self.outcomes: list[Outcome] = []
         self.error: ErrorTold | None = None  # the error the request was refused or answered with
         self.media: MediaCounts | None = None  # None: the prompts read no file
-        self._on_prepared: list[Callable[[], None]] = []
+        self._on_prepared: list[Callable[[], object]] = []
 
-    def when_prepared(self, action: Callable[[], None]) -> None:
+    def when_prepared(self, action: Callable[[], object]) -> None:
         """The ledger middleware's: `action` runs once a backend has prepared the request (scheduling/arrivals.py)."""
         self._on_prepared.append(action)
 

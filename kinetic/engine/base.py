@@ -29,16 +29,20 @@ from kinetic.errors import KineticError, ServerError
 class Generation:
     """A submitted request seen from the event loop: iterate `events()`, or await `result()`.
 
-    The engine pushes events (or an exception) into `queue` from whatever thread it runs on, via
-    `loop.call_soon_threadsafe`. Leaving the iteration early cancels the request, which frees its
+    The engine pushes events (or an exception) into `queue` from whatever thread it runs on (the llama
+    engine: through its loop's inbox). Leaving the iteration early cancels the request, which frees its
     slot (or drops it from the queue if it never got one).
     """
 
     def __init__(self, queue: asyncio.Queue[Event | BaseException], cancel: Callable[[], object],
-                 end_reasoning: Callable[[], object] | None = None):
+                 end_reasoning: Callable[[], object] | None = None,
+                 first_text_handled: Callable[[], object] | None = None):
         self._queue = queue
         self._cancel = cancel
         self._end_reasoning = end_reasoning  # None: nothing to end (no thinking armed for control)
+        # told once the consumer is back for more after the first text (a stream has written it): the engine may
+        # hold its next step until then, so that the first token is not sent while that step takes every core
+        self._first_text_handled = first_text_handled
         self.done = False
 
     async def events(self) -> AsyncIterator[Event]:
@@ -49,12 +53,20 @@ class Generation:
                     self.done = True
                     raise event
                 yield event
+                if isinstance(event, TextDelta):
+                    self._first_text_is_handled()
                 if isinstance(event, Finished):
                     self.done = True
                     return
         finally:
+            self._first_text_is_handled()
             if not self.done:
                 self.cancel()
+
+    def _first_text_is_handled(self) -> None:
+        if self._first_text_handled is not None:
+            self._first_text_handled()
+            self._first_text_handled = None
 
     def end_reasoning(self) -> None:
         """Reasoning control: the thinking under way ends at the next token (a no-op when none is)."""

@@ -1,14 +1,20 @@
 """The idle decode thread's wait for requests sent together (admission.GATHER_S), without a model: it
-waits while a request is still being prepared, never once a slot is generating, and never past the cap."""
+waits while a request is still being prepared, never once a slot is generating, and never past the cap; a
+request counts at the door until its route has queued it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
+from kinetic.classroom import ledger as ledger_module
+from kinetic.classroom.ledger import LedgerMiddleware
+from kinetic.classroom.request_record import request_record
 from kinetic.engine.llama import admission as admission_module
 from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.scheduling.arrivals import Arrivals
@@ -91,3 +97,35 @@ def test_the_door_counts_each_request_out_once_and_tells_its_listeners() -> None
     first()
     second()
     assert door.count == 0 and heard == [1, 0]
+
+
+def test_a_prepared_request_stays_at_the_door_until_its_route_lets_the_loop_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counted out at once, a scheduler that looked between "prepared" and the route's queueing started without it.
+    door = Arrivals()
+    monkeypatch.setattr(ledger_module, "DOOR", door)
+    seen: list[tuple[str, int]] = []
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        request_record(scope).note_prepared()
+        seen.append(("prepared", door.count))  # the route goes on to queue it, without a pause
+        await asyncio.sleep(0)
+        seen.append(("after the route's first pause", door.count))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main() -> None:
+        middleware = LedgerMiddleware(route, keyed=False)
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"{}"}
+
+        async def send(message: Message) -> None:
+            pass
+
+        await middleware(scope, receive, send)
+
+    asyncio.run(main())
+    assert seen == [("prepared", 1), ("after the route's first pause", 0)]
+    assert door.count == 0

@@ -313,8 +313,8 @@ class LlamaEngine:
             raise
         finally:
             scheduler.preparing(-len(requests))
-        return [Generation(job.queue, partial(scheduler.cancel, job), end_reasoning=reasoning_control(job))
-                for job in jobs]
+        return [Generation(job.queue, partial(scheduler.cancel, job), end_reasoning=reasoning_control(job),
+                           first_text_handled=job.first_text_handled.set) for job in jobs]
 
     def _scheduler_or_fail(self) -> Scheduler:
         scheduler = self._scheduler

@@ -13,6 +13,11 @@ with this inbox.
 
 Where the pipe or PyDLL is missing (a Windows event loop has no `add_reader`), the inbox falls
 back to `call_soon_threadsafe`.
+
+A step that holds a request's first text is the exception: the decode thread then waits, a few
+milliseconds at most, for the loop to hand that text on (to the wire, for a stream) before it starts
+the next step. Otherwise the loop (and, on one machine, the client) wakes while llama.cpp's threads hold
+both cores for that step, and the first token reached the client a step late (deliver_step).
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ import asyncio
 import collections
 import ctypes
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from kinetic.engine.types import TextDelta
+
 Delivery = list[tuple[Any, Any]]  # (job, event or exception) pairs; each job's `queue` takes its events
+
+# How long the decode thread waits, at most, for its loop to hand on a step's first texts (see the top).
+FIRST_TEXT_WAIT_S = 0.003
 
 
 def _gil_holding_write() -> Callable[[int, bytes, int], int] | None:
@@ -91,6 +103,24 @@ class LoopInbox:
         while self._deliveries:
             for job, event in self._deliveries.popleft():
                 job.queue.put_nowait(event)
+
+
+def deliver_step(delivery: Delivery) -> None:
+    """On the decode thread: a step's events to the loops of their jobs (a slots.Job: `inbox`, `queue`,
+    `first_text_out`, `first_text_handled`), then the wait for any first text among them (see the top)."""
+    by_inbox: dict[LoopInbox, Delivery] = {}
+    first_texts: list[threading.Event] = []
+    for job, event in delivery:
+        by_inbox.setdefault(job.inbox, []).append((job, event))
+        if isinstance(event, TextDelta) and not job.first_text_out:
+            job.first_text_out = True
+            first_texts.append(job.first_text_handled)
+    for inbox, events in by_inbox.items():
+        inbox.put(events)
+    deadline = time.monotonic() + FIRST_TEXT_WAIT_S
+    for handled in first_texts:
+        if not handled.wait(deadline - time.monotonic()):
+            return
 
 
 def _close_pipe(read_fd: int, write_fd: int) -> None:

@@ -51,7 +51,7 @@ from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
 from kinetic.engine.llama.decode_calls import DecodeCalls
 from kinetic.engine.llama.host_cache import HostPrefixCache
-from kinetic.engine.llama.inbox import LoopInbox
+from kinetic.engine.llama.inbox import deliver_step
 from kinetic.engine.llama.media import Projector
 from kinetic.engine.llama.model import LoadedModel
 from kinetic.engine.llama.params import context_params
@@ -293,14 +293,9 @@ class Scheduler(SlotAdmission):
         self._outbox.append((job, event))
 
     def _flush(self) -> None:
-        if not self._outbox:
-            return
-        by_inbox: dict[LoopInbox, list[tuple[Job, Event | BaseException]]] = {}
-        for job, event in self._outbox:
-            by_inbox.setdefault(job.inbox, []).append((job, event))
-        for inbox, delivery in by_inbox.items():
-            inbox.put(delivery)
-        self._outbox = []
+        if self._outbox:
+            outbox, self._outbox = self._outbox, []
+            deliver_step(outbox)
 
     def _step(self) -> None:
         for slot in self.slots:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -58,6 +59,9 @@ class Job:
     counted: bool = True  # still counted against its client's requests in flight
     group: int | None = None  # the jobs of one submit_many (a list of prompts, n_cmpl) share one
     lora: tuple[float, ...] = ()  # the adapter scales it decodes with, every adapter's (its request's or the server's)
+    first_text_out: bool = False  # its first text has left the decode thread (inbox.deliver_step)
+    # set on its event loop once the consumer has handled that text (a stream: written it)
+    first_text_handled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from kinetic.classroom.outcome import Outcome
 from kinetic.classroom.request_record import caller_of, request_record
@@ -93,7 +93,24 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
     Starlette only notices a gone client when a write fails, which can be a whole token later or
     never while the model is still evaluating a long prompt; this watches for the disconnect
     message the whole time instead.
+
+    Its status line and headers go out with its first frame, as llama-server sends a stream's (it waits for
+    the first result): the client wakes once, for the head and the first token together, not once more
+    while the prompt is evaluated (on a tiny model, 1.5 ms of a 10 ms TTFT on two cores).
     """
+
+    async def stream_response(self, send: Send) -> None:
+        start: Message | None = {"type": "http.response.start", "status": self.status_code,
+                                 "headers": self.raw_headers}
+        async for chunk in self.body_iterator:
+            if start is not None:
+                await send(start)
+                start = None
+            body = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        if start is not None:
+            await send(start)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

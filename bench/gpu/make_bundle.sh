@@ -18,11 +18,12 @@ PYTHON=${PYTHON:-python}
 LCP_VERSION=0.3.36
 DOWNLOADS=${DOWNLOADS:-/tmp/kinetic-gpu-downloads}  # the sdist, kept between runs
 # The serve dependencies that the GPU machine lacks (with theirs: uvicorn's click, gguf's pyyaml), and those whose
-# version there may be too old for kinetic (h11: kinetic/server/transport.py extends uvicorn's h11 protocol).
+# version there may be too old for kinetic (httptools: kinetic/server/transport.py extends uvicorn's httptools
+# protocol; uvloop: uvicorn's loop, as kinetic[serve] installs it).
 # numpy, jinja2, httpx and anyio are there; llama_cpp is built there from the sdist.
-WHEELS=(fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv uvicorn click h11 typing-extensions
-        typing-inspection annotated-types annotated-doc opentelemetry-api httpx-sse platformdirs filelock gguf pyyaml
-        diskcache)
+WHEELS=(fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv uvicorn click httptools uvloop
+        typing-extensions typing-inspection annotated-types annotated-doc opentelemetry-api httpx-sse platformdirs
+        filelock gguf pyyaml diskcache)
 
 cd "$ROOT"
 "$PYTHON" -c 'import gguf, kinetic' || { echo "PYTHON=$PYTHON lacks gguf or kinetic: use the project's venv"; exit 1; }

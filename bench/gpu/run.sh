@@ -61,7 +61,7 @@ fi
 # a preflight's bound, the wait for the model lock included (bench/load.py: one model at a time on a machine)
 PREFLIGHT_S=${PREFLIGHT_S:-$([ -n "$CPU" ] && echo 1200 || echo 120)}
 CLASS_SIZE_MIN_S=${CLASS_SIZE_MIN_S:-150}  # class-size runs only with this much time left (after classroom)
-HIDE_UVLOOP=${HIDE_UVLOOP:-1}       # 1: uvicorn on asyncio, as `pip install kinetic[serve]` runs it (no uvloop)
+HIDE_UVLOOP=${HIDE_UVLOOP:-0}       # 1: uvicorn on asyncio (kinetic[serve] installs uvloop: 0 runs as it does)
 LCP_VERSION=0.3.36
 LCP_COMMIT=0c1e570                  # vendor/llama.cpp's commit in that sdist (its .git is stripped)
 
@@ -216,7 +216,7 @@ for p in nvidia.__path__:
 fi
 if [ -n "${DRY:-}" ]; then echo "DRY: stopping before anything is installed or built"; exit 0; fi
 
-# ---- 2. Python: the carried wheels and the repository's code on PYTHONPATH, uvloop hidden
+# ---- 2. Python: the carried wheels and the repository's code on PYTHONPATH (uvloop hidden with HIDE_UVLOOP=1)
 phase "python packages"
 PP=$ROOT
 if [ -z "$CPU" ]; then
@@ -226,7 +226,7 @@ if [ -z "$CPU" ]; then
 fi
 if [ "$HIDE_UVLOOP" = 1 ]; then
   mkdir -p "$WORK/no-uvloop/uvloop"
-  echo 'raise ImportError("uvloop hidden by bench/gpu/run.sh: kinetic[serve] installs none")' \
+  echo 'raise ImportError("uvloop hidden by bench/gpu/run.sh (HIDE_UVLOOP=1)")' \
     > "$WORK/no-uvloop/uvloop/__init__.py"
   PP="$WORK/no-uvloop:$PP"
 fi
@@ -235,7 +235,7 @@ echo "PYTHONPATH=$PYTHONPATH"
 "$PY" - <<'EOF' || fatal "an import that the servers or the bench need failed"
 import importlib
 
-for name in ["fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings", "uvicorn", "click", "h11",
+for name in ["fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings", "uvicorn", "click", "httptools",
              "anyio", "httpx", "httpx_sse", "jinja2", "numpy", "gguf", "yaml", "filelock", "platformdirs", "diskcache",
              "typing_extensions", "kinetic.cli", "kinetic.server.launch"]:
     module = importlib.import_module(name)

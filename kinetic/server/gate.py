@@ -176,11 +176,26 @@ def refuse(scope: Scope, err: KineticError) -> Response:
     return error_response(scope["path"], err, scope["method"])
 
 
+class _AsSpelled(bytes):
+    """A header name that goes on the wire as spelled: uvicorn's httptools protocol writes every name
+    lowercased (`name.lower()`), and this one's lower() is itself."""
+
+    def lower(self) -> bytes:
+        return self
+
+
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})  # uvicorn reads these, lowercased
+
+
 def _wire_name(name: bytes) -> bytes:
-    """CORS headers spelled as llama-server sends them (Access-Control-Allow-Origin): header names
-    are case-insensitive, but scripts that read them into a plain dict look them up that way."""
-    if name.lower().startswith(b"access-control-"):
-        return b"-".join(part.capitalize() for part in name.lower().split(b"-"))
+    """CORS headers spelled as llama-server sends them (Access-Control-Allow-Origin), and any other name the
+    app spelled with capitals (Process-Start-Time-Unix) as it spelled it: header names are case-insensitive,
+    but scripts that read them into a plain dict (llama.cpp's own tests) look them up that way."""
+    lowered = name.lower()
+    if lowered.startswith(b"access-control-"):
+        return _AsSpelled(b"-".join(part.capitalize() for part in lowered.split(b"-")))
+    if name != lowered and lowered not in _FRAMING:
+        return _AsSpelled(name)
     return name
 
 

@@ -1,4 +1,4 @@
-"""kinetic/server/transport.py without a model: uvicorn with LimitedH11Protocol in a thread, around a tiny app."""
+"""kinetic/server/transport.py without a model: uvicorn with LimitedHttpProtocol in a thread, around a tiny app."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_a_refused_upload_is_drained_not_reset(address: tuple[str, int]) -> None
 def test_head_over_the_limit_is_431(address: tuple[str, int]) -> None:
     big = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 5000 + b"\r\n\r\n"
     assert exchange(address, big).status == 431
-    assert exchange(address, big[:-2]).status == 431  # still incomplete: h11's own limit
+    assert exchange(address, big[:-2]).status == 431  # still incomplete: counted as it comes
 
 
 def test_stalled_head_is_408_and_closed(address: tuple[str, int]) -> None:

@@ -1,6 +1,6 @@
 """kinetic against llama-server (and in-process llama-cpp-python) on the same model and flags.
 
-Three modes, each measured in one run with the servers taking turns (never decoding together):
+Four modes, each measured in one run with the servers taking turns (never decoding together):
 
   streams     1, 2, 4 and 8 concurrent streams (fixed prompt, fixed max_tokens, ignore_eos):
               aggregate tokens/s, per-stream decode tokens/s, TTFT p50/p95, and the ratios
@@ -10,6 +10,11 @@ Three modes, each measured in one run with the servers taking turns (never decod
               fraction of a second apart: TTFT p50/p95/max, cache_n, wall time
   class-size  students who think 2-5 s between the lab's request, plus one who loops without
               pause, growing until the p95 TTFT passes 2 s: the largest class each server keeps
+  ttft        the time to the first streamed token seen from a bare socket (a new connection a request,
+              no HTTP library): the servers alternate round by round, so each round has its pair, and
+              the run prints each server's TTFT p50 and the median of the pairs' differences. The
+              streams mode's client (httpx) adds its own milliseconds and noise to a TTFT of ~10 ms;
+              this one measures the server's side of it.
 
     python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3] [--constrained]
     python bench/bench_streams.py classroom [--students 16] [--spacing 0.25]
@@ -18,6 +23,7 @@ Three modes, each measured in one run with the servers taking turns (never decod
     python bench/bench_streams.py classroom --model bench:qwen35  # the course's family at its cost (bench_model.py)
     python bench/bench_streams.py class-size --no-kinetic "--llama-server-flags=-c 8192 -np 1"  # its best flags
     python bench/bench_streams.py streams --json streams.json  # the tables also as JSON (bench/gpu/report.py)
+    python bench/bench_streams.py ttft --model tiny:lfm2 --defaults --streams 1,4 --rounds 300
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
@@ -26,6 +32,7 @@ vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kine
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -91,6 +98,69 @@ def concurrent(url: str, n: int, tokens: int, constrained: bool = False) -> list
     if constrained:
         body["json_schema"] = RECORDS_SCHEMA
     return gather_streams(url, [(0.0, "/v1/completions", body)] * n)[0]
+
+
+async def _first_token_s(host: str, port: int, request: bytes) -> float:
+    """Seconds from connecting to the first streamed token's bytes; the rest of the stream is read and dropped."""
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request)
+    seen = b""
+    while b"data: {" not in seen:
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise RuntimeError(f"the stream ended before its first token: {seen[:200]!r}")
+        seen = seen[-16:] + chunk
+    first = time.perf_counter() - start
+    while await reader.read(65536):
+        pass
+    writer.close()
+    return first
+
+
+def raw_ttfts(url: str, n: int) -> list[float]:
+    """n two-token streams sent at once from bare sockets: each one's TTFT in seconds."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "stream": True}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+    async def every() -> list[float]:
+        return list(await asyncio.gather(*(_first_token_s(host, int(port), request) for _ in range(n))))
+
+    return asyncio.run(every())
+
+
+def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
+    counts = [int(n) for n in args.streams.split(",")]
+    ttfts: dict[tuple[str, int], list[float]] = {}
+    pairs: dict[int, list[float]] = {n: [] for n in counts}  # kinetic's round median less llama-server's, ms
+    for server in servers:  # both start warm
+        for _ in range(20):
+            raw_ttfts(server.url, 1)
+    for i in range(args.rounds):
+        for n in counts:
+            medians = {}
+            for server in servers if i % 2 == 0 else servers[::-1]:  # who goes first alternates
+                run = raw_ttfts(server.url, n)
+                ttfts.setdefault((server.name, n), []).extend(run)
+                medians[server.name] = median(run)
+                time.sleep(0.02)
+            if len(medians) == 2:
+                pairs[n].append(1000 * (medians["kinetic"] - medians["llama-server"]))
+    rows = [[name, n, 1000 * percentile(v, 0.1), 1000 * percentile(v, 0.5), 1000 * percentile(v, 0.9)]
+            for (name, n), v in ttfts.items()]
+    headers = ["server", "streams", "TTFT p10 ms", "TTFT p50 ms", "TTFT p90 ms"]
+    print(table(headers, rows))
+    result: dict[str, Any] = {"rounds": args.rounds, "rows": records(headers, rows)}
+    if len(servers) > 1:
+        ratio_rows = [[n, percentile(ttfts[("kinetic", n)], 0.5) / percentile(ttfts[("llama-server", n)], 0.5),
+                       median(pairs[n])] for n in counts]
+        ratio_headers = ["streams", "TTFT p50, kinetic / llama-server", "round pairs' difference, median ms"]
+        print()
+        print(table(ratio_headers, ratio_rows))
+        result["ratios"] = records(ratio_headers, ratio_rows)
+    return result
 
 
 def in_process(model: str, tokens: int, threads: int, ctx: int) -> tuple[float, float]:
@@ -239,7 +309,7 @@ def mode_class_size(args: argparse.Namespace, servers: list[Server]) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["streams", "classroom", "class-size"])
+    parser.add_argument("mode", choices=["streams", "classroom", "class-size", "ttft"])
     parser.add_argument("--model", help="GGUF, tiny:lfm2 / tiny:mamba, bench:qwen35 / bench:lfm2 "
                         "(default: the bundled model)")
     parser.add_argument("--llama-server", help="llama-server binary to compare with")
@@ -252,7 +322,7 @@ def main() -> None:
     parser.add_argument("--llama-server-flags", default="",
                         help="flags for llama-server only, replacing the shared -c/-np (its best for the load)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per request (96 streams, 24 classroom)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (3; ttft: 200)")
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--in-process", action="store_true", help="also time in-process llama-cpp-python")
     parser.add_argument("--constrained", action="store_true", help="streams: output held to a JSON schema")
@@ -272,6 +342,7 @@ def main() -> None:
               "llama-server 4)")
     args.parallel = args.parallel or (8 if args.mode == "streams" else 4)
     args.tokens = args.tokens or (96 if args.mode == "streams" else 24)
+    args.rounds = args.rounds or (200 if args.mode == "ttft" else 3)
     # Each server at its own defaults: llama-server repacks weights (except on AMX, where that crashes), kinetic
     # does not, since repacked kernels make a cached prompt's answer differ from a fresh one (docs/models.md).
     # --same-kernels loads both without repacking, to compare the servers rather than the kernels.
@@ -295,7 +366,8 @@ def main() -> None:
         try:
             for server in candidates:
                 started.append(server.__enter__())
-            run: dict[str, Any] = {"streams": mode_streams, "classroom": mode_classroom, "class-size": mode_class_size}
+            run: dict[str, Any] = {"streams": mode_streams, "classroom": mode_classroom, "class-size": mode_class_size,
+                                   "ttft": mode_ttft}
             result = run[args.mode](args, started)
             if args.json:
                 servers = {s.name: " ".join(s.command) for s in started}

@@ -263,7 +263,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             await self._answer(scope, receive, send, InvalidRequestError(
                 f"HTTP/{scope['http_version']} is not supported: this server speaks HTTP/1.1"))
             return
-        if _head_size(scope) > limits.max_header_bytes:  # a head that came whole in one read
+        if _head_size(scope) > limits.max_header_bytes:  # completed by the read that took it past the limit
             await self._answer(scope, receive, send, _headers_too_large(limits.max_header_bytes))
             return
         if len(self.connections) > limits.max_connections:

@@ -196,7 +196,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _parse_failure(self, exc: httptools.HttpParserError) -> str:
         version = self.parser.get_http_version()
         if version not in HTTP1_VERSIONS and self.parser.get_method() == b"PRI":  # an HTTP/2 preface
-            return f"HTTP/{version} is not supported: this server speaks HTTP/1.1"
+            return _unsupported_version(version)
         reason = str(exc).split(":", 1)[0].strip().rstrip(".")  # llhttp's reason, without the bytes it may quote
         return f"Invalid HTTP request{': ' + reason if reason else ''} (this server speaks HTTP/1.1)"
 
@@ -260,8 +260,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return
         limits = self.limits
         if scope["http_version"] not in HTTP1_VERSIONS:  # e.g. an HTTP/2 preface: "PRI * HTTP/2.0"
-            await self._answer(scope, receive, send, InvalidRequestError(
-                f"HTTP/{scope['http_version']} is not supported: this server speaks HTTP/1.1"))
+            await self._answer(scope, receive, send, InvalidRequestError(_unsupported_version(scope["http_version"])))
             return
         if _head_size(scope) > limits.max_header_bytes:  # completed by the read that took it past the limit
             await self._answer(scope, receive, send, _headers_too_large(limits.max_header_bytes))
@@ -334,6 +333,11 @@ def _head_size(scope: Scope) -> int:
     """Bytes of the request line and headers, as the client sent them (give or take whitespace)."""
     line = len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope["query_string"]) + 12
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+
+
+def _unsupported_version(version: str) -> str:
+    """llhttp refuses an HTTP/2 preface while parsing and hands other versions (2.0, 0.9) to the app: one answer."""
+    return f"HTTP/{version} is not supported: this server speaks HTTP/1.1"
 
 
 def _headers_too_large(limit: int) -> HeadersTooLargeError:

@@ -38,7 +38,7 @@ from kinetic.backends.model_file import ModelFile, read_model_file
 from kinetic.backends.prompt_log import write_prompt
 from kinetic.chat.infill import check_fim
 from kinetic.chat.media import check_readable, media_parts
-from kinetic.chat.prepare import ChatLayer, RenderedChat, quick_to_prepare
+from kinetic.chat.prepare import ChatLayer, RenderedChat, quick_to_prepare, quick_to_prepare_chat
 from kinetic.chat.templates import ChatTemplate, choose_template
 from kinetic.chat.types import AnswerFormat, ChatRequest, InfillRequest, Message, PromptInput, PromptRequest
 from kinetic.classroom.request_record import RequestRecord
@@ -174,7 +174,9 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
         # cannot read is refused before anything is fetched for it.
         check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
-        generation, answer_format = await anyio.to_thread.run_sync(self._chat(req.template).prepare_chat, req)
+        prepare = self._chat(req.template).prepare_chat
+        generation, answer_format = prepare(req) if quick_to_prepare_chat(req) else await anyio.to_thread.run_sync(
+            prepare, req)
         return self._made(generation, record), answer_format
 
     async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> GenerationRequest:

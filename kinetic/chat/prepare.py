@@ -2,7 +2,8 @@
 resolve the server's defaults. The one place below the protocols where that happens.
 
 Every method here is blocking CPU work (Jinja, the tokenizer, schema-to-grammar): the service
-runs them in a worker thread, never on the event loop, except a short raw prompt (quick_to_prepare).
+runs them in a worker thread, never on the event loop, except a short raw prompt or chat (quick_to_prepare,
+quick_to_prepare_chat).
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def quick_to_prepare(req: PromptRequest) -> bool:
     size = len(req.prompt) if isinstance(req.prompt, str) else sum(
         len(part) if isinstance(part, str) else 1 for part in req.prompt)
     return not req.media and req.output.schema is None and size <= INLINE_PROMPT_SIZE
+
+
+def quick_to_prepare_chat(req: ChatRequest) -> bool:
+    """Whether a chat is cheap enough to prepare on the event loop: no files, tools or constraint (each compiles
+    a grammar), and messages whose text adds up to a short prompt. Rendering one with a course template takes
+    20-120 us of Python, which holds the GIL on a worker thread just the same; the hop there and back cost more
+    (2026-12-06, 2 cores)."""
+    if req.tools or req.output.is_set or any(message.tool_calls for message in req.messages):
+        return False
+    size = 0
+    for message in req.messages:
+        for part in message.parts or ():
+            if not isinstance(part, TextPart):
+                return False
+            size += len(part.text)
+        size += len(message.reasoning_content or "")
+    return size <= INLINE_PROMPT_SIZE
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match, Route
 
 from kinetic.errors import KineticError
 from kinetic.protocols.anthropic import translate as anthropic_translate
@@ -49,10 +49,22 @@ PROTOCOLS: tuple[WireProtocol, ...] = (
 DEFAULT = PROTOCOLS[0]
 
 
+def flat_routes(routes: list[BaseRoute]) -> list[Route]:
+    """`routes` in the order they were added, looking through the routers FastAPI wraps on include
+    (kinetic includes them without a prefix)."""
+    found: list[Route] = []
+    for route in routes:
+        if isinstance(route, Route):
+            found.append(route)
+        elif (included := getattr(route, "original_router", None)) is not None:  # FastAPI 0.165+'s _IncludedRouter
+            found += flat_routes(included.routes)
+    return found
+
+
 def protocol_for(path: str, method: str = "POST") -> WireProtocol:
     scope = {"type": "http", "path": path, "method": method, "root_path": ""}
     for protocol in PROTOCOLS:
-        if any(route.matches(scope)[0] is not Match.NONE for route in protocol.router.routes):
+        if any(route.matches(scope)[0] is not Match.NONE for route in flat_routes(protocol.router.routes)):
             return protocol
     for protocol in PROTOCOLS:
         if path.startswith(protocol.namespaces):

@@ -26,7 +26,7 @@ from kinetic.model_registry.deps import ServerState, server_state
 from kinetic.model_registry.registry import ModelRegistry
 from kinetic.protocols.batches.runner import BatchRunner
 from kinetic.protocols.batches.store import BatchStore
-from kinetic.protocols.catalog import PROTOCOLS, error_response
+from kinetic.protocols.catalog import PROTOCOLS, error_response, flat_routes
 from kinetic.protocols.common.app_parts import install, installed
 from kinetic.protocols.common.store_database import StoreDatabase
 from kinetic.protocols.common.stream_buffers import StreamBuffers
@@ -163,9 +163,10 @@ def create_app(registry: ModelRegistry, *, on_ready: Callable[[], None] | None =
     install(app, runner)
     state.refuse_waiting = partial(stop_then, runner.stop, state.refuse_waiting)  # a shutdown: no line is lost
     install_error_funnel(app)
-    for protocol in PROTOCOLS:
-        app.include_router(protocol.router)
-    app.include_router(web_router)  # the pages: no protocol of their own, errors in the default envelope
+    # The routes go in flat: FastAPI 0.165+ keeps an included router whole and matches a request through each
+    # level (three times in all), about a tenth of a millisecond of every request's time on 2 cores.
+    for router in (*(protocol.router for protocol in PROTOCOLS), web_router):  # the pages: default error envelope
+        app.router.routes.extend(flat_routes(router.routes))
     if vertex is not None:
         install_vertex(app, vertex)
     add_gate(app, state)

@@ -28,13 +28,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.middleware.exceptions import ExceptionMiddleware
-from starlette.routing import BaseRoute, Match, Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Scope
 
 from kinetic.classroom.request_record import caller_of
 from kinetic.classroom.roles import Role, admin_refusal, needs_admin
 from kinetic.errors import ForbiddenError, InvalidRequestError, KineticError, ServerError
 from kinetic.model_registry.deps import server_state
+from kinetic.protocols.catalog import flat_routes
 from kinetic.protocols.common.streaming import until_disconnect
 from kinetic.protocols.openai.translate import error_body
 
@@ -87,18 +88,6 @@ def request_format(path: str) -> str:
 class Target:
     path: str
     method: str  # POST where the route takes it, else its first method (a GET route gets the body all the same)
-
-
-def flat_routes(routes: list[BaseRoute]) -> list[Route]:
-    """The app's routes in the order they were added, looking through the routers FastAPI wraps on include
-    (kinetic includes them without a prefix)."""
-    found: list[Route] = []
-    for route in routes:
-        if isinstance(route, Route):
-            found.append(route)
-        elif (included := getattr(route, "original_router", None)) is not None:  # FastAPI's _IncludedRouter
-            found += flat_routes(included.routes)
-    return found
 
 
 def targets(routes: list[Route]) -> tuple[dict[str, Target], dict[str, Target]]:

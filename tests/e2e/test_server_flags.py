@@ -338,17 +338,20 @@ def test_a_requests_own_lora_applies_to_it_alone_while_another_runs(lora: Kineti
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread affinity is read from Linux's /proc")
 def test_cpu_mask_pins_llama_cpps_threads(model_lock: None) -> None:
-    """-C 0x1: llama.cpp's compute threads run on CPU 0 alone (its thread pool is made with the mask), while
-    the server's other threads keep every CPU; /props shows the pools' settings."""
-    with KineticServer("-np", "1", "-c", "512", "-t", "2", "-C", "0x1", "--poll", "0", "--prio-batch", "0") as server:
+    """-C 0x3 --cpu-strict 1: llama.cpp's two compute threads run one on CPU 0 and one on CPU 1 (its thread pool
+    is made with the mask), while the server's other threads keep every CPU; /props shows the pools' settings.
+    (Two threads pinned to one CPU would show it too, but their spinning barriers take 15 s for four tokens.)"""
+    with KineticServer("-np", "1", "-c", "512", "-t", "2", "-C", "0x3", "--cpu-strict", "1", "--poll", "0",
+                       "--prio-batch", "0") as server:
         assert completion(server, n_predict=4)["tokens_predicted"] == 4
         assert server.proc is not None
         tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
         allowed = [line.split(":")[1].strip() for task in tasks for line in (task / "status").read_text().splitlines()
                    if line.startswith("Cpus_allowed_list")]
-        assert "0" in allowed and len(set(allowed)) == 2  # the pinned pool, and the rest on every CPU
+        assert allowed.count("0") == allowed.count("1") == 1  # one pool thread on each CPU
+        assert len(set(allowed)) == 3  # and the rest on every CPU
         cpu = httpx.get(server.url + "/props").json()["llama_params"]["cpu"]
-        assert cpu == {"cpus": [0], "strict": False, "priority": "normal", "poll": 0}
+        assert cpu == {"cpus": [0, 1], "strict": True, "priority": "normal", "poll": 0}
 
 
 def test_slot_prompt_similarity_chooses_between_the_cached_slot_and_the_least_recently_used(

@@ -7,7 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from kinetic.chat.prepare import INLINE_PROMPT_SIZE, ChatLayer, ServerDefaults, quick_to_prepare
+from kinetic.chat.prepare import (
+    INLINE_PROMPT_SIZE,
+    ChatLayer,
+    ServerDefaults,
+    quick_to_prepare,
+    quick_to_prepare_chat,
+)
 from kinetic.chat.templates import ChatTemplate, builtin_template
 from kinetic.chat.types import (
     ChatRequest,
@@ -165,3 +171,22 @@ def test_a_context_limit_below_the_slot_bounds_prompt_and_answer_above_it_is_ign
 ])
 def test_a_short_raw_prompt_is_prepared_on_the_event_loop(req: PromptRequest, quick: bool) -> None:
     assert quick_to_prepare(req) is quick
+
+
+def _chat(*texts: str, **fields: object) -> ChatRequest:
+    return ChatRequest(messages=tuple(Message(role="user", parts=(TextPart(text),)) for text in texts),
+                       **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("req", "quick"), [
+    (_chat("You are terse.", "Hello!"), True),
+    (_chat("x" * (INLINE_PROMPT_SIZE // 2), "y" * (INLINE_PROMPT_SIZE // 2 + 1)), False),  # on a worker thread
+    (_chat("Weather in Rome?", tools=(WEATHER,)), False),  # the tools' grammar to build
+    (_chat("A JSON object", output=OutputConstraint(any_json=True)), False),  # a schema to compile
+    (ChatRequest(messages=(Message(role="user", parts=(MediaPart(kind="image", data=b"\x89PNG"),)),)), False),
+    (ChatRequest(messages=(Message(role="user", parts=(TextPart("Rome?"),)), Message(
+        role="assistant", tool_calls=(ToolCall(id="c1", name="get_weather", arguments='{"city": "Rome"}'),)))),
+     False),
+])
+def test_a_short_chat_is_prepared_on_the_event_loop(req: ChatRequest, quick: bool) -> None:
+    assert quick_to_prepare_chat(req) is quick

@@ -66,3 +66,16 @@ def test_a_ping_sends_the_head_of_a_stream_still_waiting() -> None:
 
     sent = sent_by(frames(), ping_s=0.1)
     assert sent[:2] == ["head 200", PING.decode()] and sent[-2:] == ["data: 1\n\n", "end"]
+
+
+def test_a_stream_silent_between_frames_gets_pings_and_a_busy_one_none() -> None:
+    async def frames(gaps: list[float]) -> AsyncIterator[bytes]:
+        for index, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            yield f"data: {index}\n\n".encode()
+
+    sent = sent_by(frames([0.0, 0.35, 0.0]), ping_s=0.1)
+    pings = sent.count(PING.decode())
+    assert sent[:2] == ["head 200", "data: 0\n\n"] and sent[-3:] == ["data: 1\n\n", "data: 2\n\n", "end"]
+    assert 2 <= pings <= 4 and sent[2:2 + pings] == [PING.decode()] * pings
+    assert PING.decode() not in sent_by(frames([0.0] * 20), ping_s=0.1)

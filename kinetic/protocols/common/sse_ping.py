@@ -11,7 +11,9 @@ PING = b":\n\n"
 
 
 async def with_pings(frames: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """`frames` as they come, with a ping after each `interval` seconds without one. Closing this closes them."""
+    """`frames` as they come, with a ping after each `interval` seconds without one. Closing this closes them.
+    A kept stream's pings (its buffer keeps them, as llama-server's does); a live stream's response sends its own
+    from one task (streaming.py), which costs a frame nothing, where this races every frame against a timeout."""
     iterator = frames.__aiter__()
     pending: asyncio.Future[bytes] | None = None
     try:

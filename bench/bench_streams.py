@@ -118,11 +118,14 @@ async def _first_token_s(host: str, port: int, request: bytes) -> float:
     return first
 
 
-def raw_ttfts(url: str, n: int) -> list[float]:
-    """n two-token streams sent at once from bare sockets: each one's TTFT in seconds."""
+def raw_ttfts(url: str, n: int, chat: bool = False) -> list[float]:
+    """n two-token streams sent at once from bare sockets (a raw prompt, or with `chat` the same text as the user's
+    message): each one's TTFT in seconds."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "stream": True}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    fields: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}]} if chat else {"prompt": PROMPT}
+    body = json.dumps({**fields, "max_tokens": 2, "temperature": 0, "stream": True}).encode()
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    request = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
     async def every() -> list[float]:
@@ -137,12 +140,12 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
     pairs: dict[int, list[float]] = {n: [] for n in counts}  # kinetic's round median less llama-server's, ms
     for server in servers:  # both start warm
         for _ in range(20):
-            raw_ttfts(server.url, 1)
+            raw_ttfts(server.url, 1, args.chat)
     for i in range(args.rounds):
         for n in counts:
             medians = {}
             for server in servers if i % 2 == 0 else servers[::-1]:  # who goes first alternates
-                run = raw_ttfts(server.url, n)
+                run = raw_ttfts(server.url, n, args.chat)
                 ttfts.setdefault((server.name, n), []).extend(run)
                 medians[server.name] = median(run)
                 time.sleep(0.02)
@@ -326,6 +329,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--in-process", action="store_true", help="also time in-process llama-cpp-python")
     parser.add_argument("--constrained", action="store_true", help="streams: output held to a JSON schema")
+    parser.add_argument("--chat", action="store_true", help="ttft: /v1/chat/completions instead of /v1/completions")
     parser.add_argument("--students", type=int, default=16)
     parser.add_argument("--spacing", type=float, default=0.25)
     parser.add_argument("--sizes", default="8,12,16,20,24,28,32,40,48,56,64")

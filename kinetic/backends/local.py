@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -54,6 +55,21 @@ from kinetic.engine.types import (
 from kinetic.errors import InvalidRequestError, KineticError, NotSupportedError
 
 FINGERPRINT = f"b{__version__}-kinetic"
+
+
+Request = TypeVar("Request")
+Prepared = TypeVar("Prepared")
+
+
+async def _run_prepare(prepare: Callable[[Request], Prepared], req: Request, *, quick: bool) -> Prepared:
+    """A request prepared on the event loop when it is quick to (kinetic.chat.prepare), else on a worker thread. A
+    quick one lets the loop turn once first: the requests parsed with it then pass the door (scheduling/arrivals.py)
+    before it is queued, and share its first step, as they do when each one's hop to a thread lets the others in
+    (four chats sent at once: TTFT p90 33-35 ms without the turn, 29-30 ms with the thread hop)."""
+    if quick:
+        await asyncio.sleep(0)
+        return prepare(req)
+    return await anyio.to_thread.run_sync(prepare, req)
 
 
 class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templating, Embedding, Reranking, Slots,
@@ -174,17 +190,14 @@ class LocalBackend(ModelBackend, Infilling[GenerationRequest], Tokenizing, Templ
         # cannot read is refused before anything is fetched for it.
         check_readable(media_parts(req.messages), self.engine.modalities)
         req = await resolve_chat(req, self.config.media)
-        prepare = self._chat(req.template).prepare_chat
-        generation, answer_format = prepare(req) if quick_to_prepare_chat(req) else await anyio.to_thread.run_sync(
-            prepare, req)
+        generation, answer_format = await _run_prepare(self._chat(req.template).prepare_chat, req,
+                                                       quick=quick_to_prepare_chat(req))
         return self._made(generation, record), answer_format
 
     async def prepare_prompt(self, req: PromptRequest, record: RequestRecord) -> GenerationRequest:
         self._require_generation()
         req = await resolve_prompt(req, self.config.media)
-        prepare = self._chat().prepare_prompt
-        return self._made(prepare(req) if quick_to_prepare(req) else await anyio.to_thread.run_sync(prepare, req),
-                          record)
+        return self._made(await _run_prepare(self._chat().prepare_prompt, req, quick=quick_to_prepare(req)), record)
 
     async def prepare_infill(self, req: InfillRequest, record: RequestRecord) -> GenerationRequest:
         check_fim(self.info.fim_tokens)  # llama-server's 501 naming the missing tokens

@@ -24,6 +24,7 @@ Four modes, each measured in one run with the servers taking turns (never decodi
     python bench/bench_streams.py class-size --no-kinetic "--llama-server-flags=-c 8192 -np 1"  # its best flags
     python bench/bench_streams.py streams --json streams.json  # the tables also as JSON (bench/gpu/report.py)
     python bench/bench_streams.py ttft --model tiny:lfm2 --defaults --streams 1,4 --rounds 300
+    python bench/bench_streams.py ttft --chat --model tiny:lfm2 --defaults --streams 1,4  # the lab's chat route
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.

@@ -64,7 +64,7 @@ def flat_routes(routes: list[BaseRoute]) -> list[Route]:
 def protocol_for(path: str, method: str = "POST") -> WireProtocol:
     scope = {"type": "http", "path": path, "method": method, "root_path": ""}
     for protocol in PROTOCOLS:
-        if any(route.matches(scope)[0] is not Match.NONE for route in flat_routes(protocol.router.routes)):
+        if any(route.matches(scope)[0] is not Match.NONE for route in protocol.router.routes):
             return protocol
     for protocol in PROTOCOLS:
         if path.startswith(protocol.namespaces):

@@ -1,3 +1,3 @@
-from kinetic.cli import main
+from kinetic.cli import entry
 
-raise SystemExit(main())
+entry()

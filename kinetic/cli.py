@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib.util
 import logging
 import os
@@ -11,7 +13,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kinetic import __version__
 from kinetic.classroom.keys import KeyFileError, KeyRing
@@ -309,6 +311,22 @@ def list_devices() -> int:
 
     print(list_devices_text())
     return 0
+
+
+def entry() -> NoReturn:
+    """The `kinetic` command (and `python -m kinetic`). A server that has shut down has already closed what it
+    keeps (its lifespan closed the models, the stores and the ledger, whose lines are written as they come), so it
+    exits without the interpreter's teardown, which frees every module's objects and a model's buffers one by one:
+    0.3 s of each stop on 2 cores, where a restart or a supervisor waits. The exit handlers still run (logging's
+    flush among them)."""
+    code = main()
+    if sys.argv[1:2] == ["serve"]:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,17 +11,24 @@ connections close. uvicorn's own timeout stays as a backstop. A second Ctrl+C ex
 a 503 with Retry-After at once (a restart for an upgrade; the client comes back to the next server).
 
 uvicorn re-raises the signal it caught once it has shut down (so that a parent process sees it);
-kinetic's shutdown is complete by then, and a stopped server exits 0 instead. This leans on
-uvicorn.Server's `shutdown`, `_serve`, `_captured_signals` and `force_exit`, checked against uvicorn
-0.54 (tests/e2e/test_faults.py runs a real process through it).
+kinetic's shutdown is complete by then, and a stopped server exits 0 instead.
+
+A stop takes no fixed waits: uvicorn looks at its exit flag every 0.1 s and then sleeps 0.1 s more before it
+looks at the connections, 0.15 s of every stop on average, where a restart or a test waits for the port. Here the
+signal wakes the main loop at once, and the connections and tasks are polled every POLL_S. This leans on
+uvicorn.Server's `main_loop`, `on_tick`, `handle_exit`, `shutdown` (whose steps it takes: `servers`,
+`server_state`, `lifespan`), `_serve`, `_captured_signals` and `force_exit`, checked against uvicorn 0.55
+(tests/e2e/test_faults.py runs a real process through it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -29,7 +36,8 @@ import uvicorn
 log = logging.getLogger(__name__)
 
 BACKSTOP_S = 3.0  # after the streams were ended, how long uvicorn still waits before it cancels tasks
-POLL_S = 0.05
+POLL_S = 0.02  # how often a stop looks at what is still open
+TICK_S = 0.1  # uvicorn's tick: the Date header, --limit-max-requests
 
 
 class DrainingServer(uvicorn.Server):
@@ -40,14 +48,53 @@ class DrainingServer(uvicorn.Server):
         self.drain_s = drain_s
         self.end_streams = end_streams
         self.refuse_waiting = refuse_waiting
+        self._exit_asked: tuple[asyncio.Event, asyncio.AbstractEventLoop] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._exit_asked is not None:  # a signal handler runs between two steps of the loop: wake it safely
+            self._exit_asked[1].call_soon_threadsafe(self._exit_asked[0].set)
+
+    async def main_loop(self) -> None:
+        self._exit_asked = (asyncio.Event(), asyncio.get_running_loop())
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000  # on_tick's count of ticks, as uvicorn keeps it
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self._exit_asked[0].wait()
+            should_exit = await self.on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.refuse_waiting()
         ender = asyncio.get_running_loop().create_task(self._end_streams_after_drain())
         try:
-            await super().shutdown(sockets)
+            await self._close_then_wait(sockets)
         finally:
             ender.cancel()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _close_then_wait(self, sockets: list[socket.socket] | None) -> None:
+        """uvicorn's steps: no new connections, the idle ones closed, the others told to close after their
+        response; then wait for them and their tasks, cancelling the tasks left at the graceful timeout."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        try:
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                while (self.server_state.connections or self.server_state.tasks) and not self.force_exit:
+                    await asyncio.sleep(POLL_S)
+        except TimeoutError:
+            log.error("cancelling %d running task(s): the graceful shutdown's time is up", len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="the graceful shutdown's time is up")
+        for server in self.servers:
+            await server.wait_closed()
 
     async def _end_streams_after_drain(self) -> None:
         loop = asyncio.get_running_loop()

@@ -256,12 +256,16 @@ def test_embed_string_list_and_dimensions(client: ollama.Client) -> None:
     assert client.embed(model=MODEL_ALIAS, input="").embeddings == []
 
 
-def test_embed_truncates_unless_told_not_to(client: ollama.Client) -> None:
-    long = "hello " * 3000  # longer than the embedding context
-    cut = client.embed(model=MODEL_ALIAS, input=long)
-    assert len(cut.embeddings[0]) == 640 and 0 < cut.prompt_eval_count < 3000
-    with pytest.raises(ollama.ResponseError) as info:
-        client.embed(model=MODEL_ALIAS, input=long, truncate=False)
+def test_embed_truncates_unless_told_not_to(model_lock: None) -> None:
+    """On a server of 512-token slots: a whole 2048-token slot's embedding is 15 s of the suite (every token attends
+    to every other), the cut it checks the same."""
+    with KineticServer("-c", "512", "-np", "1", "--embeddings", "-a", MODEL_ALIAS) as server:
+        client = ollama.Client(host=server.url, timeout=120)
+        long = "hello " * 600  # longer than the embedding context
+        cut = client.embed(model=MODEL_ALIAS, input=long)
+        assert len(cut.embeddings[0]) == 640 and cut.prompt_eval_count == 512
+        with pytest.raises(ollama.ResponseError) as info:
+            client.embed(model=MODEL_ALIAS, input=long, truncate=False)
     assert info.value.status_code == 400 and "too large" in info.value.error
 
 

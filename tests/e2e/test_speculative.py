@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 SERVER = ("-c", "2048", "-np", "2", "--metrics")
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
 STORY = "Once upon a time, in a small village by the sea, there lived"
-N_PREDICT = 96
+N_PREDICT = 48
 DIGITS = 'root ::= ([0-9] | ", ")+'
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 # the addresses that accept every interface: a browser on this machine reaches them at the loopback
 ANY_HOSTS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}
+WELCOME_MAX_TOKENS = 100
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ def welcome_lines(address: str, served: Served, *, chat_page: bool, keyed: bool,
         lines.append(f"model: {served.name}, context {served.n_ctx} tokens in each of {served.n_slots} slot(s)")
     else:
         lines.append(f"model: {served.name}")
-    body = json.dumps({"messages": [{"role": "user", "content": "hello"}]})
+    # a cap: a small chat model sampled at its defaults now and then never says it is done, and a first try
+    # that runs to the end of its context (minutes on a laptop) is not the one to show
+    body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": WELCOME_MAX_TOKENS})
     auth = ' -H "Authorization: Bearer $KEY"' if keyed else ""
     lines.append(f"try: curl {base}{api_prefix}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
                  f"-d {shlex.quote(body)}")

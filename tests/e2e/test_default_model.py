@@ -24,6 +24,7 @@ import jsonschema
 import pytest
 
 from kinetic.backends.bundled import CHAT_MODEL, DEFAULT_ALIAS
+from kinetic.server.welcome import WELCOME_MAX_TOKENS
 from tests.browser import ARTIFACTS, chromium_context
 from tests.lab_04_03_runs import student_runs
 from tests.server import KineticServer
@@ -69,10 +70,14 @@ def test_the_start_says_where_to_go_and_its_curl_answers(server: KineticServer) 
     assert re.fullmatch(rf"model: {re.escape(CHAT_MODEL.name)}, context \d+ tokens in each of \d+ slot\(s\)",
                         welcome[1]), welcome
     assert welcome[2].startswith("try: curl ")
-    proc = subprocess.run(welcome[2].removeprefix("try: "), shell=True, capture_output=True, text=True, timeout=120)
+    # as pasted into a shell; `exec` so that a timeout kills curl itself (dash forks it, and a curl left behind
+    # keeps its request generating on the session's server while the tests after this one run)
+    proc = subprocess.run(["/bin/sh", "-c", "exec " + welcome[2].removeprefix("try: ")], capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     assert answer["choices"][0]["message"]["content"].strip()
+    assert answer["usage"]["completion_tokens"] <= WELCOME_MAX_TOKENS  # a first try that always ends in seconds
 
 
 def test_hello_gets_an_answer_not_the_template(server: KineticServer) -> None:

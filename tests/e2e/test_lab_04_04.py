@@ -28,7 +28,7 @@ from tests.lab_04_04_runs import (
     load,
     template_style,
 )
-from tests.server import KineticServer
+from tests.server import DEFAULT_MODEL_ENV, KineticServer
 
 pytestmark = pytest.mark.e2e
 
@@ -48,11 +48,11 @@ def class_runs(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> tu
     ledger = folder / "ledger.jsonl"
     outputs: dict[str, list[str]] = {"alice": [], "bob": []}
     common = ("-c", "2048", "--api-key-file", str(keys), "--ledger", str(ledger))
-    with KineticServer("-np", "1", *common) as server:
+    with KineticServer("-np", "1", *common, env=DEFAULT_MODEL_ENV) as server:
         for clients, requests in RUNS_ON_ONE_SLOT:
             outputs["alice"].append(load(server.url, KEYS["alice"], clients, requests))
         outputs["bob"].append(load(server.url, KEYS["bob"], 2, 4))
-    with KineticServer("-np", "4", "-c", "4096", *common[2:]) as server:
+    with KineticServer("-np", "4", "-c", "4096", *common[2:], env=DEFAULT_MODEL_ENV) as server:
         outputs["alice"].append(load(server.url, KEYS["alice"], *RUN_ON_FOUR_SLOTS))
         outputs["bob"].append(load(server.url, KEYS["bob"], 1, 2))
         outputs["bob"].append(load(server.url, KEYS["bob"], *RUN_ON_FOUR_SLOTS))

@@ -45,7 +45,7 @@ def test_the_welcome_lines_say_where_to_go() -> None:
     assert lines[1] == "model: smollm2-135m-instruct-q4_1, context 8192 tokens in each of 4 slot(s)"
     command = shlex.split(lines[2].removeprefix("try: "))
     assert command[:2] == ["curl", "http://127.0.0.1:8080/v1/chat/completions"] and "Authorization" not in lines[2]
-    assert command[-2:] == ["-d", '{"messages": [{"role": "user", "content": "hello"}]}']
+    assert command[-2:] == ["-d", '{"messages": [{"role": "user", "content": "hello"}], "max_tokens": 100}']
 
 
 def test_a_keyed_server_names_its_dashboard_and_the_key_the_curl_needs() -> None:

@@ -101,7 +101,7 @@ def test_the_queue_per_key_shows_in_metrics(one_slot_two_keys: KineticServer) ->
 def test_more_requests_in_flight_than_allowed_get_429(model_lock: None) -> None:
     with KineticServer("-c", "2048", "-np", "1", "--api-key", "ka,kb", "--metrics", "--max-in-flight", "2") as server:
         url = server.url
-        body = {"prompt": "x", "n_predict": 150, "ignore_eos": True}
+        body = {"prompt": "x", "n_predict": 64, "ignore_eos": True}  # both in flight while the third is refused
         threads = [threading.Thread(target=complete, args=(url, body, "ka")) for _ in range(2)]
         for thread in threads:
             thread.start()

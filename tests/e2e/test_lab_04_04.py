@@ -48,6 +48,8 @@ def class_runs(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> tu
     ledger = folder / "ledger.jsonl"
     outputs: dict[str, list[str]] = {"alice": [], "bob": []}
     common = ("-c", "2048", "--api-key-file", str(keys), "--ledger", str(ledger))
+    # The default chat model (faster than the base Gemma here): load.py prints only its numbers, never the model's
+    # text (a chat model's own ``` would break a pasted block), and ignore_eos keeps every answer at 32 tokens.
     with KineticServer("-np", "1", *common, env=DEFAULT_MODEL_ENV) as server:
         for clients, requests in RUNS_ON_ONE_SLOT:
             outputs["alice"].append(load(server.url, KEYS["alice"], clients, requests))

@@ -6,7 +6,7 @@ kept a stopped server up for over 30 s), or, with its own timeout, cancels the r
 cuts each stream without its protocol's ending. Here, when the drain time is up, every engine fails
 its open requests (`end_streams`: a 503 "the server is shutting down" that the streaming layer sends
 as the protocol's error event and terminator), so the streams end within a second and their
-connections close. uvicorn's own timeout stays as a backstop. A second Ctrl+C exits at once
+connections close. uvicorn's graceful timeout stays as a backstop. A second Ctrl+C exits at once
 (uvicorn's force exit). The requests still waiting for a slot when the signal comes are not drained: they get
 a 503 with Retry-After at once (a restart for an upgrade; the client comes back to the next server).
 
@@ -28,6 +28,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -35,7 +36,7 @@ import uvicorn
 
 log = logging.getLogger(__name__)
 
-BACKSTOP_S = 3.0  # after the streams were ended, how long uvicorn still waits before it cancels tasks
+BACKSTOP_S = 3.0  # after the streams were ended, how long the stop still waits before it cancels tasks
 POLL_S = 0.02  # how often a stop looks at what is still open
 TICK_S = 0.1  # uvicorn's tick: the Date header, --limit-max-requests
 
@@ -48,22 +49,24 @@ class DrainingServer(uvicorn.Server):
         self.drain_s = drain_s
         self.end_streams = end_streams
         self.refuse_waiting = refuse_waiting
-        self._exit_asked: tuple[asyncio.Event, asyncio.AbstractEventLoop] | None = None
+        self._wake_main_loop: Callable[[], object] | None = None  # set once the main loop runs
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
-        if self._exit_asked is not None:  # a signal handler runs between two steps of the loop: wake it safely
-            self._exit_asked[1].call_soon_threadsafe(self._exit_asked[0].set)
+        if self._wake_main_loop is not None:
+            self._wake_main_loop()
 
     async def main_loop(self) -> None:
-        self._exit_asked = (asyncio.Event(), asyncio.get_running_loop())
+        exit_asked = asyncio.Event()
+        # a signal handler runs between two steps of the loop: it wakes it the thread-safe way
+        self._wake_main_loop = partial(asyncio.get_running_loop().call_soon_threadsafe, exit_asked.set)
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
             counter = (counter + 1) % 864000  # on_tick's count of ticks, as uvicorn keeps it
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
-                    await self._exit_asked[0].wait()
+                    await exit_asked.wait()
             should_exit = await self.on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -50,9 +50,9 @@ class Answer:
     lines: list[str] = field(default_factory=list)
 
 
-def _openai(stream: bool) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
-                            "stream": stream}
+def _openai(stream: bool, tokens: int = 24) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+                            "max_tokens": tokens, "ignore_eos": tokens > 24, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return "/v1/chat/completions", body
@@ -73,6 +73,8 @@ def _ollama_stream() -> tuple[str, dict[str, Any]]:
 
 REQUESTS: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
     "openai": lambda: _openai(False), "openai-stream": lambda: _openai(True), "anthropic": _anthropic,
+    # long enough (~2.5 s on Gemma here) that four more clients are queued behind it before it ends
+    "openai-long-stream": lambda: _openai(True, 160),
     "responses": _responses, "ollama-stream": _ollama_stream,
 }
 
@@ -90,7 +92,7 @@ def send(url: str, answer: Answer) -> None:
         return  # cut by the kill: not whole
     if answer.status != 200:
         return
-    if answer.protocol == "openai-stream":
+    if answer.protocol.startswith("openai") and answer.protocol.endswith("-stream"):
         if answer.lines[-1] != "data: [DONE]":
             return
         chunks = [json.loads(line[len("data: "):]) for line in answer.lines[:-1]]
@@ -213,9 +215,9 @@ def test_kill_9_under_load_loses_no_answered_request(model_lock: None, tmp_path:
 
 def test_sigterm_refuses_the_waiting_at_once_and_the_next_start_serves(model_lock: None, tmp_path: Path) -> None:
     files = keyed_files(tmp_path)
-    server = serve(files, "-np", "1", "--drain-timeout", "2", "--metrics")
+    server = serve(files, "-np", "1", "--drain-timeout", "10", "--metrics")
     student = {"Authorization": f"Bearer {BUDGETED}"}
-    running = Answer(BUDGETED, "openai-stream")
+    running = Answer(BUDGETED, "openai-long-stream")
     waiting = [Answer(key, protocol) for key, protocol in zip(STUDENTS, ("openai", "anthropic", "responses",
                                                                            "ollama-stream"), strict=True)]
     try:
@@ -239,11 +241,11 @@ def test_sigterm_refuses_the_waiting_at_once_and_the_next_start_serves(model_loc
     print(f"SIGTERM: the four waiting requests were refused within {refused_after:.2f} s")
     assert refused_after < 1.0 and running.whole
     for answer in waiting:
-        assert "the server is shutting down; retry in 7 s" in "".join(answer.lines), (answer.protocol, answer.lines)
+        assert "the server is shutting down; retry in 15 s" in "".join(answer.lines), (answer.protocol, answer.lines)
         if answer.protocol.endswith("-stream"):  # its headers went out as it queued: the protocol's stream error
             assert answer.status == 200 and "error" in json.loads(answer.lines[-1])
         else:
-            assert answer.status == 503 and answer.retry_after == "7"  # the drain's 2 s and a restart's 5
+            assert answer.status == 503 and answer.retry_after == "15"  # the drain's 10 s and a restart's 5
     posts = [r for r in read_ledger(files["ledger"]) if r.method == "POST"]  # not the polls of /metrics
     assert len(posts) == 5  # each request once
     assert sum(r.status == 200 and r.error is None for r in posts) == 1

@@ -120,9 +120,11 @@ def default_server(model_lock: None) -> Iterator[KineticServer]:
 
 @pytest.fixture(scope="session")
 def keyed_server(model_lock: None) -> Iterator[KineticServer]:
-    """The bundled model behind one --api-key (tests.server.KEYED_SERVER_KEY), as lab 04-02 starts it: one server
-    for every module whose flags are these (the 401s, the SDKs' and clients' keys, the lab's scripts)."""
-    with KineticServer(*KEYED_SERVER_ARGS) as server:
+    """The default bundled chat model behind one --api-key (tests.server.KEYED_SERVER_KEY), as lab 04-02 starts it:
+    one server for every module whose flags are these (the 401s, the SDKs' and clients' keys, the lab's scripts).
+    The chat model also answers in fewer tokens than the base Gemma (which always runs to max_tokens), and the lab's
+    scripts ask for 80."""
+    with KineticServer(*KEYED_SERVER_ARGS, env=DEFAULT_MODEL_ENV) as server:
         yield server
 
 

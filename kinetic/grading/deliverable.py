@@ -109,24 +109,58 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.casefold())
 
 
+def _fence_kinds(lines: list[str]) -> list[str]:
+    """Each line's part in the file's fences: "fence" (an opening or closing line), "code" or "text".
+
+    For output pasted from a chat model, which writes its own fences: inside a fence, a line opening one with
+    an info string (```python) may open a nested block, whose bare ``` closes it rather than the student's
+    fence, if that reading closes every fence; else CommonMark's, if that does; else a fence never closed
+    (an answer cut off at max_tokens, pasted as plain text) is not a fence, so the rest of the file stays
+    the student's."""
+    not_fences: set[int] = set()
+    while True:
+        kinds, unclosed = _scan_fences(lines, not_fences, nested=True)
+        if unclosed is None:
+            return kinds
+        kinds, flat_unclosed = _scan_fences(lines, not_fences, nested=False)
+        if flat_unclosed is None:
+            return kinds
+        not_fences.add(unclosed)
+
+
+def _scan_fences(lines: list[str], not_fences: set[int], nested: bool) -> tuple[list[str], int | None]:
+    """The lines' kinds, and the first line of the outermost fence left open at the end (None if none is)."""
+    kinds: list[str] = []
+    open_fences: list[tuple[int, str]] = []  # (line index, marker), the student's own first
+    for index, line in enumerate(lines):
+        opening = None if index in not_fences else FENCE.match(line)
+        if opening is None:
+            kinds.append("code" if open_fences else "text")
+            continue
+        marker = opening.group(1)
+        info = line.strip()[len(marker):].strip()
+        if not open_fences or (nested and info):
+            kinds.append("code" if open_fences else "fence")
+            open_fences.append((index, marker))
+        elif not info and marker[0] == open_fences[-1][1][0] and len(marker) >= len(open_fences[-1][1]):
+            open_fences.pop()
+            kinds.append("code" if open_fences else "fence")
+        else:
+            kinds.append("code")
+    return kinds, open_fences[0][0] if open_fences else None
+
+
 def parse_deliverable(text: str, path: Path | None = None) -> Deliverable:
     text = COMMENT.sub("", text.replace("\r\n", "\n"))
     raw_sections: list[tuple[str, int, list[tuple[str, bool]]]] = [("", 0, [])]  # (heading, level, lines)
     code_lines: list[str] = []
     prose_lines: list[str] = []
-    fence: str | None = None
-    for line in text.splitlines():
-        opening = FENCE.match(line)
-        if fence is not None:
-            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
-                    and not line.strip()[len(opening.group(1)):].strip():
-                fence = None
-            else:
-                raw_sections[-1][2].append((line, True))
-                code_lines.append(line)
-            continue
-        if opening:
-            fence = opening.group(1)
+    lines = text.splitlines()
+    for line, kind in zip(lines, _fence_kinds(lines), strict=True):
+        if kind == "code":
+            raw_sections[-1][2].append((line, True))
+            code_lines.append(line)
+        if kind != "text":
             continue
         if not line.startswith(("    ", "\t")):
             prose_lines.append(line)  # as written, labels included: a `**Nome:** ...` line names the author

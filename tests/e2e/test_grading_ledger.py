@@ -29,7 +29,7 @@ from tests.lab_04_02_runs import (
     student_runs,
     template_style,
 )
-from tests.server import KineticServer, wait_until
+from tests.server import DEFAULT_MODEL_ENV, KineticServer, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,8 @@ def classroom(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     keys = folder / "keys.txt"
     keys.write_text("# lab 04-02, class of 2026\n" + "".join(f"{key} {name}\n" for name, key in KEYS.items()))
     ledger = folder / "ledger.jsonl"
-    with KineticServer("-c", "2048", "-np", "1", "--api-key-file", str(keys), "--ledger", str(ledger)) as server:
+    with KineticServer("-c", "2048", "-np", "1", "--api-key-file", str(keys), "--ledger", str(ledger),
+                       env=DEFAULT_MODEL_ENV) as server:
         yield server, keys, ledger
 
 

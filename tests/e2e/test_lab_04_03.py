@@ -31,7 +31,7 @@ from tests.lab_04_03_runs import (
     student_runs,
     template_style,
 )
-from tests.server import KineticServer
+from tests.server import DEFAULT_MODEL_ENV, KineticServer
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def classroom(model_lock: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     keys.write_text("".join(f"{key} {name}\n" for name, key in KEYS.items()))
     ledger = folder / "ledger.jsonl"
     with KineticServer("-c", "2048", "-np", "1", "--api-key-file", str(keys), "--ledger", str(ledger),
-                       "--ledger-content") as server:
+                       "--ledger-content", env=DEFAULT_MODEL_ENV) as server:
         yield server, keys, ledger
 
 

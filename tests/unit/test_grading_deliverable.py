@@ -32,11 +32,28 @@ def test_label_lines_without_markdown_but_never_output_lines() -> None:
 
 
 def test_fences_of_every_kind_and_an_unclosed_one() -> None:
-    text = "## A\n~~~~console\n```\ninside\n~~~~\n## B\n    indented\n\tcode\n## C\n```\nopen to the end\n"
+    text = "## A\n~~~~console\n```\ninside\n~~~~\n## B\n    indented\n\tcode\n## C\n```\nnever closed\n"
     d = parse_deliverable(text)
     assert d.sections[0].lines == ["```", "inside"]  # a ``` inside ~~~~ is content
-    assert d.sections[1].prose == [] and d.code_lines[-3:] == ["    indented", "\tcode", "open to the end"]
-    assert d.sections[2].lines == ["open to the end"]
+    assert d.sections[1].prose == [] and d.code_lines[-2:] == ["    indented", "\tcode"]
+    assert d.sections[2].prose == ["```", "never closed"]  # a fence never closed is not one
+
+
+def test_a_pasted_answer_cut_off_inside_its_own_fence_leaves_the_rest_of_the_file_alone() -> None:
+    answer = "Here is a function:\n```python\ndef add(a, b):\n    return a +\n[finish_reason=length]"
+    d = parse_deliverable(f"chat.py:\nPS C:\\lab> python chat.py\n{answer}\n\nAnswer:\nThe base_url.\n")
+    assert d.sections[-1].heading == "Answer" and d.sections[-1].prose == ["The base_url."]
+
+
+def test_a_pasted_answer_with_its_own_code_block_inside_the_students_fence() -> None:
+    answer = "Sure:\n```python\nprint(1)\n```\nDone."
+    d = parse_deliverable(f"## 1. chat.py\n```\n{answer}\n```\n## 2. Answer\nThe base_url.\n")
+    assert d.sections[0].lines == answer.splitlines() and d.sections[0].prose == []
+    assert d.sections[1].prose == ["The base_url."]
+    cut = "Sure:\n```python\nprint(1"  # cut off inside the student's fence: the next section is still one
+    d = parse_deliverable(f"## 1. chat.py\n```console\n{cut}\n```\n## 2. Answer\n```console\nx\n```\nyes\n")
+    assert [s.heading for s in d.sections] == ["1. chat.py", "2. Answer"]
+    assert d.sections[1].prose == ["yes"]
 
 
 def test_json_objects_pasted_on_one_line_or_pretty() -> None:

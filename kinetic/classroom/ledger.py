@@ -399,9 +399,15 @@ class LedgerMiddleware:
             await self.app(scope, receive, send)
             return
         record = open_record(scope)
-        if scope["method"] == "OPTIONS" or not recorded(scope["path"]):
-            await self.app(scope, receive, send)
-            return
+        try:
+            if scope["method"] == "OPTIONS" or not recorded(scope["path"]):
+                await self.app(scope, receive, send)
+            else:
+                await self._recorded(scope, receive, send, record)
+        finally:
+            record.end()
+
+    async def _recorded(self, scope: Scope, receive: Receive, send: Send, record: RequestRecord) -> None:
         # a POST may be a generation: counted at the door until it is prepared, answered or over (arrivals.py);
         # once prepared, out at the loop's next turn: the route queues it before it lets the loop go
         leave_door = DOOR.arrive() if scope["method"] == "POST" else (lambda: None)

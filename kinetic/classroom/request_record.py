@@ -57,6 +57,7 @@ class RequestRecord:
         self.error: ErrorTold | None = None  # the error the request was refused or answered with
         self.media: MediaCounts | None = None  # None: the prompts read no file
         self._on_prepared: list[Callable[[], object]] = []
+        self._at_end: list[Callable[[], object]] = []
 
     def when_prepared(self, action: Callable[[], object]) -> None:
         """The ledger middleware's: `action` runs once a backend has prepared the request (scheduling/arrivals.py)."""
@@ -65,6 +66,16 @@ class RequestRecord:
     def note_prepared(self) -> None:
         """A backend's: the request's generation is prepared and about to be queued."""
         for action in self._on_prepared:
+            action()
+
+    def at_end(self, action: Callable[[], object]) -> None:
+        """`action` runs once the request is over, its answer sent or given up (the ledger middleware's `end`)."""
+        self._at_end.append(action)
+
+    def end(self) -> None:
+        """The ledger middleware's, when the app is done with the request: every `at_end` action, once."""
+        actions, self._at_end = self._at_end, []
+        for action in actions:
             action()
 
     def identify(self, caller: Caller) -> None:

@@ -67,41 +67,53 @@ class Sampler:
 
     def __init__(self, model: LoadedModel, params: SamplingParams, prompt_tokens: list[int] | None = None):
         self.model = model
-        self.chain = _internals.LlamaSampler()
+        self._params = params
+        self._chain: _internals.LlamaSampler | None = None  # built on first use by a greedy request (`chain`)
         self._keep: list[Any] = []  # ctypes arrays the samplers point into
         self._history: list[int] = []  # chain indexes of samplers that remember tokens (penalties, DRY)
         self._history_n = 0  # how many past tokens they look at (-1: all)
         self.grammar: Any = None  # llama_sampler pointer, outside the chain (see the module's docstring)
         self._candidates: np.ndarray | None = None  # reused llama_token_data buffer (grammar, post_sampling_probs)
         self._argmax = reduces_to_argmax(params)  # the chain's pick is always the highest biased logit
-        self._bias_ids = np.empty(0, dtype=np.int64)
-        self._bias_values = np.empty(0, dtype=np.float32)
+        self._bias = dict(params.logit_bias)
+        if params.ignore_eos:
+            self._bias.update({token: float("-inf") for token in model.eog_tokens})
+        self._bias_ids = np.fromiter(self._bias.keys(), dtype=np.int64, count=len(self._bias))
+        self._bias_values = np.fromiter(self._bias.values(), dtype=np.float32, count=len(self._bias))
         try:
-            self._build(model, params)
-            if prompt_tokens:
-                self.feed_prompt(prompt_tokens)
+            if params.grammar:
+                self.grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"),
+                                                                    b"root")
+                if not self.grammar:
+                    raise InvalidRequestError("Failed to initialize samplers: failed to parse grammar",
+                                              param="grammar")
+            # A greedy request's picks never go through the chain, and its penalties (neutral, or none) remember
+            # nothing that matters: its chain waits until post_sampling_probs or a grammar's refusal asks for it
+            # (~0.15 ms of ctypes calls on the event loop before every greedy request was queued).
+            if not self._argmax:
+                self._build(model, params)
+                if prompt_tokens:
+                    self.feed_prompt(prompt_tokens)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def chain(self) -> _internals.LlamaSampler:
+        if self._chain is None:
+            self._build(self.model, self._params)
+            assert self._chain is not None
+        return self._chain
 
     def _add(self, sampler: Any) -> int:
         llama_cpp.llama_sampler_chain_add(self.chain.sampler, sampler)
         return llama_cpp.llama_sampler_chain_n(self.chain.sampler) - 1
 
     def _build(self, model: LoadedModel, params: SamplingParams) -> None:
+        self._chain = _internals.LlamaSampler()
         n_vocab = model.n_vocab
-        if params.grammar:
-            grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"), b"root")
-            if not grammar:
-                raise InvalidRequestError("Failed to initialize samplers: failed to parse grammar", param="grammar")
-            self.grammar = grammar
-        bias = dict(params.logit_bias)
-        if params.ignore_eos:
-            bias.update({token: float("-inf") for token in model.eog_tokens})
-        if bias:
-            self.chain.add_logit_bias(n_vocab, bias)
-            self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-            self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        if self._bias:
+            self._chain.add_logit_bias(n_vocab, self._bias)
         seed = params.seed if params.seed >= 0 else llama_cpp.LLAMA_DEFAULT_SEED
         if params.mirostat == 1:
             self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
@@ -248,7 +260,9 @@ class Sampler:
         if self.grammar is not None:
             llama_cpp.llama_sampler_free(self.grammar)
             self.grammar = None
-        self.chain.close()
+        if self._chain is not None:
+            self._chain.close()
+            self._chain = None
 
 
 # Samplers that never drop or demote the top token when configured as allowed below; run before a

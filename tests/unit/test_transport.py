@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import uvicorn
@@ -19,7 +22,7 @@ from kinetic.config.args import parse_serve_args
 from kinetic.config.values import byte_size
 from kinetic.errors import PayloadTooLargeError
 from kinetic.server.app import error_response
-from kinetic.server.transport import TransportConfig, TransportLimits, raw_response
+from kinetic.server.transport import TransportConfig, TransportLimits, _LingeringTransport, raw_response
 from tests.rawhttp import exchange, read_response
 from tests.server import free_port
 
@@ -125,3 +128,39 @@ def test_sizes_and_flag_defaults() -> None:
     given = parse_serve_args(["--max-body-size", "1M", "--max-connections", "8"],
                              environ={"KINETIC_HEADER_TIMEOUT": "5"})
     assert (given.max_body_size, given.max_connections, given.header_timeout) == (2**20, 8, 5.0)
+
+
+class RecordingTransport:
+    """What the wrapper hands the socket: each write, and whether it was closed."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_head_goes_out_with_the_body_written_after_it_in_the_same_turn() -> None:
+    async def run() -> None:
+        raw = RecordingTransport()
+        protocol = SimpleNamespace(loop=asyncio.get_running_loop(), linger_on_close=False, lingering=False)
+        wrapper = _LingeringTransport(cast(Any, raw), cast(Any, protocol))
+        wrapper.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        wrapper.write(b"data: {}\n\n")
+        assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\ndata: {}\n\n"]  # one write, one packet
+        wrapper.write(b"HTTP/1.1 200 OK\r\n\r\n")  # a head with nothing after it in this turn
+        assert len(raw.writes) == 1
+        await asyncio.sleep(0)
+        assert raw.writes[-1] == b"HTTP/1.1 200 OK\r\n\r\n"  # goes out at the end of the turn
+        wrapper.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        wrapper.close()  # a close before the turn ends sends it first
+        assert raw.writes[-1].startswith(b"HTTP/1.1 204") and raw.closed
+
+    asyncio.run(run())

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from kinetic.backends.config import ModelConfig
 from kinetic.backends.model_file import ModelFile
@@ -283,11 +283,21 @@ LACKS: dict[type, str] = {
 }
 
 
+# (backend class, role) -> whether the class plays it. An isinstance() against a Protocol walks the protocol's
+# members on every call (~10 us warm, several times that on a request's cold path); a backend class plays the same
+# roles for its whole life.
+_PLAYS: dict[tuple[type, type], bool] = {}
+
+
 def role(backend: ModelBackend, wanted: type[R], *, name: str, route: str) -> R:
     """`backend` as the role `wanted`, or the one 501 of a missing role, naming the model (`name`, as the request
     knows it) and the route."""
-    if isinstance(backend, wanted):
-        return backend
+    key = (type(backend), wanted)
+    plays = _PLAYS.get(key)
+    if plays is None:
+        plays = _PLAYS[key] = isinstance(backend, wanted)
+    if plays:
+        return cast(R, backend)
     raise lacking(name, route, LACKS[wanted])
 
 

@@ -161,9 +161,8 @@ class DisconnectAwareStreamingResponse(StreamingResponse):
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
-            if not client_left:
+            if not client_left or streaming.uncancel() > 0:  # a shutdown's cancel too: that one goes on
                 raise
-            streaming.uncancel()
         except OSError:
             log.debug("client went away during a stream")
         finally:

@@ -1,4 +1,6 @@
-from kinetic.engine.text import TextAssembler, held_suffix
+import random
+
+from kinetic.engine.text import TextAssembler, common_prefix, held_suffix
 
 
 def test_held_suffix_finds_partial_stop() -> None:
@@ -40,3 +42,18 @@ def test_flush_releases_held_text() -> None:
     text = TextAssembler(("STOP",))
     assert text.push(b"ST") == ""
     assert text.flush() == "ST"
+
+
+def test_common_prefix_is_the_shared_lead_whatever_the_lengths_and_sequence_types() -> None:
+    def by_token(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 700))]
+        b = a[:rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 80))]
+        for x, y in ((a, b), (tuple(a), b), (b, tuple(a)), (tuple(b), tuple(a))):
+            assert common_prefix(x, y) == by_token(a, b)

@@ -59,6 +59,9 @@ class ModelRegistry:
         for spec in specs:
             self.add(spec)
         self.fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")) and router
+        # Set by the app's start once its readiness line is out: the load's end wakes the start a loop turn or two
+        # later, and a /health seen in between answered 200 before "listening on" (the lab waits for that line).
+        self.announced = False
         self.decode_lock = DecodeTurns()
         self.derived: dict[str, DerivedModel] = {}  # /api/create's models, served through their base's backend
         self.store = DerivedStore(None)
@@ -79,11 +82,12 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        """Whether requests may through the gate: the one model is loaded, or (router) always."""
+        """Whether requests may through the gate: the one model is loaded and announced, or (router) always. A
+        sleeping model counts: a request wakes it."""
         if self.router:
             return True
         backend = self.only.backend
-        return backend is not None and (backend.ready or backend.sleeping)  # a request wakes a sleeping one
+        return self.announced and backend is not None and (backend.ready or backend.sleeping)
 
     @property
     def only(self) -> ModelEntry:

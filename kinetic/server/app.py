@@ -71,6 +71,7 @@ async def start_models(registry: ModelRegistry, app: FastAPI, on_ready: Callable
              described.template.origin if described.template else "-")
     if on_ready is not None:
         on_ready()
+    registry.announced = True
 
 
 def add_gate(app: FastAPI, state: ServerState) -> None:

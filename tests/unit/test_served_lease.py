@@ -1,8 +1,10 @@
 """A route's model is leased for the whole request, its stream included, and given back however the request ends
-(deps.get_served: the request's record returns the lease when the ledger middleware is done with it)."""
+(deps.get_served: the request's record returns the lease when the ledger middleware is done with it); and no request
+gets through before the readiness line."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -14,7 +16,7 @@ from kinetic.config.settings import ServerSettings
 from kinetic.errors import ServerError
 from kinetic.model_registry.deps import server_state
 from kinetic.model_registry.registry import ModelRegistry
-from kinetic.server.app import create_app
+from kinetic.server.app import create_app, start_models
 from tests.scripted import ReadyClient, ScriptedEngine, ScriptedServer, single_model_backend
 
 
@@ -59,3 +61,19 @@ def test_the_lease_ends_with_a_failed_request() -> None:
         assert entry.leases == 0
         refused = client.post("/v1/completions", json={"prompt": "x", "n_probs": "many"})
         assert refused.status_code == 400 and entry.leases == 0
+
+
+def test_requests_wait_for_the_readiness_line() -> None:
+    """The load's end wakes the app's start a loop turn or two later: until "listening on" is out, the gate still
+    answers "Loading model" (a /health in between once answered 200 before the line a lab waits for)."""
+    engine = ScriptedEngine([])
+    engine.loaded.set()
+    registry = ModelRegistry.single(ServerSettings(), single_model_backend(ServerSettings(), engine, "scripted"))
+    app = create_app(registry)
+    seen: list[bool] = []
+
+    async def start() -> None:
+        await start_models(registry, app, lambda: seen.append(registry.ready), None)
+
+    asyncio.run(start())
+    assert seen == [False] and registry.ready  # not yet while the line is printed, at once after it

@@ -224,7 +224,8 @@ def test_an_idle_model_sleeps_and_a_request_wakes_it_but_a_look_does_not() -> No
         engine.loaded.set()
         settings = ServerSettings(sleep_idle_seconds=1)
         registry = ModelRegistry.single(settings, single_model_backend(settings, engine, "m"))
-        await registry.load(registry.only)  # loaded as the app loads it
+        await registry.load(registry.only)  # loaded and announced, as the app's start does it
+        registry.announced = True
         assert registry.sleeper is not None and ModelRegistry.single(
             ServerSettings(), single_model_backend(ServerSettings(), engine, "m")).sleeper is None
         registry.sleeper.seconds = 0.2

@@ -1,8 +1,8 @@
 """Client row "OpenAI Responses API": `client.responses.create` / `.stream` / `.parse` of the real
 openai SDK against `POST /v1/responses` of `kinetic serve` on the bundled (base) model: text,
 `text.format` json_schema, forced function calls, a function_call_output round trip, usage and
-timings; LangChain's `ChatOpenAI(use_responses_api=True)` on the same route; and (on the scripted
-engine) a stream that fails midway.
+timings; and LangChain's `ChatOpenAI(use_responses_api=True)` on the same route. A stream that fails
+midway needs the scripted engine: tests/unit/test_stream_faults_in_clients.py.
 
 Forced calls and schemas are grammar-constrained, so even this small model answers validly; free
 text is never checked for wording."""
@@ -10,7 +10,6 @@ text is never checked for wording."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,9 +18,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from kinetic.errors import ServerError
 from tests.conftest import MODEL_ALIAS
-from tests.scripted import ScriptedEngine, ScriptedServer, wait_until_ready
 from tests.server import KineticServer
 
 ASK = "What is the weather in Rome?"
@@ -241,22 +238,3 @@ def test_missing_input_and_unknown_items_are_400(live_server: KineticServer) -> 
     assert r.status_code == 400 and "input" in r.json()["error"]["message"]
     r = httpx.post(live_server.url + "/responses", json={"input": [{"type": "item_reference", "id": "x"}]})
     assert r.status_code == 400 and "type of the item" in r.json()["error"]["message"]
-
-
-@pytest.fixture()
-def failing_server() -> Iterator[ScriptedServer]:
-    engine = ScriptedEngine(["Hel", "lo", ServerError("llama_decode failed with status 1 (KV cache full?)")])
-    engine.loaded.set()
-    with ScriptedServer(engine) as server:
-        wait_until_ready(server.url)
-        yield server
-
-
-def test_stream_failing_midway_ends_with_an_error_event(failing_server: ScriptedServer) -> None:
-    client = openai.OpenAI(base_url=failing_server.url + "/v1", api_key="x", max_retries=0)
-    events = list(client.responses.create(model="m", input="hi", stream=True))
-    assert [e.type for e in events][:3] == ["response.created", "response.in_progress", "response.output_item.added"]
-    error = events[-1]
-    assert error.type == "error" and error.code == "server_error" and "KV cache" in error.message
-    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello"
-    assert not any(e.type == "response.completed" for e in events)

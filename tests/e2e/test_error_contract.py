@@ -1,9 +1,9 @@
 """One error contract, protocol by protocol: every kind of error has its status and the protocol's
 own envelope, and a stream that fails midway still ends the way its protocol ends.
 
-The first part runs the real `kinetic serve` on the bundled model. Two kinds cannot be produced on
-demand by a real model (staying in "loading" while a client knocks, failing in the middle of a
-stream): those run the real app on real uvicorn over the scripted engine of tests/scripted.py.
+All of it runs the real `kinetic serve` on the bundled model. Two kinds a real model cannot produce on
+demand (staying in "loading" while a client knocks, failing in the middle of a stream) are unit tests
+over the scripted engine: tests/unit/test_stream_faults_in_clients.py.
 """
 
 from __future__ import annotations
@@ -13,14 +13,10 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import httpx
-import ollama
-import openai
 import pytest
 
-from kinetic.errors import ServerError
-from tests.scripted import ScriptedEngine, ScriptedServer, wait_until_ready
+from tests.error_envelopes import ROUTES, check_envelope
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
@@ -28,32 +24,6 @@ pytestmark = pytest.mark.e2e
 KEY = "contract-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = "hello " * 3000  # far beyond the 2048-token context below
-ROUTES = {  # protocol -> (generation route, a request that works there)
-    "openai": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-    "llamacpp": ("/completion", {"prompt": "hi", "n_predict": 2}),
-    "anthropic": ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
-    "responses": ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 2}),
-    "ollama": ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False,
-                             "options": {"num_predict": 2}}),
-}
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                   408: "timeout_error", 413: "request_too_large", 503: "overloaded_error"}
-OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                408: "timeout_error", 413: "invalid_request_error", 501: "not_supported_error",
-                503: "unavailable_error"}
-
-
-def check_envelope(protocol: str, status: int, body: dict[str, Any], *, kind: str | None = None) -> None:
-    if protocol == "anthropic":
-        assert body["type"] == "error" and body["error"]["type"] == (kind or ANTHROPIC_TYPES[status]), body
-        assert body["error"]["message"]
-    elif protocol == "ollama":  # Ollama's envelope is the message alone, whatever the kind
-        assert list(body) == ["error"] and isinstance(body["error"], str) and body["error"], body
-    else:
-        assert body["error"]["code"] == status and body["error"]["type"] == (kind or OPENAI_TYPES[status]), body
-        assert body["error"]["message"]
-
-
 @pytest.fixture(scope="module")
 def keyed_server(model_lock: None) -> Iterator[KineticServer]:
     with KineticServer("-c", "2048", "-np", "1", "--api-key", KEY, "--body-timeout", "1", "-a", "m") as server:
@@ -169,76 +139,3 @@ def test_context_overflow_is_400_with_the_sizes(keyed_server: KineticServer, pro
         check_envelope(protocol, 400, r.json(), kind="exceed_context_size_error")
         assert r.json()["error"]["n_ctx"] == 2048 and r.json()["error"]["n_prompt_tokens"] > 2048
     assert httpx.post(keyed_server.url + path, json=good, headers=AUTH, timeout=60).status_code == 200
-
-
-# ----------------------------------------------------------------- the scripted engine's kinds
-
-
-@pytest.mark.parametrize("protocol", ROUTES)
-def test_loading_is_503(protocol: str) -> None:
-    with ScriptedServer(ScriptedEngine(["x"])) as server:  # never loads until the test ends
-        path, good = ROUTES[protocol]
-        r = httpx.post(server.url + path, json=good)
-        assert r.status_code == 503
-        check_envelope(protocol, 503, r.json())
-        assert httpx.get(server.url + "/health").status_code == 503
-
-
-@pytest.fixture()
-def failing_server() -> Iterator[ScriptedServer]:
-    engine = ScriptedEngine(["Hel", "lo", ServerError("llama_decode failed with status 1 (KV cache full?)")])
-    engine.loaded.set()
-    with ScriptedServer(engine, alias="m") as server:  # the Ollama routes check the model's name
-        wait_until_ready(server.url)
-        yield server
-
-
-def sse_lines(url: str, path: str, body: dict[str, Any]) -> list[str]:
-    with httpx.stream("POST", url + path, json={**body, "stream": True}) as response:
-        assert response.status_code == 200
-        return [line for line in response.iter_lines() if line]
-
-
-def test_openai_stream_failing_midway_sends_the_error_then_done(failing_server: ScriptedServer) -> None:
-    lines = sse_lines(failing_server.url, *ROUTES["openai"])
-    assert lines[-1] == "data: [DONE]"
-    error = json.loads(lines[-2].removeprefix("data: "))
-    assert error["error"]["code"] == 500 and "KV cache" in error["error"]["message"]
-    client = openai.OpenAI(base_url=failing_server.url + "/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
-    received = ""
-    with pytest.raises(openai.APIError, match="KV cache"):
-        for chunk in stream:
-            received += chunk.choices[0].delta.content or "" if chunk.choices else ""
-    assert received == "Hello"  # what was generated before the failure arrived
-
-
-def test_anthropic_stream_failing_midway_sends_an_error_event(failing_server: ScriptedServer) -> None:
-    lines = sse_lines(failing_server.url, *ROUTES["anthropic"])
-    assert lines[-2] == "event: error"
-    assert json.loads(lines[-1].removeprefix("data: "))["error"]["type"] == "api_error"
-    client = anthropic.Anthropic(base_url=failing_server.url, api_key="x", max_retries=0)
-    with pytest.raises(anthropic.APIError, match="KV cache"):
-        with client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
-            for _ in s.text_stream:
-                pass
-
-
-def test_llamacpp_stream_failing_midway_ends_with_the_error(failing_server: ScriptedServer) -> None:
-    lines = sse_lines(failing_server.url, *ROUTES["llamacpp"])
-    contents = [json.loads(line.removeprefix("data: ")).get("content") for line in lines[:-1]]
-    assert "".join(c or "" for c in contents) == "Hello"
-    assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 500
-
-
-def test_ollama_stream_failing_midway_ends_with_an_error_line(failing_server: ScriptedServer) -> None:
-    lines = sse_lines(failing_server.url, *ROUTES["ollama"])  # NDJSON lines: one object each
-    objects = [json.loads(line) for line in lines]
-    assert "".join(o["message"]["content"] for o in objects[:-1]) == "Hello"
-    assert objects[-1] == {"error": "llama_decode failed with status 1 (KV cache full?)"}
-    client = ollama.Client(host=failing_server.url)
-    received = ""
-    with pytest.raises(ollama.ResponseError, match="KV cache"):
-        for chunk in client.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=True):
-            received += chunk.message.content or ""
-    assert received == "Hello"

@@ -316,31 +316,6 @@ def test_root_answers_ollama_probes_and_dashboard_data_needs_the_admin(server: K
     assert body["queue"]["deferred"] == 0 and len(body["slots"]) == 2
 
 
-def test_reasoning_is_shown_folded(page: Any) -> None:
-    """The bundled base model never thinks, so a scripted engine (the real app on real uvicorn) plays a
-    thinking model's text; the server splits it into reasoning_content, the page folds it."""
-    from tests.scripted import ScriptedEngine, ScriptedServer, wait_until_ready
-
-    engine = ScriptedEngine(["<think>", "Two and two ", "make four.", "</think>", "The answer ", "is 4."])
-    with ScriptedServer(engine) as server:
-        engine.loaded.set()
-        wait_until_ready(server.url)
-        page.goto(server.url + "/")
-        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        page.check("#thinking")
-        page.fill("#message", "What is 2 + 2?")
-        page.click("#send")
-        turn = page.wait_for_selector(".turn.assistant:not(.streaming) .stats [data-name=tokens-per-second]")
-        assert page.inner_text(".turn.assistant .content") == "The answer is 4."
-        reasoning = page.query_selector(".turn.assistant details.reasoning")
-        assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # folded
-        assert page.evaluate("document.querySelector('.turn.assistant .reasoning pre').textContent") == \
-            "Two and two make four."
-        page.click(".turn.assistant .reasoning summary")
-        assert page.is_visible(".turn.assistant .reasoning pre") and turn is not None
-        page.screenshot(path=str(ARTIFACTS / "chat-reasoning.png"))
-
-
 def test_router_mode_the_student_picks_the_model(page: Any, browser_context: Any, model_lock: None,
                                                   server: KineticServer) -> None:
     """Several models at one address: the page lists them (/v1/models), the request names the one

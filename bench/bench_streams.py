@@ -18,6 +18,7 @@ Four modes, each measured in one run with the servers taking turns (never decodi
 
     python bench/bench_streams.py streams [--llama-server PATH] [--rounds 3] [--constrained]
     python bench/bench_streams.py classroom [--students 16] [--spacing 0.25] [--rounds 3]  # replays, pooled
+    python bench/bench_streams.py classroom --model tiny:lfm2 -np 16 --history 600  # after an hour of questions
     python bench/bench_streams.py class-size [--sizes 8,12,16,20,24] [--duration 40] [--defaults]
     python bench/bench_streams.py classroom --model tiny:lfm2     # a hybrid model (docs/models.md)
     python bench/bench_streams.py classroom --model bench:qwen35  # the course's family at its cost (bench_model.py)
@@ -42,6 +43,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -249,12 +252,34 @@ def classroom(url: str, students: int, spacing: float, tokens: int) -> tuple[lis
                                 for i, q in enumerate(questions)])
 
 
+def class_history(url: str, questions: int) -> float:
+    """A class's past on a fresh server: `questions` different 2-token lab chats, 8 at a time, as an hour of
+    students leaves its checkpoints and saved prompts behind. Seconds they took."""
+    async def answered(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            body = {**lab_request(f"Domanda {i}: che cosa succede al passo {i * 7919 % 1000}?", 2), "stream": False}
+            (await client.post(url + "/v1/chat/completions", json=body)).raise_for_status()
+
+    async def every() -> None:
+        gate = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(timeout=600) as client:
+            await asyncio.gather(*(answered(client, i, gate) for i in range(questions)))
+
+    begin = time.perf_counter()
+    asyncio.run(every())
+    return time.perf_counter() - begin
+
+
 def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     # 16 requests give a p95 that is their second slowest: the replay runs --rounds times, the servers taking turns
     # (who goes first alternates), and each server's figures pool its rounds
     results: dict[str, list[Timed]] = {server.name: [] for server in servers}
     runs: dict[str, list[LoadRun]] = {server.name: [] for server in servers}
+    history: dict[str, float] = {}
     for server in servers:
+        if args.history:
+            history[server.name] = class_history(server.url, args.history)
+            print(f"{server.name}: {args.history} earlier questions answered in {history[server.name]:.1f} s")
         stream_request(server.url, "/v1/chat/completions", lab_request("warm up", 4))  # both start equally warm
     for i in range(args.rounds):
         for server in servers if i % 2 == 0 else servers[::-1]:
@@ -275,12 +300,13 @@ def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> dict[str,
                      median([run.wall for run in runs[server.name]]),
                      f"{100 * max(run.cpu_share for run in runs[server.name]):.0f}%"])
     print(f"{args.students} students, {args.spacing}s apart, {args.tokens} tokens each, -np {args.parallel}, "
-          f"{args.rounds} replays pooled")
+          f"{args.rounds} replays pooled" + (f", after {args.history} earlier questions" if args.history else ""))
     headers = ["server", "served", "TTFT p50 ms", "TTFT p95 ms", "TTFT max ms", "least cache_n after the first",
                "wall s (median replay)", "generator CPU (most)"]
     print(table(headers, rows))
     result: dict[str, Any] = {"students": args.students, "spacing s": args.spacing, "tokens": args.tokens,
-                              "replays": args.rounds, "rows": records(headers, rows)}
+                              "replays": args.rounds, "history": args.history, "history s": history,
+                              "rows": records(headers, rows)}
     if len(servers) > 1:
         result["TTFT p95 ratio"] = p95["kinetic"] / p95["llama-server"]
         print(f"kinetic/llama-server TTFT p95: {result['TTFT p95 ratio']:.2f}")
@@ -347,6 +373,8 @@ def main() -> None:
     parser.add_argument("--chat", action="store_true", help="ttft: /v1/chat/completions instead of /v1/completions")
     parser.add_argument("--students", type=int, default=16)
     parser.add_argument("--spacing", type=float, default=0.25)
+    parser.add_argument("--history", type=int, default=0,
+                        help="classroom: first answer this many different questions, as a class's past (600: an hour)")
     parser.add_argument("--sizes", default="8,12,16,20,24,28,32,40,48,56,64")
     parser.add_argument("--defaults", action="store_true",
                         help="start both servers with their own defaults (no -c, -np): what a bare start serves")

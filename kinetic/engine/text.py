@@ -18,13 +18,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while lo < n:
         hi = min(lo + step, n)
         x, y = a[lo:hi], b[lo:hi]
-        if x == y if same_type else list(x) == list(y):
+        if x == y if same_type else _as_list(x) == _as_list(y):
             lo, step = hi, step * 2
             continue
         while a[lo] == b[lo]:
             lo += 1
         return lo
     return n
+
+
+def _as_list(tokens: Sequence[int]) -> Sequence[int]:
+    return tokens if type(tokens) is list else list(tokens)
 
 
 def held_suffix(text: str, stops: tuple[str, ...]) -> int:

@@ -41,7 +41,7 @@ JOBS=${JOBS:-$(nproc)}
 if [ -n "$CPU" ]; then              # small and quick: the tests' tiny hybrid model, nothing offloaded
   THREADS=${THREADS:-2}; NGL=${NGL:-0}; MODEL=${MODEL:-tiny:lfm2}; STREAMS=${STREAMS:-1,4}; NP_STREAMS=${NP_STREAMS:-4}
   CTX_STREAMS=${CTX_STREAMS:-2048}; TOKENS_STREAMS=${TOKENS_STREAMS:-32}; ROUNDS=${ROUNDS:-1}
-  NP_CLASS=${NP_CLASS:-4}; CTX_CLASS=${CTX_CLASS:-8192}; STUDENTS=${STUDENTS:-4}
+  NP_CLASS=${NP_CLASS:-4}; CTX_CLASS=${CTX_CLASS:-8192}; STUDENTS=${STUDENTS:-4}; HISTORY=${HISTORY:-0}
   CLASS_SIZES=${CLASS_SIZES:-2}; CLASS_SIZE_DURATION=${CLASS_SIZE_DURATION:-5}
 else
   THREADS=${THREADS:-4}             # -t for both servers
@@ -55,6 +55,7 @@ else
   NP_CLASS=${NP_CLASS:-16}
   CTX_CLASS=${CTX_CLASS:-32768}     # 2048 a slot: the lab's ~400-token request fits
   STUDENTS=${STUDENTS:-16}
+  HISTORY=${HISTORY:-600}         # questions each server answers before the classroom replay: a class hour's cache
   CLASS_SIZES=${CLASS_SIZES:-16,32,64}
   CLASS_SIZE_DURATION=${CLASS_SIZE_DURATION:-15}
 fi
@@ -364,7 +365,7 @@ if [ "$(left)" -lt 50 ]; then
   echo "SKIPPED: too little time left"; FAILED=1
 else
   timed classroom timeout -k 15 -s INT $(( $(left) - 15 )) "${BENCH[@]}" classroom -c "$CTX_CLASS" -np "$NP_CLASS" \
-    --students "$STUDENTS" --rounds "$ROUNDS" --json "$WORK/classroom.json" \
+    --students "$STUDENTS" --rounds "$ROUNDS" --history "$HISTORY" --json "$WORK/classroom.json" \
     "--kinetic-flags=-ngl $NGL" "--llama-server-flags=-c $CTX_CLASS -np $NP_CLASS -ngl $NGL" \
     || { echo "FAILED: bench classroom"; FAILED=1; }
 fi

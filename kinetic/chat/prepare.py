@@ -201,9 +201,9 @@ class ChatLayer:
                                            tools=tools, kwargs=self.template_variables(template_kwargs))
         except Exception:  # a template may refuse a conversation that does not end with a user turn
             return 0
-        if media_parts(messages[:-1]):
-            return common_prefix(self.tokenize_chat(earlier, messages[:-1])[0], tokens)
-        return common_prefix(self._earlier_tokens(earlier), tokens)
+        files = media_parts(messages[:-1])
+        before = self.tokenize_with_media(earlier, files)[0] if files else self._earlier_tokens(earlier)
+        return common_prefix(before, tokens)
 
     def _text_tokens(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenize_prompt(text))

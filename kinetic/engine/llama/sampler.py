@@ -91,7 +91,7 @@ class Sampler:
             # nothing that matters: its chain waits until post_sampling_probs or a grammar's refusal asks for it
             # (~0.15 ms of ctypes calls on the event loop before every greedy request was queued).
             if not self._argmax:
-                self._build(model, params)
+                self._build()
                 if prompt_tokens:
                     self.feed_prompt(prompt_tokens)
         except BaseException:
@@ -101,7 +101,7 @@ class Sampler:
     @property
     def chain(self) -> _internals.LlamaSampler:
         if self._chain is None:
-            self._build(self.model, self._params)
+            self._build()
             assert self._chain is not None
         return self._chain
 
@@ -109,7 +109,8 @@ class Sampler:
         llama_cpp.llama_sampler_chain_add(self.chain.sampler, sampler)
         return llama_cpp.llama_sampler_chain_n(self.chain.sampler) - 1
 
-    def _build(self, model: LoadedModel, params: SamplingParams) -> None:
+    def _build(self) -> None:
+        model, params = self.model, self._params
         self._chain = _internals.LlamaSampler()
         n_vocab = model.n_vocab
         if self._bias:

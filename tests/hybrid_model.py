@@ -230,13 +230,16 @@ def write_model(architecture: str, tokenizer_source: Path, target: Path) -> Path
     return write_gguf(target, architecture, f"kinetic-test-{architecture}", fill)
 
 
-def tiny_model(architecture: str) -> Path:
-    """The cached tiny model of `architecture` (written on first use from the bundled Gemma's tokenizer)."""
-    from kinetic.backends.bundled import gemma_model_path
+def tiny_model(architecture: str, vocabulary: str = "gemma") -> Path:
+    """The cached tiny model of `architecture` (written on first use), with the vocabulary of the bundled Gemma
+    (262k tokens, 6414 of them special) or of the bundled chat model, `smollm2` (49k, ChatML's markers special)."""
+    from kinetic.backends.bundled import CHAT_MODEL, gemma_model_path
 
-    target = cache_dir() / f"kinetic-test-{architecture}-v{FORMAT_VERSION}.gguf"
+    name = f"kinetic-test-{architecture}" + ("" if vocabulary == "gemma" else f"-{vocabulary}")
+    target = cache_dir() / f"{name}-v{FORMAT_VERSION}.gguf"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    return write_model(architecture, gemma_model_path(), target)
+    source = {"gemma": gemma_model_path, "smollm2": CHAT_MODEL.path}[vocabulary]()
+    return write_model(architecture, source, target)
 

@@ -8,7 +8,6 @@ quick_to_prepare_chat).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from kinetic.chat.callformats import rendered_calls
 from kinetic.chat.callformats.base import FoundCall
 from kinetic.chat.constraints import chat_constraints, output_grammar
+from kinetic.chat.conversation_tokens import ConversationTokens
 from kinetic.chat.infill import check_fim, infill_tokens
 from kinetic.chat.media import check_readable, content_with_markers, file_bytes, media_extra, media_parts, shifted
 from kinetic.chat.reasoning import CLOSE_TAG, OPEN_TAG
@@ -163,18 +163,19 @@ class ChatLayer:
         self.engine = engine
         self.template = template
         self.defaults = defaults
-        # A class's first turns all render the same conversation before the student's question (the system
-        # prompt): its tokens are looked up, not tokenized again on every request (0.86 ms of the event loop's
-        # time a chat, with the lab's system prompt on the tiny LFM2)
-        self._earlier_tokens = functools.lru_cache(maxsize=64)(self._text_tokens)
+        self._conversation = ConversationTokens(
+            self.tokenize_prompt, lambda text: self.engine.tokenize(text, add_special=False, parse_special=True),
+            lambda token, special: self.engine.token_piece(token, special=special))
 
     # ------------------------------------------------------------------ prompts
 
     def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-               continue_final_message: str | None = None, constrained: bool = False) -> RenderedChat:
+               continue_final_message: str | None = None, constrained: bool = False,
+               earlier: str | None = None) -> RenderedChat:
         """`constrained`: a grammar holds the answer, so a think block the generation prompt opens is
-        closed first (see close_reasoning)."""
+        closed first (see close_reasoning). `earlier`: the conversation before the last message, rendered
+        (earlier_text), whose tokens are then not computed again."""
         kwargs = self.template_variables(template_kwargs)
         mode = self.continuation(messages, continue_final_message, add_generation_prompt)
         if mode is None:
@@ -185,28 +186,31 @@ class ChatLayer:
                 prompt, starts_in_reasoning = close_reasoning(prompt), False
         else:
             prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
-        tokens, media = self.tokenize_chat(prompt, messages)
+            earlier = None
+        tokens, media = self.tokenize_chat(prompt, messages, earlier)
         return RenderedChat(prompt=prompt, tokens=tokens, starts_in_reasoning=starts_in_reasoning, media=media)
 
-    def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], *,
-                           tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any] | None) -> int:
-        """Where the last message starts in `tokens`: the conversation before it is what the next turn,
-        and the next student with the same system prompt, send again. Only hybrid and recurrent models
-        use it (a checkpoint is saved there, scheduler.py); 0 on the others, which render nothing more."""
+    def earlier_text(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None,
+                     template_kwargs: dict[str, Any] | None) -> str | None:
+        """The conversation before the last message, rendered: what the next turn, and the next student with
+        the same system prompt, send again. Only hybrid and recurrent models render it (a checkpoint is saved
+        where it ends, scheduler.py); None on the others."""
         if len(messages) < 2 or self.engine.require_ready().memory_kind == "attention":
-            return 0
+            return None
         try:
-            earlier = self.template.render([self.template_message(m) for m in messages[:-1]],
-                                           add_generation_prompt=False,
-                                           tools=tools, kwargs=self.template_variables(template_kwargs))
+            return self.template.render([self.template_message(m) for m in messages[:-1]],
+                                        add_generation_prompt=False,
+                                        tools=tools, kwargs=self.template_variables(template_kwargs))
         except Exception:  # a template may refuse a conversation that does not end with a user turn
+            return None
+
+    def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], earlier: str | None) -> int:
+        """Where the last message starts in `tokens`, given the conversation before it (earlier_text)."""
+        if earlier is None:
             return 0
         files = media_parts(messages[:-1])
-        before = self.tokenize_with_media(earlier, files)[0] if files else self._earlier_tokens(earlier)
+        before = self.tokenize_with_media(earlier, files)[0] if files else self._conversation.earlier(earlier)
         return common_prefix(before, tokens)
-
-    def _text_tokens(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenize_prompt(text))
 
     def template_message(self, message: Message) -> dict[str, Any]:
         inline = None if self.template.renders_tool_calls else self.template.call_format
@@ -282,11 +286,12 @@ class ChatLayer:
             tokens.insert(0, info.bos_id)
         return tokens
 
-    def tokenize_chat(self, prompt: str, messages: tuple[Message, ...]) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    def tokenize_chat(self, prompt: str, messages: tuple[Message, ...],
+                      earlier: str | None = None) -> tuple[list[int], tuple[MediaSpan, ...]]:
         """A rendered conversation's tokens, with its files' stand-ins when it has any."""
         files = media_parts(messages)
         if not files:
-            return self.tokenize_prompt(prompt), ()
+            return self._conversation.of(prompt, earlier), ()
         return self.tokenize_with_media(prompt, files)
 
     def tokenize_with_media(self, prompt: str, files: list[MediaPart]) -> tuple[list[int], tuple[MediaSpan, ...]]:
@@ -327,14 +332,14 @@ class ChatLayer:
         constraints = chat_constraints(req, self.template.call_format)
         if self.defaults.skip_chat_parsing:
             constraints = pure_content(constraints, req)
+        earlier = self.earlier_text(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,
-                               constrained=constraints.grammar is not None)
+                               constrained=constraints.grammar is not None, earlier=earlier)
         engine_request = self.with_media(self.engine_request(rendered.tokens, req.options, constraints.grammar),
                                          rendered.tokens, rendered.media)
-        shared = self.last_message_start(req.messages, rendered.tokens, tools=constraints.tools,
-                                         template_kwargs=req.template_kwargs)
+        shared = self.last_message_start(req.messages, rendered.tokens, earlier)
         if shared:
             engine_request = replace(engine_request, checkpoint_at=shared)
         budget = reasoning_budget(req, server_tokens=self.defaults.reasoning_budget,

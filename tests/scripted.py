@@ -224,14 +224,20 @@ class ScriptedServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ScriptedServer:
+        """Once the server answers: when the engine's load is let through (`loaded` set), once the model is
+        loaded, since the app loads it after it starts answering (a request sent at once got a 503 now and then);
+        otherwise a 503 while loading counts as up."""
         self.thread.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                httpx.get(self.url + "/health", timeout=1)  # 503 while loading counts as up
-                return self
+                health = httpx.get(self.url + "/health", timeout=1)
             except httpx.HTTPError:
                 time.sleep(0.05)
+                continue
+            if health.status_code == 200 or not self.engine.loaded.is_set():
+                return self
+            time.sleep(0.01)
         raise RuntimeError("scripted server did not start")
 
     def __exit__(self, *exc: object) -> None:

@@ -231,13 +231,13 @@ class ScriptedServer:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                health = httpx.get(self.url + "/health", timeout=1)
+                httpx.get(self.url + "/health", timeout=1)
             except httpx.HTTPError:
                 time.sleep(0.05)
                 continue
-            if health.status_code == 200 or not self.engine.loaded.is_set():
-                return self
-            time.sleep(0.01)
+            if self.engine.loaded.is_set():
+                wait_until_ready(self.url)
+            return self
         raise RuntimeError("scripted server did not start")
 
     def __exit__(self, *exc: object) -> None:

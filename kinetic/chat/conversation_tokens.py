@@ -18,14 +18,12 @@ tokens of the model's vocabulary: ChatML on Gemma's), which is learned from the 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable
-from typing import TypeVar
+from collections.abc import Callable
 
 # The end of the earlier text that a special token spanning the cut could start in: longer than any special token's
 # text in the course's vocabularies.
 BOUNDARY_CHARS = 64
-BOUNDARIES_KEPT = 256
-K = TypeVar("K", bound=Hashable)
+BOUNDARIES_KEPT = 256  # each kind: a template has a few, so this many means they keep changing
 
 
 class ConversationTokens:
@@ -39,7 +37,7 @@ class ConversationTokens:
         self._piece = piece
         self.earlier = functools.lru_cache(maxsize=64)(self._tuple_of_tokens)
         self._boundaries: dict[tuple[str, bytes], bool] = {}  # (the earlier text's end, the opening token): clean
-        self._text_after: dict[str, bool] = {}  # earlier texts' ends the next turn opens with text after
+        self._text_after: set[str] = set()  # earlier texts' ends the next turn opens with text after
 
     def _tuple_of_tokens(self, text: str) -> tuple[int, ...]:
         return tuple(self._prompt_tokens(text))
@@ -52,14 +50,18 @@ class ConversationTokens:
                 return self._prompt_tokens(prompt)
             opening = self._opening_special(rest, rest_tokens[0])
             if opening is None:  # the template's next turn opens with text in this vocabulary: never cut here
-                self._remember(self._text_after, tail, True)
+                if len(self._text_after) >= BOUNDARIES_KEPT:
+                    self._text_after.clear()
+                self._text_after.add(tail)
                 return self._prompt_tokens(prompt)
             clean = self._boundaries.get((tail, opening))
             if clean:
                 return list(self.earlier(earlier)) + rest_tokens
             if clean is None:
                 whole = self._prompt_tokens(prompt)
-                self._remember(self._boundaries, (tail, opening), whole == list(self.earlier(earlier)) + rest_tokens)
+                if len(self._boundaries) >= BOUNDARIES_KEPT:
+                    self._boundaries.clear()
+                self._boundaries[tail, opening] = whole == list(self.earlier(earlier)) + rest_tokens
                 return whole
         return self._prompt_tokens(prompt)
 
@@ -69,9 +71,3 @@ class ConversationTokens:
         if text and not self._piece(token, False) and rest.encode("utf-8").startswith(text):
             return text
         return None
-
-    @staticmethod
-    def _remember(seen: dict[K, bool], key: K, value: bool) -> None:
-        if len(seen) >= BOUNDARIES_KEPT:  # a template has a few: this many means they keep changing
-            seen.clear()
-        seen[key] = value

@@ -5,6 +5,7 @@ the whole prompt's tokens wherever a cut could give others."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -41,25 +42,50 @@ def counted(model: LoadedModel) -> tuple[ConversationTokens, Callable[[str], lis
     return conversation, whole, whole_texts
 
 
-def rendered(system: str, question: str) -> tuple[str, str]:
-    template = ChatTemplate(builtin_template("chatml"), "builtin:chatml")
+# ChatML, and the course's templates, whose turns open with ChatML's marker too
+TEMPLATES = {"chatml": ChatTemplate(builtin_template("chatml"), "builtin:chatml")} | {
+    name: ChatTemplate((Path(__file__).parent.parent / "fixtures" / "templates" / f"{name}.jinja").read_text(), name)
+    for name in ("Qwen3.5-4B", "LFM2.5-Instruct")}
+
+
+def rendered(system: str, question: str, template: ChatTemplate = TEMPLATES["chatml"]) -> tuple[str, str]:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     prompt = template.render(messages, add_generation_prompt=True, tools=None, kwargs={})
     earlier = template.render(messages[:1], add_generation_prompt=False, tools=None, kwargs={})
     return prompt, earlier
 
 
+@pytest.mark.parametrize("name", ["chatml", "LFM2.5-Instruct"])
 def test_every_students_prompt_gets_the_tokens_of_the_whole_and_the_system_prompt_is_tokenized_once(
-        model: LoadedModel) -> None:
+        model: LoadedModel, name: str) -> None:
     conversation, whole, whole_texts = counted(model)
     system = "Rispondi in italiano, in modo breve. Sei l'assistente del corso di serving locale di modelli."
     for question in QUESTIONS:
-        prompt, earlier = rendered(system, question)
+        prompt, earlier = rendered(system, question, TEMPLATES[name])
         assert prompt.startswith(earlier)
         assert conversation.of(prompt, earlier) == whole(prompt), question
     # the first prompt is tokenized whole (the cut is checked against it), then only the earlier text once
-    _, earlier = rendered(system, "")
-    assert whole_texts == [rendered(system, QUESTIONS[0])[0], earlier]
+    _, earlier = rendered(system, "", TEMPLATES[name])
+    assert whole_texts == [rendered(system, QUESTIONS[0], TEMPLATES[name])[0], earlier]
+
+
+def test_qwen35s_conversations_are_tokenized_whole(model: LoadedModel) -> None:
+    # Its template refuses a conversation with no user turn (no earlier text for a first turn), and renders the last
+    # answer with an empty think block only while it ends the conversation: the earlier text is no prefix of the
+    # next turn's prompt, so nothing is cut (and the prompt's tokens are the whole's).
+    template = TEMPLATES["Qwen3.5-4B"]
+    conversation, whole, whole_texts = counted(model)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ciao"},
+               {"role": "assistant", "content": "Ciao!"}]
+    prompts = []
+    for question in QUESTIONS[:3]:
+        messages = [*history, {"role": "user", "content": question}]
+        prompt = template.render(messages, add_generation_prompt=True, tools=None, kwargs={})
+        earlier = template.render(messages[:-1], add_generation_prompt=False, tools=None, kwargs={})
+        assert not prompt.startswith(earlier)
+        assert conversation.of(prompt, earlier) == whole(prompt)
+        prompts.append(prompt)
+    assert whole_texts == prompts
 
 
 def test_a_cut_that_would_change_the_tokens_is_never_used() -> None:

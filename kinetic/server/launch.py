@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,6 +73,9 @@ class KineticServer:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = Path(tempfile.mkstemp(prefix="kinetic-serve-", suffix=".log")[1])
+        # Read after the server stops (its shutdown lines), so it goes with this object, or at exit: a suite starts
+        # some 150 servers, and each run left their logs in the temporary folder.
+        weakref.finalize(self, self.log_path.unlink, missing_ok=True)
 
     @property
     def url(self) -> str:

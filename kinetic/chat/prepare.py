@@ -44,6 +44,9 @@ from kinetic.errors import ContextOverflowError, InvalidRequestError, field_erro
 # llama-server in the same run: TTFT p50 0.92 and p95 0.82 on the loop, 0.98-1.00 and 1.00-1.08 with the hop to a
 # worker thread (limit 400).
 INLINE_PROMPT_SIZE = 2000
+# What the last message says while the template renders the conversation to show where that message's turn opens
+# (ChatLayer.earlier_text): text no student writes.
+LAST_CONTENT_STAND_IN = "\u2063kinetic:last-message\u2063"
 
 
 def quick_to_prepare(req: PromptRequest) -> bool:
@@ -99,6 +102,7 @@ class RenderedChat:
     tokens: list[int]
     starts_in_reasoning: bool
     media: tuple[MediaSpan, ...] = ()  # the files' stand-ins in `tokens`
+    earlier: str | None = None  # the conversation before the last message, where render was asked to find it
 
     @property
     def n_tokens(self) -> int:
@@ -172,37 +176,55 @@ class ChatLayer:
     def render(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None = None,
                template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                continue_final_message: str | None = None, constrained: bool = False,
-               earlier: str | None = None) -> RenderedChat:
+               find_earlier: bool = False) -> RenderedChat:
         """`constrained`: a grammar holds the answer, so a think block the generation prompt opens is
-        closed first (see close_reasoning). `earlier`: the conversation before the last message, rendered
+        closed first (see close_reasoning). `find_earlier`: find the conversation before the last message
         (earlier_text), whose tokens are then not computed again."""
         kwargs = self.template_variables(template_kwargs)
         mode = self.continuation(messages, continue_final_message, add_generation_prompt)
+        earlier = None
         if mode is None:
-            prompt = self.template.render([self.template_message(m) for m in messages],
-                                          add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
+            listed = [self.template_message(m) for m in messages]
+            prompt = self.template.render(listed, add_generation_prompt=add_generation_prompt, tools=tools,
+                                          kwargs=kwargs)
             starts_in_reasoning = prompt.rstrip().endswith(OPEN_TAG)
             if starts_in_reasoning and constrained:
                 prompt, starts_in_reasoning = close_reasoning(prompt), False
+            if find_earlier:
+                earlier = self.earlier_text(listed, prompt, tools=tools, kwargs=kwargs)
         else:
             prompt, starts_in_reasoning = self.continue_last(messages, mode, tools=tools, kwargs=kwargs)
-            earlier = None
         tokens, media = self.tokenize_chat(prompt, messages, earlier)
-        return RenderedChat(prompt=prompt, tokens=tokens, starts_in_reasoning=starts_in_reasoning, media=media)
+        return RenderedChat(prompt=prompt, tokens=tokens, starts_in_reasoning=starts_in_reasoning, media=media,
+                            earlier=earlier)
 
-    def earlier_text(self, messages: tuple[Message, ...], *, tools: list[dict[str, Any]] | None,
-                     template_kwargs: dict[str, Any] | None) -> str | None:
-        """The conversation before the last message, rendered: what the next turn, and the next student with
-        the same system prompt, send again. Only hybrid and recurrent models render it (a checkpoint is saved
-        where it ends, scheduler.py); None on the others."""
-        if len(messages) < 2 or self.engine.require_ready().memory_kind == "attention":
+    def earlier_text(self, listed: list[dict[str, Any]], prompt: str, *, tools: list[dict[str, Any]] | None,
+                     kwargs: dict[str, Any]) -> str | None:
+        """The conversation before the last message (`listed`: template messages) as `prompt` renders it: what
+        the next turn, and the next student with the same system prompt, send again. Only hybrid and recurrent
+        models look for it (a checkpoint is saved where it ends, scheduler.py); None on the others."""
+        if len(listed) < 2 or self.engine.require_ready().memory_kind == "attention":
             return None
         try:
-            return self.template.render([self.template_message(m) for m in messages[:-1]],
-                                        add_generation_prompt=False,
-                                        tools=tools, kwargs=self.template_variables(template_kwargs))
+            text = self.template.render(listed[:-1], add_generation_prompt=False, tools=tools, kwargs=kwargs)
         except Exception:  # a template may refuse a conversation that does not end with a user turn
+            text = None
+        if text is not None and prompt.startswith(text):
+            return text
+        # Qwen3.5's refuses a conversation with no user turn, and writes the last answer's (empty) think block only
+        # while that answer ends the conversation: the earlier text is found in its rendering of the whole, up to
+        # the last message's content (a stand-in), then cut back to the special token that opens that turn where
+        # the vocabulary has one (so that the rest's tokens can follow the earlier ones').
+        stand_in = {**listed[-1], "content": LAST_CONTENT_STAND_IN}
+        try:
+            text = self.template.render([*listed[:-1], stand_in], add_generation_prompt=False, tools=tools,
+                                        kwargs=kwargs)
+        except Exception:
             return None
+        head, found, _ = text.partition(LAST_CONTENT_STAND_IN)
+        if not found or not prompt.startswith(head):
+            return None
+        return self._conversation.before_last_special(head) or head
 
     def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], earlier: str | None) -> int:
         """Where the last message starts in `tokens`, given the conversation before it (earlier_text)."""
@@ -332,14 +354,13 @@ class ChatLayer:
         constraints = chat_constraints(req, self.template.call_format)
         if self.defaults.skip_chat_parsing:
             constraints = pure_content(constraints, req)
-        earlier = self.earlier_text(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs)
         rendered = self.render(req.messages, tools=constraints.tools, template_kwargs=req.template_kwargs,
                                add_generation_prompt=req.add_generation_prompt,
                                continue_final_message=req.continue_final_message,
-                               constrained=constraints.grammar is not None, earlier=earlier)
+                               constrained=constraints.grammar is not None, find_earlier=True)
         engine_request = self.with_media(self.engine_request(rendered.tokens, req.options, constraints.grammar),
                                          rendered.tokens, rendered.media)
-        shared = self.last_message_start(req.messages, rendered.tokens, earlier)
+        shared = self.last_message_start(req.messages, rendered.tokens, rendered.earlier)
         if shared:
             engine_request = replace(engine_request, checkpoint_at=shared)
         budget = reasoning_budget(req, server_tokens=self.defaults.reasoning_budget,

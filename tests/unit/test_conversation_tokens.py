@@ -5,14 +5,18 @@ the whole prompt's tokens wherever a cut could give others."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from kinetic.backends.bundled import CHAT_MODEL
 from kinetic.chat.conversation_tokens import ConversationTokens
+from kinetic.chat.prepare import ChatLayer, ServerDefaults
 from kinetic.chat.templates import ChatTemplate, builtin_template
+from kinetic.chat.types import Message, TextPart, ToolCall
 from kinetic.engine.llama.model import LoadedModel
+from kinetic.engine.types import Modalities, ModelInfo
 
 QUESTIONS = ["Che cos'è uno slot e perché ne servono sedici?", "", " leading space", "\n\nnewlines first",
              "<|im_start|>assistant\nnot a turn<|im_end|>", "<|im_end|>", "émoji 🙂 漢字", "a" * 3000]
@@ -69,23 +73,75 @@ def test_every_students_prompt_gets_the_tokens_of_the_whole_and_the_system_promp
     assert whole_texts == [rendered(system, QUESTIONS[0], TEMPLATES[name])[0], earlier]
 
 
-def test_qwen35s_conversations_are_tokenized_whole(model: LoadedModel) -> None:
-    # Its template refuses a conversation with no user turn (no earlier text for a first turn), and renders the last
-    # answer with an empty think block only while it ends the conversation: the earlier text is no prefix of the
-    # next turn's prompt, so nothing is cut (and the prompt's tokens are the whole's).
-    template = TEMPLATES["Qwen3.5-4B"]
-    conversation, whole, whole_texts = counted(model)
-    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ciao"},
-               {"role": "assistant", "content": "Ciao!"}]
-    prompts = []
+class HybridVocabulary:
+    """What ChatLayer asks of an engine to render and tokenize a chat, over a real vocabulary, as a hybrid model's
+    (the models that look for the earlier conversation); counts the texts tokenized."""
+
+    modalities = Modalities()
+    media_marker = ""
+
+    def __init__(self, model: LoadedModel):
+        self.model = model
+        self.info = replace(model.info, memory_kind="hybrid")
+        self.texts: list[str] = []
+
+    def require_ready(self) -> ModelInfo:
+        return self.info
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self.texts.append(text)
+        return self.model._tokenize(text, add_special, parse_special)
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        return self.model.token_piece(token, special=special)
+
+
+def chat(*turns: tuple[str, str]) -> tuple[Message, ...]:
+    return tuple(Message(role=role, parts=(TextPart(text),)) for role, text in turns)
+
+
+def test_qwen35s_earlier_text_is_found_in_its_rendering_of_the_whole_conversation(model: LoadedModel) -> None:
+    # Its template refuses a conversation with no user turn, so a first turn's earlier text cannot be rendered
+    # alone; and it writes the last answer's empty think block only while that answer ends the conversation, so a
+    # later turn's earlier text rendered alone is no prefix of the prompt.
+    engine = HybridVocabulary(model)
+    layer = ChatLayer(engine, TEMPLATES["Qwen3.5-4B"], ServerDefaults())  # type: ignore[arg-type]
+    _, whole, _ = counted(model)
+    system = "Rispondi in italiano, in modo breve." * 20
+    history = chat(("system", system), ("user", "Ciao"))
+    thought = Message(role="assistant", parts=(TextPart("Ciao!"),), reasoning_content="Saluta.")
+    called = Message(role="assistant", parts=None, tool_calls=(ToolCall("meteo", {"city": "Roma"}, "c1"),))
+    first_turns = [(history[0], *chat(("user", question))) for question in QUESTIONS]
+    later_turns = [(*history, thought, *chat(("user", "E poi?"))),
+                   (*history, called, Message(role="tool", parts=(TextPart("18 C"),)))]
+    for index, messages in enumerate(first_turns + later_turns):
+        rendered = layer.render(messages, find_earlier=True)
+        assert rendered.earlier == rendered.prompt[:rendered.prompt.rindex("<|im_start|>user")]
+        assert rendered.tokens == whole(rendered.prompt)
+        assert layer.last_message_start(messages, rendered.tokens, rendered.earlier) == len(whole(rendered.earlier))
+        if index == len(first_turns) - 1:
+            # The system prompt was tokenized twice, for the first question only: in the text before the last
+            # message, and in the whole prompt that checks the cut; the other students' prompts, never.
+            assert sum(system in text for text in engine.texts) == 2
+
+
+def test_the_earlier_text_ends_where_the_last_message_does_when_no_special_token_opens_its_turn(
+        model: LoadedModel) -> None:
+    # Markers that are plain text in the vocabulary, and a template that, like Qwen3.5's, renders no conversation
+    # without a user turn: the checkpoint still goes where the student's question starts.
+    template = ChatTemplate("{%- if messages[-1].role != 'user' %}{{ raise_exception('no user turn') }}{% endif %}"
+                            "{% for m in messages %}### {{ m.role }}:\n{{ m.content }}\n\n{% endfor %}"
+                            "{% if add_generation_prompt %}### assistant:\n{% endif %}", "--chat-template")
+    layer = ChatLayer(HybridVocabulary(model), template, ServerDefaults())  # type: ignore[arg-type]
+    _, whole, _ = counted(model)
     for question in QUESTIONS[:3]:
-        messages = [*history, {"role": "user", "content": question}]
-        prompt = template.render(messages, add_generation_prompt=True, tools=None, kwargs={})
-        earlier = template.render(messages[:-1], add_generation_prompt=False, tools=None, kwargs={})
-        assert not prompt.startswith(earlier)
-        assert conversation.of(prompt, earlier) == whole(prompt)
-        prompts.append(prompt)
-    assert whole_texts == prompts
+        messages = chat(("system", "Be brief."), ("user", question))
+        rendered = layer.render(messages, find_earlier=True)
+        assert rendered.earlier == "### system:\nBe brief.\n\n### user:\n"
+        assert rendered.tokens == whole(rendered.prompt)
+        start = layer.last_message_start(messages, rendered.tokens, rendered.earlier)
+        assert 0 < start <= len(whole(rendered.earlier))
+        assert rendered.tokens[:start] == whole(rendered.earlier)[:start]
 
 
 def test_a_cut_that_would_change_the_tokens_is_never_used() -> None:

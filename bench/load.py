@@ -123,6 +123,7 @@ class _StreamReader:
         self.stamps: list[float] = []
         self.cache_n: int | None = None
         self.prompt_ms = math.nan
+        self.stream_error = ""  # the message of the error event that ended the stream
 
     def failed(self, error: str) -> Timed:
         return Timed(ok=False, error=error, started=self.started, ended=time.perf_counter())
@@ -133,6 +134,8 @@ class _StreamReader:
             return True
         data = json.loads(line[6:])
         if "error" in data:
+            error = data["error"]
+            self.stream_error = str(error.get("message", error) if isinstance(error, dict) else error)[:120]
             return False
         if "timings" in data:
             self.cache_n = data["timings"].get("cache_n")
@@ -167,7 +170,7 @@ def stream_request(url: str, path: str, body: dict[str, Any], *, key: str | None
                 return reader.failed(f"HTTP {response.status_code}")
             for line in response.iter_lines():
                 if not reader.line(line):
-                    return reader.failed("in-stream error")
+                    return reader.failed(f"in-stream error ({reader.stream_error})")
     except httpx.HTTPError as exc:
         return reader.failed(type(exc).__name__)
     finally:
@@ -188,7 +191,7 @@ async def astream_request(client: httpx.AsyncClient, url: str, path: str, body: 
                 return reader.failed(f"HTTP {response.status_code}")
             async for line in response.aiter_lines():
                 if not reader.line(line):
-                    return reader.failed("in-stream error")
+                    return reader.failed(f"in-stream error ({reader.stream_error})")
     except httpx.HTTPError as exc:
         return reader.failed(type(exc).__name__)
     return reader.result()

@@ -206,11 +206,11 @@ class ChatLayer:
         if len(listed) < 2 or self.engine.require_ready().memory_kind == "attention":
             return None
         try:
-            text = self.template.render(listed[:-1], add_generation_prompt=False, tools=tools, kwargs=kwargs)
+            alone = self.template.render(listed[:-1], add_generation_prompt=False, tools=tools, kwargs=kwargs)
         except Exception:  # a template may refuse a conversation that does not end with a user turn
-            text = None
-        if text is not None and prompt.startswith(text):
-            return text
+            alone = None
+        if alone is not None and prompt.startswith(alone):
+            return alone
         # Qwen3.5's refuses a conversation with no user turn, and writes the last answer's (empty) think block only
         # while that answer ends the conversation: the earlier text is found in its rendering of the whole, up to
         # the last message's content (a stand-in), then cut back to the special token that opens that turn where
@@ -220,10 +220,10 @@ class ChatLayer:
             text = self.template.render([*listed[:-1], stand_in], add_generation_prompt=False, tools=tools,
                                         kwargs=kwargs)
         except Exception:
-            return None
+            return alone
         head, found, _ = text.partition(LAST_CONTENT_STAND_IN)
         if not found or not prompt.startswith(head):
-            return None
+            return alone  # no prefix, but where the prompt parts from it still bounds the last message's start
         return self._conversation.before_last_special(head) or head
 
     def last_message_start(self, messages: tuple[Message, ...], tokens: list[int], earlier: str | None) -> int:

@@ -184,3 +184,19 @@ def test_the_whole_prompt_is_tokenized_when_the_rest_opens_with_text_or_the_prom
     assert conversation.of(earlier, earlier) == whole(earlier)  # a last message rendered as nothing
     assert len(whole_texts) == 4 and not conversation._boundaries
     assert list(conversation._text_after) == [earlier]  # learned once: its next turns are not tokenized apart again
+
+
+def test_where_no_earlier_text_is_found_the_one_rendered_alone_still_bounds_the_checkpoint(model: LoadedModel) -> None:
+    # The conversation before the last message renders otherwise alone ("[end]" after its last turn), and the
+    # template changes the stand-in (upper case): nothing is cut, and the checkpoint goes where the two part.
+    template = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% if loop.last %}[end]"
+                            "{% endif %}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+                            "--chat-template")
+    layer = ChatLayer(HybridVocabulary(model), template, ServerDefaults())  # type: ignore[arg-type]
+    _, whole, _ = counted(model)
+    messages = chat(("system", "Be brief, and answer in Italian."), ("user", "hi"))
+    rendered = layer.render(messages, find_earlier=True)
+    assert rendered.earlier == "<system>BE BRIEF, AND ANSWER IN ITALIAN.[end]"
+    assert rendered.tokens == whole(rendered.prompt)
+    start = layer.last_message_start(messages, rendered.tokens, rendered.earlier)
+    assert 0 < start < len(whole(rendered.earlier)) and rendered.tokens[:start] == whole(rendered.earlier)[:start]

@@ -21,15 +21,13 @@ whole conversation, cut back to the special token that opens the last message's 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 from collections.abc import Callable
 
 # The end of the earlier text that a special token spanning the cut could start in: longer than any special token's
 # text in the course's vocabularies.
 BOUNDARY_CHARS = 64
 BOUNDARIES_KEPT = 256  # each kind: a template has a few, so this many means they keep changing
-EARLIER_KEPT = 64  # earlier texts whose tokens are kept: a class's system prompts, and conversations under way
 
 
 class ConversationTokens:
@@ -41,32 +39,18 @@ class ConversationTokens:
         self._prompt_tokens = prompt_tokens
         self._rest_tokens = rest_tokens
         self._piece = piece
-        self._earlier: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # least recently used first
-        self._earlier_lock = threading.Lock()  # the event loop and worker threads prepare chats
+        self.earlier = functools.lru_cache(maxsize=64)(self._tuple_of_tokens)
         self._boundaries: dict[tuple[str, bytes], bool] = {}  # (the earlier text's end, the opening token): clean
         self._text_after: set[str] = set()  # earlier texts' ends the next turn opens with text after
 
-    def earlier(self, text: str) -> tuple[int, ...]:
-        """The tokens of an earlier text (with the model's BOS), tokenized once while it is among the last used."""
-        with self._earlier_lock:
-            tokens = self._earlier.get(text)
-            if tokens is not None:
-                self._earlier.move_to_end(text)
-                return tokens
-        tokens = tuple(self._prompt_tokens(text))
-        self._remember(text, tokens)
-        return tokens
-
-    def _remember(self, text: str, tokens: tuple[int, ...]) -> None:
-        with self._earlier_lock:
-            self._earlier[text] = tokens
-            if len(self._earlier) > EARLIER_KEPT:
-                self._earlier.popitem(last=False)
+    def _tuple_of_tokens(self, text: str) -> tuple[int, ...]:
+        return tuple(self._prompt_tokens(text))
 
     def before_last_special(self, text: str) -> str | None:
         """`text` up to the last special token in it (the model's BOS aside), or None where it holds none: the
-        marker that opens a template's turn. llama.cpp cuts a text at its special tokens before it tokenizes
-        the rest, so the tokens before that one are the head's own; `of` still checks the cut once."""
+        marker that opens a template's turn. The head is tokenized on its own when used, never taken as the
+        tokens before that marker: a marker that strips the whitespace before it (llama.cpp's lstrip) would
+        make the two differ, and `of` checks a cut against the tokens it will use."""
         tokens = self.earlier(text)
         for index in range(len(tokens) - 1, 0, -1):
             if self._piece(tokens[index], True) and not self._piece(tokens[index], False):
@@ -78,11 +62,9 @@ class ConversationTokens:
         if not encoded.endswith(tail):  # a vocabulary that changes the text it tokenizes
             return None
         try:
-            head = encoded[:len(encoded) - len(tail)].decode("utf-8")
+            return encoded[:len(encoded) - len(tail)].decode("utf-8")
         except UnicodeDecodeError:
             return None
-        self._remember(head, tokens[:index])
-        return head
 
     def of(self, prompt: str, earlier: str | None) -> list[int]:
         """`prompt`'s tokens; `earlier` is the conversation before its last message, rendered (None: not known)."""

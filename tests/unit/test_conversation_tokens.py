@@ -120,9 +120,10 @@ def test_qwen35s_earlier_text_is_found_in_its_rendering_of_the_whole_conversatio
         assert rendered.tokens == whole(rendered.prompt)
         assert layer.last_message_start(messages, rendered.tokens, rendered.earlier) == len(whole(rendered.earlier))
         if index == len(first_turns) - 1:
-            # The system prompt was tokenized twice, for the first question only: in the text before the last
-            # message, and in the whole prompt that checks the cut; the other students' prompts, never.
-            assert sum(system in text for text in engine.texts) == 2
+            # The system prompt was tokenized three times, for the first question only: in the text before the last
+            # message's content, in the same cut back to the turn's marker, and in the whole prompt that checks the
+            # cut; the other students' prompts, never.
+            assert sum(system in text for text in engine.texts) == 3
 
 
 def test_the_earlier_text_ends_where_the_last_message_does_when_no_special_token_opens_its_turn(
@@ -172,6 +173,31 @@ def test_a_cut_that_would_change_the_tokens_is_never_used() -> None:
         assert conversation.of(prompt, earlier) == tokens(prompt)
     # the first compared with the cut, which proved unclean: every later prompt tokenized whole, and only whole
     assert whole_texts == [prompts[0], earlier, prompts[1], prompts[2]]
+
+
+def test_a_turns_marker_that_strips_the_whitespace_before_it_never_gets_a_cut() -> None:
+    # The earlier text found before the marker keeps its last newline, which the marker strips in the whole prompt:
+    # the cut is checked against the head's own tokens, so it is never used, now or after the head's tokens have
+    # been dropped from the cache and tokenized again.
+    special = 1000
+
+    def tokens(text: str) -> list[int]:
+        pieces = text.replace("\n<s>", "<s>").split("<s>")
+        out = list(pieces[0].encode())
+        for piece in pieces[1:]:
+            out += [special, *piece.encode()]
+        return out
+
+    def piece(token: int, with_special: bool) -> bytes:
+        return (b"<s>" if with_special else b"") if token == special else bytes([token])
+
+    conversation = ConversationTokens(tokens, tokens, piece)
+    head = conversation.before_last_special("<s>system\nBe brief.\n<s>user\n")
+    assert head == "<s>system\nBe brief.\n"
+    for question in ("one", "two"):
+        prompt = f"{head}<s>user\n{question}\n<s>assistant\n"
+        assert conversation.of(prompt, head) == tokens(prompt)
+        conversation.earlier.cache_clear()
 
 
 def test_the_whole_prompt_is_tokenized_when_the_rest_opens_with_text_or_the_prompt_goes_another_way(

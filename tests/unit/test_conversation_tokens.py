@@ -145,32 +145,35 @@ def test_the_earlier_text_ends_where_the_last_message_does_when_no_special_token
         assert rendered.tokens[:start] == whole(rendered.earlier)[:start]
 
 
+# A vocabulary whose special token `<s>` eats the newline before it (llama.cpp's lstrip), as some do: an earlier
+# text's last newline is a token of its own, but not in the whole prompt. Bytes are tokens.
+LSTRIP_SPECIAL = 1000
+
+
+def lstrip_tokens(text: str) -> list[int]:
+    pieces = text.replace("\n<s>", "<s>").split("<s>")
+    out = list(pieces[0].encode())
+    for piece in pieces[1:]:
+        out += [LSTRIP_SPECIAL, *piece.encode()]
+    return out
+
+
+def lstrip_piece(token: int, with_special: bool) -> bytes:
+    return (b"<s>" if with_special else b"") if token == LSTRIP_SPECIAL else bytes([token])
+
+
 def test_a_cut_that_would_change_the_tokens_is_never_used() -> None:
-    # A vocabulary whose special token eats the newline before it (llama.cpp's lstrip), as some do: the earlier
-    # text's last newline is a token of its own, but not in the whole prompt.
-    special = 1000
-
-    def tokens(text: str) -> list[int]:
-        pieces = text.replace("\n<s>", "<s>").split("<s>")
-        out = list(pieces[0].encode())
-        for piece in pieces[1:]:
-            out += [special, *piece.encode()]
-        return out
-
-    def piece(token: int, with_special: bool) -> bytes:
-        return (b"<s>" if with_special else b"") if token == special else bytes([token])
-
     whole_texts: list[str] = []
 
     def prompt_tokens(text: str) -> list[int]:
         whole_texts.append(text)
-        return tokens(text)
+        return lstrip_tokens(text)
 
-    conversation = ConversationTokens(prompt_tokens, tokens, piece)
+    conversation = ConversationTokens(prompt_tokens, lstrip_tokens, lstrip_piece)
     earlier = "<s>system\nBe brief.\n"
     prompts = [f"{earlier}<s>user\n{question}\n<s>assistant\n" for question in ("one", "two", "three")]
     for prompt in prompts:
-        assert conversation.of(prompt, earlier) == tokens(prompt)
+        assert conversation.of(prompt, earlier) == lstrip_tokens(prompt)
     # the first compared with the cut, which proved unclean: every later prompt tokenized whole, and only whole
     assert whole_texts == [prompts[0], earlier, prompts[1], prompts[2]]
 
@@ -179,24 +182,12 @@ def test_a_turns_marker_that_strips_the_whitespace_before_it_never_gets_a_cut() 
     # The earlier text found before the marker keeps its last newline, which the marker strips in the whole prompt:
     # the cut is checked against the head's own tokens, so it is never used, now or after the head's tokens have
     # been dropped from the cache and tokenized again.
-    special = 1000
-
-    def tokens(text: str) -> list[int]:
-        pieces = text.replace("\n<s>", "<s>").split("<s>")
-        out = list(pieces[0].encode())
-        for piece in pieces[1:]:
-            out += [special, *piece.encode()]
-        return out
-
-    def piece(token: int, with_special: bool) -> bytes:
-        return (b"<s>" if with_special else b"") if token == special else bytes([token])
-
-    conversation = ConversationTokens(tokens, tokens, piece)
+    conversation = ConversationTokens(lstrip_tokens, lstrip_tokens, lstrip_piece)
     head = conversation.before_last_special("<s>system\nBe brief.\n<s>user\n")
     assert head == "<s>system\nBe brief.\n"
     for question in ("one", "two"):
         prompt = f"{head}<s>user\n{question}\n<s>assistant\n"
-        assert conversation.of(prompt, head) == tokens(prompt)
+        assert conversation.of(prompt, head) == lstrip_tokens(prompt)
         conversation.earlier.cache_clear()
 
 

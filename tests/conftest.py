@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import ssl
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,8 +96,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(os.environ["HF_HOME"], ignore_errors=True)
+    _drop_temporary_bytecode(session.config)
     while _session_lock.is_locked:
         _session_lock.release()
+
+
+def _drop_temporary_bytecode(config: pytest.Config) -> None:
+    """Where the suite keeps bytecode under a prefix (above), what its scripts compiled in pytest's temporary
+    folders (a grader's virtual environment, the labs' copies: ~21 MB a run) is of no use to a later run, which gets
+    folders of its own: it goes with this run's folder, and with the folders pytest has since removed."""
+    factory = getattr(config, "_tmp_path_factory", None)  # pytest's own, the `tmp_path_factory` fixture's
+    if not sys.pycache_prefix or factory is None:
+        return
+    basetemp = factory.getbasetemp()
+    mirror = Path(sys.pycache_prefix) / basetemp.relative_to(basetemp.anchor)
+    gone = [mirror]
+    if re.fullmatch(r"pytest-\d+", basetemp.name):  # pytest numbers its folders and keeps the last three
+        gone += [old for old in mirror.parent.glob("pytest-*") if not (basetemp.parent / old.name).exists()]
+    for folder in gone:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

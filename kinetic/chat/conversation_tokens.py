@@ -53,7 +53,7 @@ class ConversationTokens:
         make the two differ, and `of` checks a cut against the tokens it will use."""
         tokens = self.earlier(text)
         for index in range(len(tokens) - 1, 0, -1):
-            if self._piece(tokens[index], True) and not self._piece(tokens[index], False):
+            if self._special_text(tokens[index]):
                 break
         else:
             return None
@@ -91,7 +91,10 @@ class ConversationTokens:
 
     def _opening_special(self, rest: str, token: int) -> bytes | None:
         """The text of the special token `rest` opens with, or None when it opens otherwise."""
+        text = self._special_text(token)
+        return text if text and rest.encode("utf-8").startswith(text) else None
+
+    def _special_text(self, token: int) -> bytes | None:
+        """A control token's text (it has one only when special tokens are written out), or None for another."""
         text = self._piece(token, True)
-        if text and not self._piece(token, False) and rest.encode("utf-8").startswith(text):
-            return text
-        return None
+        return text if text and not self._piece(token, False) else None

@@ -324,6 +324,8 @@ class Scheduler(SlotAdmission):
             return
         self.adapters.use(lora)
         status = llama_cpp.llama_decode(self.ctx.ctx, batch)
+        while status == 1 and self._purge_idle_slot():  # status 1 changed nothing: the same batch again
+            status = llama_cpp.llama_decode(self.ctx.ctx, batch)
         self.metrics["n_decode_total"] += 1
         self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)
         if status != 0:

@@ -1,0 +1,76 @@
+"""One KV pool shared by every slot (-kvu, the default without -np): idle slots keep their last prompt's cells in it.
+
+A class's distinct prompts filled the pool with cached prompts until each new one found no free cells, and every
+request after that failed with a 500 (llama_decode's status 1) while no request was running. Like llama-server
+(its try_clear_idle_slots), kinetic then purges the least recently used idle slot's cells, one slot at a time, and
+decodes the same batch again. A batch that the running requests alone overfill still fails with llama-server's
+message, and the server goes on serving.
+
+The real server on the bundled model, token prompts to /completion, so that the cells each one takes are known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server import KineticServer
+
+pytestmark = pytest.mark.e2e
+
+N_CTX = 1024
+PROMPT_TOKENS = 230  # four cached (with their answers: 4 x 238 cells) leave no room in 1024 for a fifth
+
+
+def prompt(index: int, n: int = PROMPT_TOKENS) -> list[int]:
+    """BOS, then tokens from the middle of Gemma's vocabulary; prompts of different indexes part at the second."""
+    return [2] + [1000 + (97 * index + 13 * k) % 20000 for k in range(n - 1)]
+
+
+def complete(url: str, tokens: list[int], **fields: Any) -> httpx.Response:
+    body = {"prompt": tokens, "n_predict": 8, "temperature": 0, "ignore_eos": True, **fields}
+    return httpx.post(url + "/completion", json=body, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def pool(model_lock: None) -> Iterator[KineticServer]:
+    with KineticServer("-c", str(N_CTX), "-np", "8", "-kvu") as server:
+        yield server
+
+
+def idle(url: str) -> bool:
+    return not any(slot["is_processing"] for slot in httpx.get(url + "/slots", timeout=30).json())
+
+
+def test_a_new_prompt_purges_the_least_recently_used_idle_slot(pool: KineticServer) -> None:
+    for index in range(4):
+        first = complete(pool.url, prompt(index))
+        assert first.status_code == 200, first.text
+    fifth = complete(pool.url, prompt(4))
+    assert fifth.status_code == 200, fifth.text
+    assert fifth.json()["tokens_predicted"] == 8 and fifth.json()["timings"]["prompt_n"] == PROMPT_TOKENS
+    assert "purging idle slot" in pool.log()
+    # only what the fifth needed went: the most recently used idle slot still holds its prompt
+    again = complete(pool.url, prompt(3))
+    assert again.status_code == 200, again.text
+    assert again.json()["timings"]["cache_n"] == PROMPT_TOKENS - 1
+    assert idle(pool.url)
+
+
+def test_a_batch_the_running_requests_overfill_fails_and_the_server_goes_on(pool: KineticServer) -> None:
+    # four prompts of 300 tokens, each answer 100 long: 1600 cells with every idle slot purged
+    with ThreadPoolExecutor(4) as workers:
+        answers = list(workers.map(lambda i: complete(pool.url, prompt(10 + i, 300), n_predict=100), range(4)))
+    failed = [a for a in answers if a.status_code != 200]
+    assert failed, [a.status_code for a in answers]
+    for answer in failed:
+        assert answer.status_code == 500
+        assert answer.json()["error"]["message"].startswith("Context size has been exceeded.")
+    assert idle(pool.url)
+    after = complete(pool.url, prompt(20))
+    assert after.status_code == 200, after.text
+    assert after.json()["tokens_predicted"] == 8

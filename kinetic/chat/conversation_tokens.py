@@ -9,10 +9,14 @@ is tokenized as those tokens, then the rest's.
 That is llama_tokenize's own answer when the rest opens with a special token: llama.cpp first cuts the text at its
 special tokens, then tokenizes each piece of plain text alone, so the cut at that token is one of its own. What
 could still differ lies next to the cut (a special token spanning it, one that strips the whitespace before it), and
-that text is the template's, the same for every student: the first prompt with a given end of the conversation and a
-given opening token is tokenized whole as well, and the two are compared; where they differ, that template's prompts
-are always tokenized whole. So are those whose next turn opens with text (a template whose markers are no special
-tokens of the model's vocabulary: ChatML on Gemma's), which is learned from the first.
+that text is the template's, the same for every student and every turn: the first prompt with a given end of the
+conversation (its text from its last special token on: the marker that ends a turn) and a given opening token is
+tokenized whole as well, and the two are compared; where they differ, that template's prompts are always tokenized
+whole. So are those whose next turn opens with text (a template whose markers are no special tokens of the model's
+vocabulary: ChatML on Gemma's), which is learned from the first. (Keyed on the conversation's last characters, which
+hold the last answer, each later turn of a chat tokenized its prompt once more to check its cut: a 7700-character
+chat in SmolLM2's vocabulary took 8.0 ms to render and tokenize on Qwen3.5's template, 3.6 ms keyed so; the
+prompt's tokens alone take 2.3 ms.)
 
 A template may render the conversation before the last message otherwise once something follows it, or refuse it
 alone (Qwen3.5's: see ChatLayer.earlier_text). The earlier text is then found in the template's rendering of the
@@ -22,12 +26,16 @@ whole conversation, cut back to the special token that opens the last message's 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-# The end of the earlier text that a special token spanning the cut could start in: longer than any special token's
-# text in the course's vocabularies.
+# The end of the earlier text that a special token spanning the cut could start in, where no special token ends it:
+# longer than any special token's text in the course's vocabularies.
 BOUNDARY_CHARS = 64
 BOUNDARIES_KEPT = 256  # each kind: a template has a few, so this many means they keep changing
+# Where the special token that ends an earlier text's last turn is looked for: among its last MARKER_TOKENS tokens for
+# the boundary's key, and in its last MARKER_CHARS characters for the marker that opens the last message's turn.
+MARKER_TOKENS = 16
+MARKER_CHARS = 256
 
 
 class ConversationTokens:
@@ -40,7 +48,9 @@ class ConversationTokens:
         self._rest_tokens = rest_tokens
         self._piece = piece
         self.earlier = functools.lru_cache(maxsize=64)(self._tuple_of_tokens)
-        self._boundaries: dict[tuple[str, bytes], bool] = {}  # (the earlier text's end, the opening token): clean
+        # the ends of texts a turn's marker is looked for in: a class's first turns all share one
+        self._ends = functools.lru_cache(maxsize=64)(lambda text: tuple(self._rest_tokens(text)))
+        self._boundaries: dict[tuple[tuple[bool, str], bytes], bool] = {}  # (_boundary, the opening token): clean
         self._text_after: set[str] = set()  # earlier texts' ends the next turn opens with text after
 
     def _tuple_of_tokens(self, text: str) -> tuple[int, ...]:
@@ -50,9 +60,18 @@ class ConversationTokens:
         """`text` up to the last special token in it (the model's BOS aside), or None where it holds none: the
         marker that opens a template's turn. The head is tokenized on its own when used, never taken as the
         tokens before that marker: a marker that strips the whitespace before it (llama.cpp's lstrip) would
-        make the two differ, and `of` checks a cut against the tokens it will use."""
-        tokens = self.earlier(text)
-        for index in range(len(tokens) - 1, 0, -1):
+        make the two differ, and `of` checks a cut against the tokens it will use. In a long text the marker is
+        looked for in its last MARKER_CHARS characters first (the last message's own markup): a later turn's head
+        holds the whole conversation, which is tokenized again for the cut anyway."""
+        if len(text) > MARKER_CHARS:
+            cut = self._cut_at_last_special(text, self._ends(text[-MARKER_CHARS:]), first=0)
+            if cut is not None:
+                return cut
+        return self._cut_at_last_special(text, self.earlier(text), first=1)
+
+    def _cut_at_last_special(self, text: str, tokens: Sequence[int], *, first: int) -> str | None:
+        """`text` up to the last special token among `tokens`, the tokens of its end, at index `first` or after."""
+        for index in range(len(tokens) - 1, first - 1, -1):
             if self._special_text(tokens[index]):
                 break
         else:
@@ -68,26 +87,43 @@ class ConversationTokens:
 
     def of(self, prompt: str, earlier: str | None) -> list[int]:
         """`prompt`'s tokens; `earlier` is the conversation before its last message, rendered (None: not known)."""
-        if earlier and prompt.startswith(earlier) and (tail := earlier[-BOUNDARY_CHARS:]) not in self._text_after:
-            rest = prompt[len(earlier):]
-            if not (rest_tokens := self._rest_tokens(rest)):  # a last message the template renders as nothing
-                return self._prompt_tokens(prompt)
-            opening = self._opening_special(rest, rest_tokens[0])
-            if opening is None:  # the template's next turn opens with text in this vocabulary: never cut here
-                if len(self._text_after) >= BOUNDARIES_KEPT:
-                    self._text_after.clear()
-                self._text_after.add(tail)
-                return self._prompt_tokens(prompt)
-            clean = self._boundaries.get((tail, opening))
-            if clean:
-                return list(self.earlier(earlier)) + rest_tokens
-            if clean is None:
-                whole = self._prompt_tokens(prompt)
-                if len(self._boundaries) >= BOUNDARIES_KEPT:
-                    self._boundaries.clear()
-                self._boundaries[tail, opening] = whole == list(self.earlier(earlier)) + rest_tokens
-                return whole
+        if not earlier or not prompt.startswith(earlier) or earlier[-BOUNDARY_CHARS:] in self._text_after:
+            return self._prompt_tokens(prompt)
+        rest = prompt[len(earlier):]
+        if not (rest_tokens := self._rest_tokens(rest)):  # a last message the template renders as nothing
+            return self._prompt_tokens(prompt)
+        opening = self._opening_special(rest, rest_tokens[0])
+        if opening is None:  # the template's next turn opens with text in this vocabulary: never cut here
+            if len(self._text_after) >= BOUNDARIES_KEPT:
+                self._text_after.clear()
+            self._text_after.add(earlier[-BOUNDARY_CHARS:])
+            return self._prompt_tokens(prompt)
+        before = list(self.earlier(earlier))
+        key = (self._boundary(earlier, before), opening)
+        clean = self._boundaries.get(key)
+        if clean:
+            return before + rest_tokens
+        if clean is None:
+            whole = self._prompt_tokens(prompt)
+            if len(self._boundaries) >= BOUNDARIES_KEPT:
+                self._boundaries.clear()
+            self._boundaries[key] = whole == before + rest_tokens
+            return whole
         return self._prompt_tokens(prompt)
+
+    def _boundary(self, earlier: str, tokens: list[int]) -> tuple[bool, str]:
+        """What decides the tokens next to a cut after `earlier`: its text from its last special token on (the end
+        marker of a turn, and the newline after it, which a template writes the same at every turn), else its last
+        BOUNDARY_CHARS characters. llama.cpp tokenizes the text after a special token on its own, so nothing before
+        that token can change at the cut. Keyed on characters, every later turn of a chat had a new boundary (its
+        last answer's end), checked by tokenizing its prompt whole once more."""
+        for index in range(len(tokens) - 1, max(0, len(tokens) - MARKER_TOKENS), -1):  # the BOS aside
+            if self._special_text(tokens[index]):
+                tail = b"".join(self._piece(token, True) for token in tokens[index:])
+                if earlier.encode("utf-8").endswith(tail):
+                    return True, tail.decode("utf-8", errors="surrogateescape")
+                break
+        return False, earlier[-BOUNDARY_CHARS:]
 
     def _opening_special(self, rest: str, token: int) -> bytes | None:
         """The text of the special token `rest` opens with, or None when it opens otherwise."""

@@ -68,9 +68,9 @@ def test_every_students_prompt_gets_the_tokens_of_the_whole_and_the_system_promp
         prompt, earlier = rendered(system, question, TEMPLATES[name])
         assert prompt.startswith(earlier)
         assert conversation.of(prompt, earlier) == whole(prompt), question
-    # the first prompt is tokenized whole (the cut is checked against it), then only the earlier text once
+    # the earlier text once, and the first prompt whole (the cut is checked against it), then nothing whole
     _, earlier = rendered(system, "", TEMPLATES[name])
-    assert whole_texts == [rendered(system, QUESTIONS[0], TEMPLATES[name])[0], earlier]
+    assert whole_texts == [earlier, rendered(system, QUESTIONS[0], TEMPLATES[name])[0]]
 
 
 class HybridVocabulary:
@@ -120,10 +120,40 @@ def test_qwen35s_earlier_text_is_found_in_its_rendering_of_the_whole_conversatio
         assert rendered.tokens == whole(rendered.prompt)
         assert layer.last_message_start(messages, rendered.tokens, rendered.earlier) == len(whole(rendered.earlier))
         if index == len(first_turns) - 1:
-            # The system prompt was tokenized three times, for the first question only: in the text before the last
-            # message's content, in the same cut back to the turn's marker, and in the whole prompt that checks the
-            # cut; the other students' prompts, never.
-            assert sum(system in text for text in engine.texts) == 3
+            # The system prompt was tokenized twice, for the first question only: in the text before the last
+            # message's content cut back to the turn's marker (which was looked for in the text's end alone), and in
+            # the whole prompt that checks the cut; the other students' prompts, never.
+            assert sum(system in text for text in engine.texts) == 2
+
+
+@pytest.mark.parametrize("name", ["Qwen3.5-4B", "LFM2.5-Instruct"])
+def test_a_chats_later_turns_tokenize_their_conversation_once(model: LoadedModel, name: str) -> None:
+    # Every later turn ends its earlier text with a new answer; the boundary after it is the template's turn end,
+    # the same at every turn, so only the first later turn checks its cut against the whole prompt.
+    engine = HybridVocabulary(model)
+    layer = ChatLayer(engine, TEMPLATES[name], ServerDefaults())  # type: ignore[arg-type]
+    _, whole, _ = counted(model)
+    messages: tuple[Message, ...] = chat(("system", "Rispondi in italiano, in modo breve. " * 10))
+    for turn in range(5):
+        messages = (*messages, *chat(("user", f"Domanda {turn}: che cos'è uno slot?")))
+        engine.texts.clear()
+        rendered = layer.render(messages, find_earlier=True)
+        assert rendered.tokens == whole(rendered.prompt)
+        assert rendered.earlier is not None and rendered.prompt.startswith(rendered.earlier)
+        assert layer.last_message_start(messages, rendered.tokens, rendered.earlier) == len(whole(rendered.earlier))
+        if turn >= 2:
+            assert rendered.prompt not in engine.texts
+            assert sum(len(text) for text in engine.texts) < 1.2 * len(rendered.prompt)
+        messages = (*messages, *chat(("assistant", f"Uno slot tiene la cache di una richiesta. ({turn}) " * 8)))
+
+
+def test_the_marker_far_from_a_long_texts_end_is_still_found(model: LoadedModel) -> None:
+    conversation, _, _ = counted(model)
+    head = "<|im_start|>system\nBe brief.<|im_end|>\n"
+    assert conversation.before_last_special(head + "x" * 600) == "<|im_start|>system\nBe brief."
+    assert conversation.before_last_special(head + "x" * 100) == "<|im_start|>system\nBe brief."
+    assert conversation.before_last_special("x" * 600 + head) == "x" * 600 + "<|im_start|>system\nBe brief."
+    assert conversation.before_last_special("x" * 600) is None
 
 
 def test_the_earlier_text_ends_where_the_last_message_does_when_no_special_token_opens_its_turn(
@@ -175,7 +205,7 @@ def test_a_cut_that_would_change_the_tokens_is_never_used() -> None:
     for prompt in prompts:
         assert conversation.of(prompt, earlier) == lstrip_tokens(prompt)
     # the first compared with the cut, which proved unclean: every later prompt tokenized whole, and only whole
-    assert whole_texts == [prompts[0], earlier, prompts[1], prompts[2]]
+    assert whole_texts == [earlier, prompts[0], prompts[1], prompts[2]]
 
 
 def test_a_turns_marker_that_strips_the_whitespace_before_it_never_gets_a_cut() -> None:

@@ -3,8 +3,9 @@
 A class's distinct prompts filled the pool with cached prompts until each new one found no free cells, and every
 request after that failed with a 500 (llama_decode's status 1) while no request was running. Like llama-server
 (its try_clear_idle_slots), kinetic then purges the least recently used idle slot's cells, one slot at a time, and
-decodes the same batch again. A batch that the running requests alone overfill still fails with llama-server's
-message, and the server goes on serving.
+decodes the same batch again. When the running requests alone overfill it, one of them fails with llama-server's
+message (a prompt still being read, the newest first, else the slot holding the most cells) and the others go on;
+llama-server fails every request in the batch there.
 
 The real server on the bundled model, token prompts to /completion, so that the cells each one takes are known.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from httpx_sse import connect_sse
 
 from tests.server import KineticServer
 
@@ -74,3 +76,24 @@ def test_a_batch_the_running_requests_overfill_fails_and_the_server_goes_on(pool
     after = complete(pool.url, prompt(20))
     assert after.status_code == 200, after.text
     assert after.json()["tokens_predicted"] == 8
+
+
+def test_a_prompt_that_overfills_the_pool_fails_alone_and_the_running_stream_goes_on(pool: KineticServer) -> None:
+    # a stream that will hold 900 cells, then a 450-token prompt: 1350 > 1024 with every idle slot purged
+    body = {"prompt": prompt(30, 600), "n_predict": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+    texts: list[str] = []
+    with httpx.Client(timeout=300) as client, connect_sse(client, "POST", pool.url + "/completion", json=body) as sse:
+        events = sse.iter_sse()
+        texts.append(next(events).json()["content"])
+        newcomer = complete(pool.url, prompt(31, 450))
+        final: dict[str, Any] = {}
+        for event in events:
+            data = event.json()
+            texts.append(data.get("content", ""))
+            if data.get("stop"):
+                final = data
+    assert newcomer.status_code == 500
+    assert newcomer.json()["error"]["message"].startswith("Context size has been exceeded.")
+    assert final["tokens_predicted"] == 300 and final["stop_type"] == "limit", final
+    assert idle(pool.url)
+    assert complete(pool.url, prompt(32)).status_code == 200

@@ -228,26 +228,6 @@ class SlotAdmission:
         self._drop_cells(slot)
         return 0
 
-    def _purge_idle_slot(self) -> bool:
-        """Frees the cells of the least recently used idle slot that holds any, after a batch found a unified KV
-        pool full (llama_decode's status 1): idle slots keep their last prompt there, and a class's distinct prompts
-        fill it until every new prompt fails (2026-12-07: four 237-token prompts filled `-c 1024`, and each request
-        after them got a 500). Its state goes to the host cache first, as when a new prompt takes a slot
-        (--cache-idle-slots). llama-server purges one idle slot at a time as well, and retries the batch. False when
-        no idle slot holds any cells, or the slots do not share one pool."""
-        if not self.kv_unified:
-            return False
-        holding = [s for s in self.slots if s.job is None and s.tokens]
-        if not holding:
-            return False
-        slot = min(holding, key=lambda s: s.last_used)
-        log.warning("the KV cache is full: purging idle slot %d with %d tokens", slot.id, len(slot.tokens))
-        if self.long_context.cache_idle_slots and len(slot.tokens) >= MIN_SHARED_PREFIX:
-            self.host_cache.save(slot.id, slot.tokens, slot.lora)
-        self._forget_cache(slot)
-        slot.held_media = ()
-        return True
-
     def _drop_cells(self, slot: Slot) -> None:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, -1, -1)

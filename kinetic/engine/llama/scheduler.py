@@ -16,9 +16,10 @@ the way through a prompt (its checkpoints: a few tokens before the end, as llama
 where the prompt parts from the longest one seen before it, which is the end of a class's shared system prompt), so
 that the next prompts that start the same way restore one instead of evaluating it again, on any slot.
 
-Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; the slots and jobs
-themselves are slots.py's. With speculative decoding (speculative.py) a generating slot puts a draft after its last
-token in the same batch, and its rows are verified one after the other.
+Which idle slot a waiting job gets and how much of its prompt it can skip is admission.py's part; what a step does
+when the KV pool is full, full_pool.py's; the slots and jobs themselves are slots.py's. With speculative decoding
+(speculative.py) a generating slot puts a draft after its last token in the same batch, and its rows are verified
+one after the other.
 
 Waiting requests queue per client and free slots go round-robin across clients (fairqueue.py); the prompt budget of
 each step is shared by every slot still reading its prompt, so a long prompt never holds back the others. Events
@@ -50,6 +51,7 @@ from kinetic.engine.llama.batch import add_token, decode_failure
 from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
 from kinetic.engine.llama.decode_calls import DecodeCalls
+from kinetic.engine.llama.full_pool import FullPool
 from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.inbox import deliver_step
 from kinetic.engine.llama.media import Projector
@@ -70,7 +72,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Scheduler(SlotAdmission):
+class Scheduler(SlotAdmission, FullPool):
     """Owns the generation context, its slots and the waiting queue; a member of the compute thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,
@@ -324,7 +326,9 @@ class Scheduler(SlotAdmission):
             return
         self.adapters.use(lora)
         status = llama_cpp.llama_decode(self.ctx.ctx, batch)
-        while status == 1 and self._purge_idle_slot():  # status 1 changed nothing: the same batch again
+        while status == 1 and self._make_room(sample_rows, evaluated):  # status 1 changed nothing (full_pool.py)
+            if batch.n_tokens == 0:
+                return
             status = llama_cpp.llama_decode(self.ctx.ctx, batch)
         self.metrics["n_decode_total"] += 1
         self.metrics["n_busy_slots_total"] += sum(1 for s in self.slots if s.job is not None)

@@ -60,6 +60,10 @@ def test_a_new_prompt_purges_the_least_recently_used_idle_slot(pool: KineticServ
     again = complete(pool.url, prompt(3))
     assert again.status_code == 200, again.text
     assert again.json()["timings"]["cache_n"] == PROMPT_TOKENS - 1
+    # and the purged one was saved to the host cache first: restored there, after another idle slot made room
+    purged = complete(pool.url, prompt(0))
+    assert purged.status_code == 200, purged.text
+    assert purged.json()["timings"]["cache_n"] == PROMPT_TOKENS - 1
     assert idle(pool.url)
 
 

@@ -4,7 +4,8 @@ With one pool for every slot (-kvu, the default with -np auto), idle slots keep 
 a class's distinct prompts filled it until each new one found no room: every request after that failed with a 500
 while none was running (2026-12-07: four 237-token prompts filled `-c 1024`). llama-server then purges one idle
 slot's cells at a time and decodes the batch again (try_clear_idle_slots); kinetic does too, the least recently used
-first, its state saved to the host cache (--cache-idle-slots) as when a new prompt takes a slot.
+first, its state saved to the host cache (--cache-idle-slots) as when a new prompt takes a slot (admission.py purges
+the same way when a saved state finds no room to be restored into).
 
 When the running requests alone overfill the pool, llama-server fails every request in the batch ("Context size has
 been exceeded.", its own TODO: "terminate only the largest active slot"): one student's long prompt ended every
@@ -18,11 +19,8 @@ import logging
 
 from llama_cpp import _internals
 
-from kinetic.engine.llama.admission import MIN_SHARED_PREFIX
 from kinetic.engine.llama.batch import decode_failure, drop_sequence
-from kinetic.engine.llama.host_cache import HostPrefixCache
 from kinetic.engine.llama.slots import Job, Slot
-from kinetic.engine.options import LongContext
 from kinetic.engine.types import Event
 from kinetic.errors import ServerError
 
@@ -34,8 +32,6 @@ class FullPool:
 
     slots: list[Slot]
     kv_unified: bool
-    long_context: LongContext
-    host_cache: HostPrefixCache
     batch: _internals.LlamaBatch
 
     def _emit(self, job: Job, event: Event | BaseException) -> None:
@@ -47,23 +43,15 @@ class FullPool:
     def _forget_cache(self, slot: Slot) -> None:
         raise NotImplementedError
 
-    def _make_room(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
-        """After a batch found no free cells: purges an idle slot, else fails one request in the batch (taking
-        its tokens and rows out of the batch, `rows` and `evaluated`). False where nothing can give way: then
-        the batch fails. Slots with pools of their own (-np without -kvu) outgrow only their own: nothing here."""
-        return self.kv_unified and (self._purge_idle_slot() or self._shed(rows, evaluated))
+    def _purge_idle_slot(self, but: Slot | None = None) -> bool:
+        raise NotImplementedError
 
-    def _purge_idle_slot(self) -> bool:
-        holding = [s for s in self.slots if s.job is None and s.tokens]
-        if not holding:
-            return False
-        slot = min(holding, key=lambda s: s.last_used)
-        log.warning("the KV cache is full: purging idle slot %d with %d tokens", slot.id, len(slot.tokens))
-        if self.long_context.cache_idle_slots and len(slot.tokens) >= MIN_SHARED_PREFIX:
-            self.host_cache.save(slot.id, slot.tokens, slot.lora)
-        self._forget_cache(slot)
-        slot.held_media = ()
-        return True
+    def _make_room(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
+        """After a batch found no free cells: purges an idle slot (admission.py), else fails one request in the
+        batch (taking its tokens and rows out of the batch, `rows` and `evaluated`). False where nothing can give
+        way: then the batch fails. Slots with pools of their own (-np without -kvu) outgrow only their own: nothing
+        here."""
+        return self.kv_unified and (self._purge_idle_slot() or self._shed(rows, evaluated))
 
     def _shed(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
         in_batch = {s.id: s for s, _ in rows} | {s.id: s for s in evaluated}

@@ -19,32 +19,18 @@ import logging
 
 from llama_cpp import _internals
 
+from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import decode_failure, drop_sequence
-from kinetic.engine.llama.slots import Job, Slot
-from kinetic.engine.types import Event
+from kinetic.engine.llama.slots import Slot
 from kinetic.errors import ServerError
 
 log = logging.getLogger(__name__)
 
 
-class FullPool:
-    """The Scheduler's way out of a full KV pool (a mixin, as admission.SlotAdmission)."""
+class FullPool(SlotAdmission):
+    """The Scheduler's way out of a full KV pool, over its admission half (a mixin as that one is)."""
 
-    slots: list[Slot]
-    kv_unified: bool
     batch: _internals.LlamaBatch
-
-    def _emit(self, job: Job, event: Event | BaseException) -> None:
-        raise NotImplementedError
-
-    def _release(self, slot: Slot) -> None:
-        raise NotImplementedError
-
-    def _forget_cache(self, slot: Slot) -> None:
-        raise NotImplementedError
-
-    def _purge_idle_slot(self, but: Slot | None = None) -> bool:
-        raise NotImplementedError
 
     def _make_room(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
         """After a batch found no free cells: purges an idle slot (admission.py), else fails one request in the

@@ -46,7 +46,6 @@ from llama_cpp import _internals
 
 from kinetic.engine.llama import admission
 from kinetic.engine.llama.adapter_turns import AdapterTurns
-from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import add_token, decode_failure
 from kinetic.engine.llama.compute_thread import COMPUTE_THREAD
 from kinetic.engine.llama.context_shift import MemoryCells, allowed, shift_slot
@@ -72,7 +71,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Scheduler(SlotAdmission, FullPool):
+class Scheduler(FullPool):
     """Owns the generation context, its slots and the waiting queue; a member of the compute thread."""
 
     def __init__(self, model: LoadedModel, *, n_ctx: int, n_slots: int, kv_unified: bool, n_threads: int,

@@ -222,8 +222,12 @@ class SlotAdmission:
         """Gives `slot` the host cache's state `saved`, cut to its first `n` tokens (whole on exact states)."""
         self._drop_cells(slot)
         restored = self.host_cache.restore(saved, slot.id)
-        # a full pool: idle slots make room, as for a batch (while the state is kept: a purge saves one too)
-        while not restored and saved in self.host_cache.entries and self._purge_idle_slot(but=slot):
+        # A full pool: idle slots make room, as for a batch, up to the state's own size (a state refused for another
+        # reason costs no more caches than that), while the state is kept (a purge saves one too).
+        freed = 0
+        while not restored and freed < len(saved) and saved in self.host_cache.entries and (
+                purged := self._purge_idle_slot(but=slot)):
+            freed += purged
             restored = self.host_cache.restore(saved, slot.id)
         if restored and (n == len(saved) or llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.id, n, -1)):
             self.metrics["prompt_tokens_restored_total"] = self.metrics.get("prompt_tokens_restored_total", 0) + n
@@ -231,21 +235,22 @@ class SlotAdmission:
         self._drop_cells(slot)
         return 0
 
-    def _purge_idle_slot(self, but: Slot | None = None) -> bool:
+    def _purge_idle_slot(self, but: Slot | None = None) -> int:
         """Frees the cells of the least recently used idle slot (`but` aside) that holds any, where one KV pool
         holds every slot's and has no room left (full_pool.py), its state saved to the host cache first as when a
-        new prompt takes a slot (--cache-idle-slots). False when no such slot is left, or the slots do not share one
-        pool."""
+        new prompt takes a slot (--cache-idle-slots): how many tokens it held. 0 when no such slot is left, or the
+        slots do not share one pool."""
         holding = [s for s in self.slots if s.job is None and s.tokens and s is not but] if self.kv_unified else []
         if not holding:
-            return False
+            return 0
         slot = min(holding, key=lambda s: s.last_used)
         log.warning("the KV cache is full: purging idle slot %d with %d tokens", slot.id, len(slot.tokens))
         if self.long_context.cache_idle_slots and len(slot.tokens) >= MIN_SHARED_PREFIX:
             self.host_cache.save(slot.id, slot.tokens, slot.lora)
+        n_tokens = len(slot.tokens)
         self._forget_cache(slot)
         slot.held_media = ()
-        return True
+        return n_tokens
 
     def _drop_cells(self, slot: Slot) -> None:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""

@@ -37,7 +37,7 @@ class FullPool(SlotAdmission):
         batch (taking its tokens and rows out of the batch, `rows` and `evaluated`). False where nothing can give
         way: then the batch fails. Slots with pools of their own (-np without -kvu) outgrow only their own: nothing
         here."""
-        return self.kv_unified and (self._purge_idle_slot() or self._shed(rows, evaluated))
+        return self.kv_unified and (self._purge_idle_slot() > 0 or self._shed(rows, evaluated))
 
     def _shed(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
         in_batch = {s.id: s for s, _ in rows} | {s.id: s for s in evaluated}

@@ -5,9 +5,11 @@ request after that failed with a 500 (llama_decode's status 1) while no request 
 (its try_clear_idle_slots), kinetic then purges the least recently used idle slot's cells, one slot at a time, and
 decodes the same batch again. When the running requests alone overfill it, one of them fails with llama-server's
 message (a prompt still being read, the newest first, else the slot holding the most cells) and the others go on;
-llama-server fails every request in the batch there.
+llama-server fails every request in the batch there. A saved state (the host cache's, a hybrid model's checkpoint)
+restored into a full pool makes room the same way.
 
-The real server on the bundled model, token prompts to /completion, so that the cells each one takes are known.
+The real server on the bundled model, and on the tests' tiny Qwen3.5 (hybrid, the course's layer pattern), token
+prompts to /completion, so that the cells each one takes are known.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from kinetic.engine.llama.admission import CHECKPOINT_END_OFFSET
+from tests.hybrid_model import tiny_model
 from tests.server import KineticServer
 
 pytestmark = pytest.mark.e2e
@@ -101,3 +105,16 @@ def test_a_prompt_that_overfills_the_pool_fails_alone_and_the_running_stream_goe
     assert final["tokens_predicted"] == 300 and final["stop_type"] == "limit", final
     assert idle(pool.url)
     assert complete(pool.url, prompt(32)).status_code == 200
+
+
+def test_the_course_models_pool_makes_room_and_restores_its_checkpoints(model_lock: None) -> None:
+    with KineticServer("-m", str(tiny_model("qwen35")), "-c", str(N_CTX), "-np", "8", "-kvu") as server:
+        for index in range(6):
+            answer = complete(server.url, prompt(index))
+            assert answer.status_code == 200, answer.text
+        for index in (0, 5):  # each one's checkpoint, saved 4 tokens before its end, is restored into the full pool
+            again = complete(server.url, prompt(index))
+            assert again.status_code == 200, again.text
+            assert again.json()["timings"]["cache_n"] == PROMPT_TOKENS - CHECKPOINT_END_OFFSET
+        assert "purging idle slot" in server.log()
+        assert idle(server.url)

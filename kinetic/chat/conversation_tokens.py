@@ -71,19 +71,23 @@ class ConversationTokens:
 
     def _cut_at_last_special(self, text: str, tokens: Sequence[int], *, first: int) -> str | None:
         """`text` up to the last special token among `tokens`, the tokens of its end, at index `first` or after."""
-        for index in range(len(tokens) - 1, first - 1, -1):
-            if self._special_text(tokens[index]):
-                break
-        else:
+        tail = self._from_last_special(text, tokens, first=first)
+        if tail is None:
             return None
-        tail = b"".join(self._piece(token, True) for token in tokens[index:])
         encoded = text.encode("utf-8")
-        if not encoded.endswith(tail):  # a vocabulary that changes the text it tokenizes
-            return None
         try:
             return encoded[:len(encoded) - len(tail)].decode("utf-8")
         except UnicodeDecodeError:
             return None
+
+    def _from_last_special(self, text: str, tokens: Sequence[int], *, first: int) -> bytes | None:
+        """The text of `tokens` (the tokens of `text`'s end) from the last special token among them, at index
+        `first` or after, on; None where there is none, or where the vocabulary changed the text it tokenized."""
+        for index in range(len(tokens) - 1, first - 1, -1):
+            if self._special_text(tokens[index]):
+                tail = b"".join(self._piece(token, True) for token in tokens[index:])
+                return tail if text.encode("utf-8").endswith(tail) else None
+        return None
 
     def of(self, prompt: str, earlier: str | None) -> list[int]:
         """`prompt`'s tokens; `earlier` is the conversation before its last message, rendered (None: not known)."""
@@ -98,31 +102,28 @@ class ConversationTokens:
                 self._text_after.clear()
             self._text_after.add(earlier[-BOUNDARY_CHARS:])
             return self._prompt_tokens(prompt)
-        before = list(self.earlier(earlier))
+        before = self.earlier(earlier)
         key = (self._boundary(earlier, before), opening)
         clean = self._boundaries.get(key)
         if clean:
-            return before + rest_tokens
+            return [*before, *rest_tokens]
         if clean is None:
             whole = self._prompt_tokens(prompt)
             if len(self._boundaries) >= BOUNDARIES_KEPT:
                 self._boundaries.clear()
-            self._boundaries[key] = whole == before + rest_tokens
+            self._boundaries[key] = whole == [*before, *rest_tokens]
             return whole
         return self._prompt_tokens(prompt)
 
-    def _boundary(self, earlier: str, tokens: list[int]) -> tuple[bool, str]:
+    def _boundary(self, earlier: str, tokens: Sequence[int]) -> tuple[bool, str]:
         """What decides the tokens next to a cut after `earlier`: its text from its last special token on (the end
         marker of a turn, and the newline after it, which a template writes the same at every turn), else its last
         BOUNDARY_CHARS characters. llama.cpp tokenizes the text after a special token on its own, so nothing before
         that token can change at the cut. Keyed on characters, every later turn of a chat had a new boundary (its
         last answer's end), checked by tokenizing its prompt whole once more."""
-        for index in range(len(tokens) - 1, max(0, len(tokens) - MARKER_TOKENS), -1):  # the BOS aside
-            if self._special_text(tokens[index]):
-                tail = b"".join(self._piece(token, True) for token in tokens[index:])
-                if earlier.encode("utf-8").endswith(tail):
-                    return True, tail.decode("utf-8", errors="surrogateescape")
-                break
+        tail = self._from_last_special(earlier, tokens, first=max(1, len(tokens) - MARKER_TOKENS + 1))  # BOS aside
+        if tail is not None:
+            return True, tail.decode("utf-8", errors="surrogateescape")
         return False, earlier[-BOUNDARY_CHARS:]
 
     def _opening_special(self, rest: str, token: int) -> bytes | None:

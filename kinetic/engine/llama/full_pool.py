@@ -22,7 +22,7 @@ from llama_cpp import _internals
 from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import decode_failure, drop_sequence
 from kinetic.engine.llama.slots import Slot
-from kinetic.errors import ServerError
+from kinetic.errors import KineticError, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,9 @@ class FullPool(SlotAdmission):
     """The Scheduler's way out of a full KV pool, over its admission half (a mixin as that one is)."""
 
     batch: _internals.LlamaBatch
+
+    def _fail_slot(self, slot: Slot, error: KineticError) -> None:
+        raise NotImplementedError
 
     def _make_room(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
         """After a batch found no free cells: purges an idle slot (admission.py), else fails one request in the
@@ -46,12 +49,9 @@ class FullPool(SlotAdmission):
             return False
         reading = [s for s in running if not s.generated]
         slot = max(reading, key=lambda s: s.id_task) if reading else max(running, key=lambda s: len(s.tokens))
-        assert slot.job is not None
         log.warning("the KV cache is full: request %d on slot %d gives way (%d tokens)", slot.id_task, slot.id,
                     len(slot.tokens))
-        self._emit(slot.job, ServerError(decode_failure(1)))
-        self._forget_cache(slot)
-        self._release(slot)
+        self._fail_slot(slot, ServerError(decode_failure(1)))
         moved = drop_sequence(self.batch, slot.id)
         rows[:] = [(s, moved[row]) for s, row in rows if s is not slot]
         evaluated[:] = [s for s in evaluated if s is not slot]

@@ -281,9 +281,7 @@ class Scheduler(FullPool):
             log.exception("decode step failed")
             for slot in self.slots:
                 if slot.job is not None:
-                    self._emit(slot.job, ServerError(f"generation failed: {exc}"))
-                    self._forget_cache(slot)
-                    self._release(slot)
+                    self._fail_slot(slot, ServerError(f"generation failed: {exc}"))
         try:
             self._flush()
         except Exception:
@@ -336,9 +334,7 @@ class Scheduler(FullPool):
             in_batch = {s.id for s, _ in sample_rows} | {s.id for s in evaluated}
             for slot in self.slots:
                 if slot.id in in_batch and slot.job is not None:
-                    self._emit(slot.job, ServerError(decode_failure(status)))
-                    self._forget_cache(slot)
-                    self._release(slot)
+                    self._fail_slot(slot, ServerError(decode_failure(status)))
             return
         for slot in evaluated:
             self._save_checkpoint(slot)
@@ -362,9 +358,7 @@ class Scheduler(FullPool):
                 self.projector.evaluate(self.ctx, span, slot.id, self.n_batch)
             except RuntimeError as exc:
                 log.exception("evaluating media on slot %d failed", slot.id)
-                self._emit(slot.job, ServerError(f"generation failed: {exc}"))
-                self._forget_cache(slot)
-                self._release(slot)
+                self._fail_slot(slot, ServerError(f"generation failed: {exc}"))
                 return
             slot.tokens += slot.to_evaluate[:span.n_pos]
             slot.to_evaluate = slot.to_evaluate[span.n_pos:]
@@ -489,6 +483,14 @@ class Scheduler(FullPool):
     def _forget_cache(self, slot: Slot) -> None:
         self._drop_cells(slot)
         slot.tokens = []
+
+    def _fail_slot(self, slot: Slot, error: KineticError) -> None:
+        """On the decode thread: the slot's request gets `error`, and the slot is freed with nothing cached (what a
+        failed computation left in its cells is not known)."""
+        assert slot.job is not None
+        self._emit(slot.job, error)
+        self._forget_cache(slot)
+        self._release(slot)
 
 
 def _nothing() -> None:

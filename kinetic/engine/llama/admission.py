@@ -249,7 +249,6 @@ class SlotAdmission:
             self.host_cache.save(slot.id, slot.tokens, slot.lora)
         n_tokens = len(slot.tokens)
         self._forget_cache(slot)
-        slot.held_media = ()
         return n_tokens
 
     def _drop_cells(self, slot: Slot) -> None:

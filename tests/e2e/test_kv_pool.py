@@ -109,12 +109,16 @@ def test_a_prompt_that_overfills_the_pool_fails_alone_and_the_running_stream_goe
 
 def test_the_course_models_pool_makes_room_and_restores_its_checkpoints(model_lock: None) -> None:
     with KineticServer("-m", str(tiny_model("qwen35")), "-c", str(N_CTX), "-np", "8", "-kvu") as server:
+        fresh: dict[int, str] = {}
         for index in range(6):
             answer = complete(server.url, prompt(index))
             assert answer.status_code == 200, answer.text
+            assert answer.json()["timings"]["cache_n"] == 0
+            fresh[index] = answer.json()["content"]
         for index in (0, 5):  # each one's checkpoint, saved 4 tokens before its end, is restored into the full pool
             again = complete(server.url, prompt(index))
             assert again.status_code == 200, again.text
             assert again.json()["timings"]["cache_n"] == PROMPT_TOKENS - CHECKPOINT_END_OFFSET
+            assert again.json()["content"] == fresh[index]  # greedy: the restored state answers as a fresh one
         assert "purging idle slot" in server.log()
         assert idle(server.url)

@@ -27,11 +27,19 @@ class FairQueue(Generic[T]):
         self._last_served: dict[str, int] = {}
         self._priority: dict[str, int] = {}  # of the clients waiting now
         self._arrivals = itertools.count()
+        self._returns = itertools.count(-1, -1)  # given back: before every arrival, the latest first
         self._services = itertools.count(1)
 
     def push(self, client: str, item: T, priority: int = 0) -> None:
         self._lines.setdefault(client, deque()).append((next(self._arrivals), item))
         self._priority[client] = priority
+
+    def give_back(self, client: str, item: T, priority: int = 0) -> None:
+        """An item that had been served and lost its place (a prompt with no room to be read) waits again at the head
+        of the whole line: first of its client's, and its client first among those of its priority."""
+        self._lines.setdefault(client, deque()).appendleft((next(self._returns), item))
+        self._priority[client] = priority
+        self._last_served[client] = 0
 
     def remove(self, item: T) -> bool:
         for client, line in self._lines.items():

@@ -3,10 +3,10 @@
 A class's distinct prompts filled the pool with cached prompts until each new one found no free cells, and every
 request after that failed with a 500 (llama_decode's status 1) while no request was running. Like llama-server
 (its try_clear_idle_slots), kinetic then purges the least recently used idle slot's cells, one slot at a time, and
-decodes the same batch again. When the running requests alone overfill it, one of them fails with llama-server's
-message (a prompt still being read, the newest first, else the slot holding the most cells) and the others go on;
-llama-server fails every request in the batch there. A saved state (the host cache's, a hybrid model's checkpoint)
-restored into a full pool makes room the same way.
+decodes the same batch again. When the running requests alone overfill it, llama-server fails every request in the
+batch; kinetic takes one out and the others go on: a prompt still being read (the newest) waits until a running
+request has ended, else the slot holding the most cells fails with llama-server's message. A saved state (the host
+cache's, a hybrid model's checkpoint) restored into a full pool makes room the same way.
 
 The real server on the bundled model, and on the tests' tiny Qwen3.5 (hybrid, the course's layer pattern), token
 prompts to /completion, so that the cells each one takes are known.
@@ -14,6 +14,7 @@ prompts to /completion, so that the cells each one takes are known.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,43 +72,52 @@ def test_a_new_prompt_purges_the_least_recently_used_idle_slot(pool: KineticServ
     assert idle(pool.url)
 
 
-def test_a_batch_the_running_requests_overfill_fails_and_the_server_goes_on(pool: KineticServer) -> None:
-    # four prompts of 300 tokens, each answer 100 long: 1600 cells with every idle slot purged
-    with ThreadPoolExecutor(4) as workers:
-        answers = list(workers.map(lambda i: complete(pool.url, prompt(10 + i, 300), n_predict=100), range(4)))
+def test_a_request_that_outgrows_the_pool_fails_alone(pool: KineticServer) -> None:
+    # two 450-token prompts fit (900 cells, the idle slots purged); their answers then grow past 1024
+    with ThreadPoolExecutor(2) as workers:
+        answers = list(workers.map(lambda i: complete(pool.url, prompt(10 + i, 450), n_predict=120), range(2)))
     failed = [a for a in answers if a.status_code != 200]
-    assert failed, [a.status_code for a in answers]
-    for answer in failed:
-        assert answer.status_code == 500
-        assert answer.json()["error"]["message"].startswith("Context size has been exceeded.")
+    served = [a for a in answers if a.status_code == 200]
+    assert len(failed) == 1 and len(served) == 1, [a.status_code for a in answers]
+    assert failed[0].status_code == 500
+    assert failed[0].json()["error"]["message"].startswith("Context size has been exceeded.")
+    assert served[0].json()["tokens_predicted"] == 120
     assert idle(pool.url)
     after = complete(pool.url, prompt(20))
     assert after.status_code == 200, after.text
     assert after.json()["tokens_predicted"] == 8
 
 
-def test_a_prompt_that_overfills_the_pool_fails_alone_and_the_running_stream_goes_on(pool: KineticServer) -> None:
+def test_a_prompt_with_no_room_waits_for_the_running_stream_to_end(pool: KineticServer) -> None:
+    assert_a_prompt_waits_for_room(pool)
+
+
+def assert_a_prompt_waits_for_room(pool: KineticServer) -> None:
     # a stream that will hold 900 cells, then a 450-token prompt: 1350 > 1024 with every idle slot purged
     body = {"prompt": prompt(30, 600), "n_predict": 300, "temperature": 0, "ignore_eos": True, "stream": True}
-    texts: list[str] = []
-    with httpx.Client(timeout=300) as client, connect_sse(client, "POST", pool.url + "/completion", json=body) as sse:
+    final: dict[str, Any] = {}
+    with ThreadPoolExecutor(1) as workers, httpx.Client(timeout=300) as client, \
+            connect_sse(client, "POST", pool.url + "/completion", json=body) as sse:
         events = sse.iter_sse()
-        texts.append(next(events).json()["content"])
-        newcomer = complete(pool.url, prompt(31, 450))
-        final: dict[str, Any] = {}
+        next(events)
+        newcomer = workers.submit(complete, pool.url, prompt(31, 450))
         for event in events:
-            data = event.json()
-            texts.append(data.get("content", ""))
-            if data.get("stop"):
+            if (data := event.json()).get("stop"):
                 final = data
-    assert newcomer.status_code == 500
-    assert newcomer.json()["error"]["message"].startswith("Context size has been exceeded.")
+        stream_ended = time.monotonic()
+        waited = newcomer.result()
+        answered = time.monotonic()
     assert final["tokens_predicted"] == 300 and final["stop_type"] == "limit", final
+    assert waited.status_code == 200, waited.text
+    assert waited.json()["tokens_predicted"] == 8 and waited.json()["timings"]["prompt_n"] == 450
+    assert answered > stream_ended  # its prompt was read once the stream had freed its cells
+    assert "waits for a running request to end" in pool.log()
+    alone = complete(pool.url, prompt(31, 450), cache_prompt=False)
+    assert alone.json()["content"] == waited.json()["content"]  # greedy: nothing of the failed batch stayed
     assert idle(pool.url)
-    assert complete(pool.url, prompt(32)).status_code == 200
 
 
-def test_the_course_models_pool_makes_room_and_restores_its_checkpoints(model_lock: None) -> None:
+def test_the_course_models_pool_makes_room_restores_its_checkpoints_and_lets_a_prompt_wait(model_lock: None) -> None:
     with KineticServer("-m", str(tiny_model("qwen35")), "-c", str(N_CTX), "-np", "8", "-kvu") as server:
         fresh: dict[int, str] = {}
         for index in range(6):
@@ -121,4 +131,4 @@ def test_the_course_models_pool_makes_room_and_restores_its_checkpoints(model_lo
             assert again.json()["timings"]["cache_n"] == PROMPT_TOKENS - CHECKPOINT_END_OFFSET
             assert again.json()["content"] == fresh[index]  # greedy: the restored state answers as a fresh one
         assert "purging idle slot" in server.log()
-        assert idle(server.url)
+        assert_a_prompt_waits_for_room(server)

@@ -45,3 +45,17 @@ def test_remove_and_counts() -> None:
     assert queue.counts() == {"A": 2, "B": 1} and len(queue) == 3
     assert queue.remove("a1") and not queue.remove("zz")
     assert queue.remove("b1") and queue.counts() == {"A": 1}
+
+
+def test_an_item_given_back_goes_first_of_all() -> None:
+    for fair in (True, False):
+        queue: FairQueue[str] = FairQueue(fair=fair)
+        for item in ("a1", "b1", "c1", "c2"):
+            queue.push(item[0].upper(), item)
+        client, item = next(queue.in_order())
+        queue.served(client, item)
+        assert item == "a1"
+        queue.push("A", "a2")
+        queue.served("B", "b1")  # b1 started too, and C waited longest
+        queue.give_back("A", "a1")  # a1 found no room to be read: it waits again, before everyone
+        assert drain(queue) == (["a1", "c1", "a2", "c2"] if fair else ["a1", "c1", "c2", "a2"])

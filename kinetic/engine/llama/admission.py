@@ -87,6 +87,7 @@ class SlotAdmission:
     _preparing: int
     _gathering: bool
     _stopping: bool
+    _awaiting_room: frozenset[int] = frozenset()  # tasks running when a prompt last found no room (full_pool.py)
 
     def preparing(self, delta: int) -> None:
         """A request is being prepared (+1) or is queued or refused (-1): see GATHER_S."""
@@ -133,7 +134,7 @@ class SlotAdmission:
         """Gives waiting jobs to idle slots, clients in turn (fairqueue.py); among idle slots the one
         holding the longest common prefix of the prompt wins, if that is more than -sps of the prompt, else
         the least recently used one."""
-        while self._pending and any(s.job is None for s in self.slots):
+        while self._pending and any(s.job is None for s in self.slots) and not self._room_awaited():
             for client, job in self._pending.in_order():
                 idle = [s for s in self.slots if s.job is None]
                 if job.request.id_slot >= 0:
@@ -158,6 +159,14 @@ class SlotAdmission:
                     break
             else:
                 return  # every waiting job wants a busy slot
+
+    def _room_awaited(self) -> bool:
+        """Whether a prompt that gave its slot back for want of room (full_pool.py) still waits: no waiting job starts
+        until one of the requests running then has ended, as it would find no room either."""
+        if self._awaiting_room and self._awaiting_room <= {s.id_task for s in self.slots if s.job is not None}:
+            return True
+        self._awaiting_room = frozenset()
+        return False
 
     def _similar_prefix(self, tokens: list[int], prompt: list[int]) -> int:
         """The usable prefix when it is more than -sps of the prompt (llama-server's slot similarity), else 0."""

@@ -9,8 +9,11 @@ the same way when a saved state finds no room to be restored into).
 
 When the running requests alone overfill the pool, llama-server fails every request in the batch ("Context size has
 been exceeded.", its own TODO: "terminate only the largest active slot"): one student's long prompt ended every
-other stream. kinetic fails one request and takes its tokens out of the batch, so the others go on: a prompt still
-being read, the newest first (it has streamed nothing yet), else the slot that holds the most cells.
+other stream. kinetic takes one request's tokens out of the batch, so the others go on. A prompt still being read
+(the newest first) has streamed nothing: it gives its slot back and waits at the head of the line, and no waiting
+request starts until one of those running has ended and freed its cells; its student sees a slower answer instead of
+a 500. Where every request in the batch is generating, the slot that holds the most cells fails with llama-server's
+500 (its stream has started: it cannot start again unseen).
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ class FullPool(SlotAdmission):
         raise NotImplementedError
 
     def _make_room(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
-        """After a batch found no free cells: purges an idle slot (admission.py), else fails one request in the
-        batch (taking its tokens and rows out of the batch, `rows` and `evaluated`). False where nothing can give
-        way: then the batch fails. Slots with pools of their own (-np without -kvu) outgrow only their own: nothing
-        here."""
+        """After a batch found no free cells: purges an idle slot (admission.py), else takes one request out of the
+        batch (its tokens, and its rows in `rows` and `evaluated`): a prompt still being read waits, a generating
+        request fails. False where nothing can give way: then the batch fails. Slots with pools of their own (-np
+        without -kvu) outgrow only their own: nothing here."""
         return self.kv_unified and (self._purge_idle_slot() > 0 or self._shed(rows, evaluated))
 
     def _shed(self, rows: list[tuple[Slot, int]], evaluated: list[Slot]) -> bool:
@@ -48,11 +51,32 @@ class FullPool(SlotAdmission):
         if len(running) < 2:  # the batch's one request fails as a whole batch does
             return False
         reading = [s for s in running if not s.generated]
-        slot = max(reading, key=lambda s: s.id_task) if reading else max(running, key=lambda s: len(s.tokens))
-        log.warning("the KV cache is full: request %d on slot %d gives way (%d tokens)", slot.id_task, slot.id,
-                    len(slot.tokens))
-        self._fail_slot(slot, ServerError(decode_failure(1)))
+        if reading:
+            slot = max(reading, key=lambda s: s.id_task)
+            self._give_way(slot)
+        else:
+            slot = max(running, key=lambda s: len(s.tokens))
+            log.warning("the KV cache is full: request %d on slot %d fails (%d tokens)", slot.id_task, slot.id,
+                        len(slot.tokens))
+            self._fail_slot(slot, ServerError(decode_failure(1)))
         moved = drop_sequence(self.batch, slot.id)
         rows[:] = [(s, moved[row]) for s, row in rows if s is not slot]
         evaluated[:] = [s for s in evaluated if s is not slot]
         return True
+
+    def _give_way(self, slot: Slot) -> None:
+        """`slot`'s request, a prompt still being read, waits again at the head of the line (nothing of it kept: the
+        failed batch holds some of its tokens), to start once one of the requests running now has ended."""
+        job = slot.job
+        assert job is not None
+        with self._cv:
+            back = not job.cancelled  # else its client has gone, and Scheduler.cancel found it in no line
+            if back:
+                self._pending.give_back(job.request.client, job, job.request.priority)
+                self._awaiting_room = frozenset(s.id_task for s in self.slots if s.job is not None and s is not slot)
+        log.warning("the KV cache is full: request %d on slot %d waits for a running request to end (%d prompt "
+                    "tokens)", slot.id_task, slot.id, len(slot.prompt))
+        if back:
+            slot.job = None  # detached before the slot is freed: the job keeps its sampler and its count in flight
+        self._forget_cache(slot)
+        self._release(slot)

@@ -201,7 +201,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cpu_mask", ("-C", "--cpu-mask"), "CPUs the generation threads may run on, as a hex mask (with -Cr, "
          "either CPU)", metavar="M"),
     Flag("cpu_range", ("-Cr", "--cpu-range"), "CPUs the generation threads may run on, as lo-hi", metavar="lo-hi"),
-    Flag("cpu_strict", ("--cpu-strict",), "pin each generation thread to one CPU of the mask: 0 or 1",
+    Flag("cpu_strict", ("--cpu-strict",), "pin each generation thread to one CPU of the mask: 0 or 1 (default: 1 "
+         "with every CPU as the mask where -t is as many as the CPUs and no -C/-Cr is given, else 0)",
          metavar="<0|1>"),
     Flag("prio", ("--prio",), "process and thread priority: low(-1), normal(0), medium(1), high(2), realtime(3)",
          metavar="N"),

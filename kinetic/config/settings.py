@@ -60,6 +60,7 @@ from kinetic.engine.options import (
     CpuParams,
     LlamaOptions,
     LongContext,
+    one_thread_per_cpu,
     parse_cpu_mask,
     parse_cpu_range,
     parse_kv_override,
@@ -174,7 +175,7 @@ class ServerSettings(SpeculationSettings):
     threads_batch: int = 0
     cpu_mask: CpuMask | None = None
     cpu_range: CpuRange | None = None
-    cpu_strict: Annotated[int, Field(ge=0, le=1)] = 0
+    cpu_strict: Annotated[int, Field(ge=0, le=1)] | None = None  # None: one thread per CPU where they fill them
     prio: Annotated[int, Field(ge=-1, le=3)] = 0
     poll: Annotated[int, Field(ge=0, le=100)] = 50
     cpu_mask_batch: CpuMask | None = None
@@ -412,14 +413,17 @@ class ServerSettings(SpeculationSettings):
     def cpu_params(self, *, batch: bool = False) -> CpuParams:
         """The generation pool's CPU flags, or the prompt pool's: each -batch flag not given takes the other's."""
         cpus = chosen_cpus(self.cpu_mask, self.cpu_range)
-        strict, prio, poll = bool(self.cpu_strict), self.prio, self.poll
+        strict, prio, poll, n_threads = self.cpu_strict, self.prio, self.poll, self.threads
         if batch:
             if self.cpu_mask_batch or self.cpu_range_batch:
                 cpus = chosen_cpus(self.cpu_mask_batch, self.cpu_range_batch)
-            strict = strict if self.cpu_strict_batch is None else bool(self.cpu_strict_batch)
+            strict = strict if self.cpu_strict_batch is None else self.cpu_strict_batch
             prio = prio if self.prio_batch is None else self.prio_batch
             poll = poll if self.poll_batch is None else self.poll_batch
-        return CpuParams(cpus=tuple(sorted(cpus)), strict=strict, priority=prio, poll=poll)
+            n_threads = self.threads_batch if self.threads_batch > 0 else n_threads
+        given = CpuParams(cpus=tuple(sorted(cpus)), strict=bool(strict), priority=prio, poll=poll)
+        # neither a mask nor --cpu-strict given: pinned where the threads fill the CPUs (llama-server leaves them)
+        return given if strict is not None or cpus else one_thread_per_cpu(given, n_threads)
 
     def tensor_overrides(self) -> tuple[tuple[str, str], ...]:
         """-ot, then --cpu-moe/--n-cpu-moe, then --n-cpu-ffn: (pattern, buffer type), in llama-server's order."""

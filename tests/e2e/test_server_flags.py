@@ -9,6 +9,7 @@ metadata override. Both save a slot, so their KV caches' sizes can be compared.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -352,6 +353,25 @@ def test_cpu_mask_pins_llama_cpps_threads(model_lock: None) -> None:
         assert len(set(allowed)) == 3  # and the rest on every CPU
         cpu = httpx.get(server.url + "/props").json()["llama_params"]["cpu"]
         assert cpu == {"cpus": [0, 1], "strict": True, "priority": "normal", "poll": 0}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread affinity is read from Linux's /proc")
+def test_threads_that_fill_the_cpus_get_one_each_by_default(model_lock: None) -> None:
+    """No -C, -t or --cpu-strict: llama.cpp's threads, one per CPU this process may use, are pinned one to each (as
+    `-C <all> --cpu-strict 1`); `--cpu-strict 0` leaves them to the kernel, as llama-server does."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to place")
+    for flags, pinned in (((), True), (("--cpu-strict", "0"), False)):
+        with KineticServer("-np", "1", "-c", "512", *flags) as server:
+            assert completion(server, n_predict=4)["tokens_predicted"] == 4
+            assert server.proc is not None
+            tasks = Path(f"/proc/{server.proc.pid}/task").iterdir()
+            allowed = [line.split(":")[1].strip() for task in tasks
+                       for line in (task / "status").read_text().splitlines() if line.startswith("Cpus_allowed_list")]
+            assert all(allowed.count(str(cpu)) == (1 if pinned else 0) for cpu in cpus), allowed
+            cpu = httpx.get(server.url + "/props").json()["llama_params"]["cpu"]
+            assert cpu["cpus"] == (cpus if pinned else []) and cpu["strict"] is pinned
 
 
 def test_slot_prompt_similarity_chooses_between_the_cached_slot_and_the_least_recently_used(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import llama_cpp
@@ -203,8 +204,25 @@ def test_cpu_flags_build_llama_cpps_thread_pool_params() -> None:
     built = pool_params(chosen.cpu, 3)
     assert [i for i in range(512) if built.cpumask[i]] == [0, 2, 8, 9]
     assert (built.n_threads, built.prio, built.poll, built.strict_cpu, built.paused) == (3, 2, 0, True, False)
-    assert options().cpu.is_default and options().cpu_batch.is_default  # no flag: llama.cpp makes its own pools
-    assert options("--prio-batch", "1").cpu.is_default and not options("--prio-batch", "1").cpu_batch.is_default
+    unpinned = options("--cpu-strict", "0")  # llama-server's default, given: llama.cpp makes its own pools
+    assert unpinned.cpu.is_default and unpinned.cpu_batch.is_default
+    prio_batch = options("--cpu-strict", "0", "--prio-batch", "1")
+    assert prio_batch.cpu.is_default and not prio_batch.cpu_batch.is_default
+
+
+def test_threads_as_many_as_the_cpus_get_one_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without -C/-Cr or --cpu-strict, threads that fill the CPUs are pinned one per CPU (`-C <all> --cpu-strict 1`);
+    fewer threads, or --cpu-strict 0, are left to the kernel, as llama-server leaves them."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    pinned = CpuParams(cpus=(0, 1, 2, 3), strict=True)
+    assert options().cpu == pinned and options().cpu_batch == pinned  # -t's default: the CPUs
+    assert options("-t", "4").cpu == pinned and options("-t", "2").cpu.is_default
+    assert options("-t", "2", "-tb", "4").cpu.is_default and options("-t", "2", "-tb", "4").cpu_batch == pinned
+    assert options("--cpu-strict", "0").cpu.is_default
+    assert options("-C", "0x3").cpu == CpuParams(cpus=(0, 1))  # a mask given: placed as it says
+    assert options("--cpu-strict-batch", "0").cpu == pinned and options("--cpu-strict-batch", "0").cpu_batch.is_default
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert options().cpu.is_default  # one CPU: nothing to place
 
 
 @pytest.mark.parametrize(("mask", "cpus"), [("0x1", (0,)), ("F0", (4, 5, 6, 7)), ("0x100", (8,)), ("0", ())])

@@ -96,21 +96,20 @@ def assert_a_prompt_waits_for_room(pool: KineticServer) -> None:
     # a stream that will hold 900 cells, then a 450-token prompt: 1350 > 1024 with every idle slot purged
     body = {"prompt": prompt(30, 600), "n_predict": 300, "temperature": 0, "ignore_eos": True, "stream": True}
     final: dict[str, Any] = {}
+    stream_ended = float("inf")
     with ThreadPoolExecutor(1) as workers, httpx.Client(timeout=300) as client, \
             connect_sse(client, "POST", pool.url + "/completion", json=body) as sse:
         events = sse.iter_sse()
         next(events)
-        newcomer = workers.submit(complete, pool.url, prompt(31, 450))
+        newcomer = workers.submit(lambda: (complete(pool.url, prompt(31, 450)), time.monotonic()))
         for event in events:
             if (data := event.json()).get("stop"):
-                final = data
-        stream_ended = time.monotonic()
-        waited = newcomer.result()
-        answered = time.monotonic()
+                final, stream_ended = data, time.monotonic()
+        waited, answered = newcomer.result()
     assert final["tokens_predicted"] == 300 and final["stop_type"] == "limit", final
     assert waited.status_code == 200, waited.text
     assert waited.json()["tokens_predicted"] == 8 and waited.json()["timings"]["prompt_n"] == 450
-    assert answered > stream_ended  # its prompt was read once the stream had freed its cells
+    assert answered > stream_ended  # answered after the stream's last event: read once the stream had freed its cells
     assert "waits for a running request to end" in pool.log()
     alone = complete(pool.url, prompt(31, 450), cache_prompt=False)
     assert alone.json()["content"] == waited.json()["content"]  # greedy: nothing of the failed batch stayed

@@ -92,8 +92,17 @@ def test_a_prompt_with_no_room_waits_for_the_running_stream_to_end(pool: Kinetic
     assert_a_prompt_waits_for_room(pool)
 
 
-def assert_a_prompt_waits_for_room(pool: KineticServer) -> None:
-    # a stream that will hold 900 cells, then a 450-token prompt: 1350 > 1024 with every idle slot purged
+def test_a_prompt_that_waits_keeps_what_its_earlier_steps_read(model_lock: None) -> None:
+    # 256-token batches: the newcomer reads 255 tokens beside the stream's, and finds no room for the rest
+    with KineticServer("-c", str(N_CTX), "-np", "8", "-kvu", "-b", "256") as server:
+        waited = assert_a_prompt_waits_for_room(server)
+        # restored from the host cache when it started again: what it had read before the batch that found no room
+        assert waited["timings"]["cache_n"] >= 100
+
+
+def assert_a_prompt_waits_for_room(pool: KineticServer) -> dict[str, Any]:
+    """A 450-token prompt sent while a stream that will hold 900 cells runs (1350 > 1024 with every idle slot
+    purged) is answered after the stream, as it would be alone: its answer."""
     body = {"prompt": prompt(30, 600), "n_predict": 300, "temperature": 0, "ignore_eos": True, "stream": True}
     final: dict[str, Any] = {}
     stream_ended = float("inf")
@@ -108,12 +117,15 @@ def assert_a_prompt_waits_for_room(pool: KineticServer) -> None:
         waited, answered = newcomer.result()
     assert final["tokens_predicted"] == 300 and final["stop_type"] == "limit", final
     assert waited.status_code == 200, waited.text
-    assert waited.json()["tokens_predicted"] == 8 and waited.json()["timings"]["prompt_n"] == 450
+    timings = waited.json()["timings"]
+    assert waited.json()["tokens_predicted"] == 8 and timings["prompt_n"] + timings["cache_n"] == 450
     assert answered > stream_ended  # answered after the stream's last event: read once the stream had freed its cells
     assert "waits for a running request to end" in pool.log()
     alone = complete(pool.url, prompt(31, 450), cache_prompt=False)
     assert alone.json()["content"] == waited.json()["content"]  # greedy: nothing of the failed batch stayed
     assert idle(pool.url)
+    answer: dict[str, Any] = waited.json()
+    return answer
 
 
 def test_the_course_models_pool_makes_room_restores_its_checkpoints_and_lets_a_prompt_wait(model_lock: None) -> None:

@@ -22,7 +22,7 @@ import logging
 
 from llama_cpp import _internals
 
-from kinetic.engine.llama.admission import SlotAdmission
+from kinetic.engine.llama.admission import MIN_SHARED_PREFIX, SlotAdmission
 from kinetic.engine.llama.batch import decode_failure, drop_sequence
 from kinetic.engine.llama.slots import Slot
 from kinetic.errors import KineticError, ServerError
@@ -51,24 +51,26 @@ class FullPool(SlotAdmission):
         if len(running) < 2:  # the batch's one request fails as a whole batch does
             return False
         reading = [s for s in running if not s.generated]
+        slot = max(reading, key=lambda s: s.id_task) if reading else max(running, key=lambda s: len(s.tokens))
+        moved = drop_sequence(self.batch, slot.id)
         if reading:
-            slot = max(reading, key=lambda s: s.id_task)
-            self._give_way(slot)
+            self._give_way(slot, n_read=len(slot.tokens) - moved.count(-1))
         else:
-            slot = max(running, key=lambda s: len(s.tokens))
             log.warning("the KV cache is full: request %d on slot %d fails (%d tokens)", slot.id_task, slot.id,
                         len(slot.tokens))
             self._fail_slot(slot, ServerError(decode_failure(1)))
-        moved = drop_sequence(self.batch, slot.id)
         rows[:] = [(s, moved[row]) for s, row in rows if s is not slot]
         evaluated[:] = [s for s in evaluated if s is not slot]
         return True
 
-    def _give_way(self, slot: Slot) -> None:
-        """`slot`'s request, a prompt still being read, waits again at the head of the line (nothing of it kept: the
-        failed batch holds some of its tokens), to start once one of the requests running now has ended."""
+    def _give_way(self, slot: Slot, n_read: int) -> None:
+        """`slot`'s request, a prompt still being read, waits again at the head of the line, to start once one of the
+        requests running now has ended. What its earlier steps read (`n_read` tokens: the failed batch's are not in
+        its cells) is saved to the host cache first, so that a long prompt starts again from there."""
         job = slot.job
         assert job is not None
+        if not job.cancelled and self.long_context.cache_idle_slots and n_read >= MIN_SHARED_PREFIX:
+            self.host_cache.save(slot.id, slot.tokens[:n_read], slot.lora)
         with self._cv:
             back = not job.cancelled  # else its client has gone, and Scheduler.cancel found it in no line
             if back:

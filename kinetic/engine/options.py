@@ -73,6 +73,14 @@ class CpuParams:
                 "poll": self.poll}
 
 
+def default_threads() -> int:
+    """-t's default: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def one_thread_per_cpu(cpu: CpuParams, n_threads: int) -> CpuParams:
     """`cpu` with each thread pinned to a CPU of its own (`-C <all> --cpu-strict 1`) where the threads are as many as
     the CPUs this process may run on (-t's default), on Linux. Left to place them, the kernel sometimes woke
@@ -83,7 +91,7 @@ def one_thread_per_cpu(cpu: CpuParams, n_threads: int) -> CpuParams:
     if not hasattr(os, "sched_getaffinity"):
         return cpu
     available = tuple(sorted(os.sched_getaffinity(0)))
-    threads = n_threads if n_threads > 0 else len(available)
+    threads = n_threads if n_threads > 0 else default_threads()
     if len(available) < 2 or threads != len(available) or len(available) > MAX_THREADS:
         return cpu
     return replace(cpu, cpus=available, strict=True)

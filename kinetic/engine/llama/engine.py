@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,7 +26,7 @@ from kinetic.engine.llama.rerank import rerank_inputs, score
 from kinetic.engine.llama.sampler import Sampler, quick_to_build
 from kinetic.engine.llama.scheduler import Scheduler
 from kinetic.engine.llama.slots import Job, Slot, SlotBusyError
-from kinetic.engine.options import EngineConfig
+from kinetic.engine.options import EngineConfig, default_threads
 from kinetic.engine.turns import DecodeLock, DecodeTurns
 from kinetic.engine.types import (
     EngineStats,
@@ -60,13 +59,6 @@ RATE_GAUGES = ("prompt_tokens_seconds", "predicted_tokens_seconds")  # /metrics 
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # Encoder architectures llama.cpp runs for embeddings only (no causal decoder to sample from).

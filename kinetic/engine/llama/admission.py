@@ -218,8 +218,8 @@ class SlotAdmission:
         the prompt extends all it holds, or a saved state (host cache, checkpoints) the prompt starts with."""
         limit = len(prompt) - 1
         n_own = len(slot.tokens) if self._usable_prefix(slot.tokens, prompt) == len(slot.tokens) <= limit else 0
-        if self.long_context.cache_idle_slots and not n_own and len(slot.tokens) >= MIN_SHARED_PREFIX:  # about to go
-            self.host_cache.save(slot.id, slot.tokens, slot.lora)  # before the lookup, as in _reuse_prefix
+        if not n_own:  # about to go: saved before the lookup, as in _reuse_prefix
+            self._save_before_it_goes(slot, slot.tokens)
         saved, n_saved = self.host_cache.longest_prefix(prompt, limit, slot.lora)
         if saved is not None and n_saved > n_own:
             return self._restore(saved, n_saved, slot)
@@ -254,11 +254,16 @@ class SlotAdmission:
             return 0
         slot = min(holding, key=lambda s: s.last_used)
         log.warning("the KV cache is full: purging idle slot %d with %d tokens", slot.id, len(slot.tokens))
-        if self.long_context.cache_idle_slots and len(slot.tokens) >= MIN_SHARED_PREFIX:
-            self.host_cache.save(slot.id, slot.tokens, slot.lora)
+        self._save_before_it_goes(slot, slot.tokens)
         n_tokens = len(slot.tokens)
         self._forget_cache(slot)
         return n_tokens
+
+    def _save_before_it_goes(self, slot: Slot, tokens: list[int]) -> None:
+        """--cache-idle-slots: what `slot`'s cells hold (`tokens`), about to be dropped, is saved to the host cache
+        when it is a prefix worth restoring."""
+        if self.long_context.cache_idle_slots and len(tokens) >= MIN_SHARED_PREFIX:
+            self.host_cache.save(slot.id, tokens, slot.lora)
 
     def _drop_cells(self, slot: Slot) -> None:
         """Empties the slot's sequence: removing a whole sequence always succeeds, on every memory kind."""

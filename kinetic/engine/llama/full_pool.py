@@ -22,7 +22,7 @@ import logging
 
 from llama_cpp import _internals
 
-from kinetic.engine.llama.admission import MIN_SHARED_PREFIX, SlotAdmission
+from kinetic.engine.llama.admission import SlotAdmission
 from kinetic.engine.llama.batch import decode_failure, drop_sequence
 from kinetic.engine.llama.slots import Slot
 from kinetic.errors import KineticError, ServerError
@@ -69,8 +69,8 @@ class FullPool(SlotAdmission):
         its cells) is saved to the host cache first, so that a long prompt starts again from there."""
         job = slot.job
         assert job is not None
-        if not job.cancelled and self.long_context.cache_idle_slots and n_read >= MIN_SHARED_PREFIX:
-            self.host_cache.save(slot.id, slot.tokens[:n_read], slot.lora)
+        if not job.cancelled:
+            self._save_before_it_goes(slot, slot.tokens[:n_read])
         with self._cv:
             back = not job.cancelled  # else its client has gone, and Scheduler.cancel found it in no line
             if back:

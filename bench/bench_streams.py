@@ -26,6 +26,7 @@ Four modes, each measured in one run with the servers taking turns (never decodi
     python bench/bench_streams.py streams --json streams.json  # the tables also as JSON (bench/gpu/report.py)
     python bench/bench_streams.py ttft --model tiny:lfm2 --defaults --streams 1,4 --rounds 300
     python bench/bench_streams.py ttft --chat --model tiny:lfm2 --defaults --streams 1,4  # the lab's chat route
+    python bench/bench_streams.py ttft --model tiny:lfm2 --gap 0.2  # each round after 0.2 s of quiet (default 0.02)
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
@@ -152,7 +153,7 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
                 run = raw_ttfts(server.url, n, args.chat)
                 ttfts.setdefault((server.name, n), []).extend(run)
                 medians[server.name] = median(run)
-                time.sleep(0.02)
+                time.sleep(args.gap)
             if len(medians) == 2:
                 pairs[n].append(1000 * (medians["kinetic"] - medians["llama-server"]))
     rows = [[name, n, 1000 * percentile(v, 0.1), 1000 * percentile(v, 0.5), 1000 * percentile(v, 0.9)]
@@ -371,6 +372,8 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help="also time in-process llama-cpp-python")
     parser.add_argument("--constrained", action="store_true", help="streams: output held to a JSON schema")
     parser.add_argument("--chat", action="store_true", help="ttft: /v1/chat/completions instead of /v1/completions")
+    parser.add_argument("--gap", type=float, default=0.02,
+                        help="ttft: seconds of quiet after each server's round (a class's requests come seconds apart)")
     parser.add_argument("--students", type=int, default=16)
     parser.add_argument("--spacing", type=float, default=0.25)
     parser.add_argument("--history", type=int, default=0,

@@ -305,20 +305,19 @@ class Scheduler(FullPool):
         batch = self.batch.batch
         batch.n_tokens = 0
         lora = self.adapters.next_turn(self.slots)
-        sample_rows = self._add_generating(lora)
+        generated = self._generated(lora)
+        shares = dict((slot.id, take) for slot, take in self._prompt_shares(
+            self.n_batch - sum(map(len, generated.values())), lora))
+        sample_rows: list[tuple[Slot, int]] = []
         evaluated: list[Slot] = []  # slots with prompt tokens in this batch
-        for slot, take in self._prompt_shares(self.n_batch - batch.n_tokens, lora):
-            if not slot.t_prompt_start:
-                slot.t_prompt_start = time.perf_counter()
-                self._progress(slot, start=True)
-            chunk, slot.to_evaluate = slot.to_evaluate[:take], slot.to_evaluate[take:]
-            evaluated.append(slot)
-            for i, token in enumerate(chunk):
-                last = not slot.to_evaluate and i == len(chunk) - 1
-                if last:
-                    sample_rows.append((slot, batch.n_tokens))
-                add_token(self.batch, token, len(slot.tokens), slot.id, last)
-                slot.tokens.append(token)
+        # in slot order: llama.cpp puts sequences in one ubatch only in increasing order (admission._busy_neighbours)
+        for slot in self.slots:
+            if slot.id in generated:
+                sample_rows.append((slot, batch.n_tokens))
+                self._add(slot, generated[slot.id], logits=True)
+            elif slot.id in shares:
+                evaluated.append(slot)
+                self._read_prompt(slot, shares[slot.id], sample_rows)
         if batch.n_tokens == 0:
             return
         self.adapters.use(lora)
@@ -368,24 +367,26 @@ class Scheduler(FullPool):
     def _trim(self, seq: int, n: int) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq, n, -1))
 
-    def _add_generating(self, lora: tuple[float, ...]) -> list[tuple[Slot, int]]:
-        """Puts each generating slot of adapter scales `lora` in the batch with its last sampled token, and after
-        it the slot's draft when it speculates (speculative.py); the rows to sample from."""
+    def _generated(self, lora: tuple[float, ...]) -> dict[int, list[int]]:
+        """Each slot of adapter scales `lora` with a sampled token to read back: that token, then the slot's draft
+        when it speculates (speculative.py)."""
         generating = [s for s in self.slots if s.job is not None and s.next_token is not None and s.job.lora == lora]
         # a prompt with media is not drafted from: its stand-ins are no tokens a draft could propose or a draft
         # model read (llama-server runs no speculation with a projector at all)
         drafts = self.speculator.drafts_for([s for s in generating if not s.media], slot_n_ctx=self.slot_n_ctx,
                                             n_batch=self.n_batch) if self.speculator is not None else {}
-        rows: list[tuple[Slot, int]] = []
+        generated: dict[int, list[int]] = {}
         for slot in generating:
             assert slot.next_token is not None
-            rows.append((slot, self.batch.batch.n_tokens))
             slot.drafts = drafts.get(slot.id, [])
-            for token in (slot.next_token, *slot.drafts):
-                add_token(self.batch, token, len(slot.tokens), slot.id, True)
-                slot.tokens.append(token)
-            slot.next_token = None
-        return rows
+            generated[slot.id], slot.next_token = [slot.next_token, *slot.drafts], None
+        return generated
+
+    def _add(self, slot: Slot, tokens: list[int], *, logits: bool, last: bool = False) -> None:
+        """Puts `tokens` in the batch at the end of `slot`'s sequence: every one with logits, or only the last."""
+        for i, token in enumerate(tokens):
+            add_token(self.batch, token, len(slot.tokens), slot.id, logits or (last and i == len(tokens) - 1))
+            slot.tokens.append(token)
 
     def _progress(self, slot: Slot, *, start: bool = False) -> None:
         if slot.job is not None and slot.job.request.return_progress:

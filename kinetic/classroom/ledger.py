@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kinetic.classroom.request_record import RequestRecord, open_record
-from kinetic.scheduling.arrivals import DOOR
+from kinetic.scheduling.arrivals import arrived
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -410,7 +410,7 @@ class LedgerMiddleware:
     async def _recorded(self, scope: Scope, receive: Receive, send: Send, record: RequestRecord) -> None:
         # a POST may be a generation: counted at the door until it is prepared, answered or over (arrivals.py);
         # once prepared, out at the loop's next turn: the route queues it before it lets the loop go
-        leave_door = DOOR.arrive() if scope["method"] == "POST" else (lambda: None)
+        leave_door = arrived(scope) if scope["method"] == "POST" else (lambda: None)
         record.when_prepared(partial(asyncio.get_running_loop().call_soon, leave_door))
         started = time.monotonic()
         status, stream = 500, False

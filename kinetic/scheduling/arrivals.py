@@ -14,7 +14,8 @@ only while the event loop works on it, so a count that never falls costs a sched
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import Any
 
 
 class Arrivals:
@@ -60,3 +61,13 @@ class Arrivals:
 
 
 DOOR = Arrivals()  # this process's door: every app in it counts its requests here, every scheduler reads it
+
+# The transport (server/transport.py) counts a POST in as soon as its head is read, before the event loop gets to the
+# app, and puts the function that counts it out in the request's scope under this key.
+DOOR_SCOPE_KEY = "kinetic.door"
+
+
+def arrived(scope: MutableMapping[str, Any]) -> Callable[[], None]:
+    """The request's count at the door: the transport's, or (an app run without it: a test client) one taken now."""
+    leave = scope.get(DOOR_SCOPE_KEY)
+    return leave if leave is not None else DOOR.arrive()

@@ -12,12 +12,11 @@ from types import SimpleNamespace
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from kinetic.classroom import ledger as ledger_module
 from kinetic.classroom.ledger import LedgerMiddleware
 from kinetic.classroom.request_record import request_record
 from kinetic.engine.llama import admission as admission_module
 from kinetic.engine.llama.admission import SlotAdmission
-from kinetic.scheduling.arrivals import Arrivals
+from kinetic.scheduling.arrivals import DOOR_SCOPE_KEY, Arrivals
 
 LONG = 30.0  # a cap no test waits out unless the wait is wrong
 
@@ -99,11 +98,9 @@ def test_the_door_counts_each_request_out_once_and_tells_its_listeners() -> None
     assert door.count == 0 and heard == [1, 0]
 
 
-def test_a_prepared_request_stays_at_the_door_until_its_route_lets_the_loop_go(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prepared_request_stays_at_the_door_until_its_route_lets_the_loop_go() -> None:
     # Counted out at once, a scheduler that looked between "prepared" and the route's queueing started without it.
     door = Arrivals()
-    monkeypatch.setattr(ledger_module, "DOOR", door)
     seen: list[tuple[str, int]] = []
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -116,7 +113,9 @@ def test_a_prepared_request_stays_at_the_door_until_its_route_lets_the_loop_go(
 
     async def main() -> None:
         middleware = LedgerMiddleware(route, keyed=False)
-        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+        # counted in by the transport as its head was read (transport.py)
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b"",
+                 DOOR_SCOPE_KEY: door.arrive()}
 
         async def receive() -> Message:
             return {"type": "http.request", "body": b"{}"}

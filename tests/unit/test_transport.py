@@ -21,6 +21,7 @@ from starlette.routing import Route
 from kinetic.config.args import parse_serve_args
 from kinetic.config.values import byte_size
 from kinetic.errors import PayloadTooLargeError
+from kinetic.scheduling.arrivals import DOOR, DOOR_SCOPE_KEY
 from kinetic.server.app import error_response
 from kinetic.server.transport import TransportConfig, TransportLimits, _LingeringTransport, raw_response
 from tests.rawhttp import exchange, read_response
@@ -33,9 +34,15 @@ async def echo_length(request: Request) -> JSONResponse:
     return JSONResponse({"received": len(await request.body())})
 
 
+async def door_count(request: Request) -> JSONResponse:
+    """Before it reads its body: how many requests the door counts, and whether this one is among them."""
+    return JSONResponse({"count": DOOR.count, "counted": DOOR_SCOPE_KEY in request.scope})
+
+
 @pytest.fixture(scope="module")
 def address() -> Iterator[tuple[str, int]]:
-    app = Starlette(routes=[Route("/echo", echo_length, methods=["POST"]), Route("/echo", echo_length)])
+    app = Starlette(routes=[Route("/echo", echo_length, methods=["POST"]), Route("/echo", echo_length),
+                            Route("/door", door_count, methods=["GET", "POST"])])
     port = free_port()
     config = TransportConfig(app, limits=LIMITS, error_response=error_response, host="127.0.0.1", port=port,
                              log_level="error", timeout_keep_alive=30)
@@ -164,3 +171,24 @@ def test_a_head_goes_out_with_the_body_written_after_it_in_the_same_turn() -> No
         assert raw.writes[-1].startswith(b"HTTP/1.1 204") and raw.closed
 
     asyncio.run(run())
+
+
+def test_a_post_is_counted_at_the_door_from_its_head_until_it_is_answered_or_its_client_goes(
+        address: tuple[str, int]) -> None:
+    # an idle scheduler waits for what the door counts (arrivals.py): requests read in one turn of the loop count
+    # before the first of them reaches the app
+    head = b"POST /door HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+    assert exchange(address, head + b"{}", check_close=False).json() == {"count": 1, "counted": True}
+    assert DOOR.count == 0  # answered
+    assert exchange(address, b"GET /door HTTP/1.1\r\nHost: x\r\n\r\n", check_close=False).json() == {
+        "count": 0, "counted": False}
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+        deadline = time.monotonic() + 10
+        while DOOR.count != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert DOOR.count == 1  # its body still on its way
+    deadline = time.monotonic() + 10
+    while DOOR.count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert DOOR.count == 0  # the client went before its body was whole

@@ -407,8 +407,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cache_idle_slots", ("--cache-idle-slots",), "save a slot's cached prompt to the --cache-ram cache "
          "before a new request takes the slot (default: on)", negations=("--no-cache-idle-slots",)),
     Flag("slot_prompt_similarity", ("-sps", "--slot-prompt-similarity"), "share of a prompt an idle slot's cache "
-         "must hold for the request to go to it, else to the least recently used idle slot (default: 0.1; 0 = "
-         "always the least recently used)", metavar="SIMILARITY"),
+         "must hold for the request to go to it, else to the least recently used idle slot; without -kvu, one beside "
+         "busy slots first (default: 0.1; 0 = no cache match sought)", metavar="SIMILARITY"),
     Flag("rerank", ("--rerank", "--reranking"), "serve /rerank: a reranker model scores documents against a query "
          "(sets --embeddings and --pooling rank)"),
     Flag("pooling", ("--pooling",), "embedding pooling: none, mean, cls, last, rank (default: the model's)",

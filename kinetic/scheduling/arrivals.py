@@ -4,11 +4,12 @@ Requests sent together (a class pressing Enter at once, a benchmark's streams) r
 other, and each spends a millisecond or two there (HTTP, validation, the prompt's tokens) before it is queued. A
 scheduler that started the first one's prompt alone made the others wait out that whole step: at 4 streams on a
 tiny model, the first answer's first token came at 15 ms and the others' at 25-33 ms (2026-12-05, 2 cores), against
-~15 ms for all four when their prompts share one step. So the ledger middleware counts each POST in at the door,
-and counts it out once its backend has prepared it (at the event loop's next turn, by when the route has queued it:
-counted out at once, a scheduler that looked between the two started without it), when its answer starts, or when
-it ends; an idle scheduler waits for the count to reach zero (admission.GATHER_S at most). A request keeps the count
-only while the event loop works on it, so a count that never falls costs a scheduler at most that wait.
+~15 ms for all four when their prompts share one step. So the transport counts each POST in at the door as its head
+is read (the ledger middleware, where there is no transport: a test's client), and it is counted out once its
+backend has prepared it (at the event loop's next turn, by when the route has queued it: counted out at once, a
+scheduler that looked between the two started without it), when its answer starts, or when it ends; an idle
+scheduler waits for the count to reach zero (admission.GATHER_S at most). A request keeps the count only while the
+event loop works on it, so a count that never falls costs a scheduler at most that wait.
 """
 
 from __future__ import annotations

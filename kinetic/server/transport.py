@@ -231,9 +231,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.awaiting_head = False
         self._head_bytes = 0
         if self.parser.get_method() == b"POST" and (self.cycle is None or self.cycle.response_complete):
-            # Counted at the door now: a class's requests sent together are read in one turn of the loop, then
-            # each spends a while in the app before it is queued, and an idle scheduler counting only those
-            # that reached the app started the first one's prompt alone in one round of four in seven.
+            # Counted at the door now (arrivals.py): requests sent together are read in one turn of the loop, then
+            # each spends a while in the app before it is queued, and an idle scheduler that counted only those
+            # that had reached the app could start the first one's prompt alone.
             self._leave_door()
             self._leave_door = cast(dict[str, Any], self.scope)[DOOR_SCOPE_KEY] = DOOR.arrive()
         super().on_headers_complete()

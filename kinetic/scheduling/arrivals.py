@@ -15,7 +15,7 @@ event loop works on it, so a count that never falls costs a scheduler at most th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -68,7 +68,8 @@ DOOR = Arrivals()  # this process's door: every app in it counts its requests he
 DOOR_SCOPE_KEY = "kinetic.door"
 
 
-def arrived(scope: MutableMapping[str, Any]) -> Callable[[], None]:
-    """The request's count at the door: the transport's, or (an app run without it: a test client) one taken now."""
+def arrived(scope: Mapping[str, Any]) -> Callable[[], None]:
+    """The request's count at the door: the transport's, or one taken now where the transport took none (a test's
+    client, a request pipelined behind another on its connection)."""
     leave = scope.get(DOOR_SCOPE_KEY)
     return leave if leave is not None else DOOR.arrive()

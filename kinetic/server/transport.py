@@ -234,7 +234,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # Counted at the door now (arrivals.py): requests sent together are read in one turn of the loop, then
             # each spends a while in the app before it is queued, and an idle scheduler that counted only those
             # that had reached the app could start the first one's prompt alone.
-            self._leave_door()
             self._leave_door = cast(dict[str, Any], self.scope)[DOOR_SCOPE_KEY] = DOOR.arrive()
         super().on_headers_complete()
 

@@ -97,7 +97,7 @@ def test_a_slot_that_fills_a_gap_between_running_requests_is_taken_first(
 
     async def both_then_one() -> int:
         running = await engine.submit_many([long, other])
-        joined = (await engine.submit(request(engine, "A third request, anywhere.")))
+        joined = await engine.submit(request(engine, "A third request, anywhere."))
         slot = -1
         for generation in (*running, joined):
             async for event in generation.events():

@@ -306,8 +306,8 @@ class Scheduler(FullPool):
         batch.n_tokens = 0
         lora = self.adapters.next_turn(self.slots)
         generated = self._generated(lora)
-        shares = dict((slot.id, take) for slot, take in self._prompt_shares(
-            self.n_batch - sum(map(len, generated.values())), lora))
+        shares = {slot.id: take for slot, take in self._prompt_shares(
+            self.n_batch - sum(map(len, generated.values())), lora)}
         sample_rows: list[tuple[Slot, int]] = []
         evaluated: list[Slot] = []  # slots with prompt tokens in this batch
         # in slot order: llama.cpp puts sequences in one ubatch only in increasing order (admission._busy_neighbours)

@@ -27,9 +27,13 @@ Four modes, each measured in one run with the servers taking turns (never decodi
     python bench/bench_streams.py ttft --model tiny:lfm2 --defaults --streams 1,4 --rounds 300
     python bench/bench_streams.py ttft --chat --model tiny:lfm2 --defaults --streams 1,4  # the lab's chat route
     python bench/bench_streams.py ttft --model tiny:lfm2 --gap 0.2  # each round after 0.2 s of quiet (default 0.02)
+    git worktree add /tmp/before HEAD~1; python bench/bench_streams.py ttft --baseline /tmp/before  # before/after
 
 llama-server comes from --llama-server, PATH, or /tmp/lsbuild/bin/llama-server (built from the
 vendored llama.cpp by shared/peer/build_llama_server.sh); without one, only kinetic is measured.
+With --baseline, the other server is kinetic from another checkout, started with the same flags: the
+two take turns as above, so a change is measured before and after in one run, on the same machine's
+noise (two runs minutes apart differed by more than most changes do).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from load import (  # noqa: E402
     Student,
     Timed,
     gather_streams,
+    kinetic_baseline,
     kinetic_server,
     lab_request,
     llama_server,
@@ -142,7 +147,7 @@ def raw_ttfts(url: str, n: int, chat: bool = False) -> list[float]:
 def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     counts = [int(n) for n in args.streams.split(",")]
     ttfts: dict[tuple[str, int], list[float]] = {}
-    pairs: dict[int, list[float]] = {n: [] for n in counts}  # kinetic's round median less llama-server's, ms
+    pairs: dict[int, list[float]] = {n: [] for n in counts}  # the first server's round median less the other's, ms
     for server in servers:  # both start warm
         for _ in range(20):
             raw_ttfts(server.url, 1, args.chat)
@@ -155,16 +160,17 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
                 medians[server.name] = median(run)
                 time.sleep(args.gap)
             if len(medians) == 2:
-                pairs[n].append(1000 * (medians["kinetic"] - medians["llama-server"]))
+                pairs[n].append(1000 * (medians[servers[0].name] - medians[servers[1].name]))
     rows = [[name, n, 1000 * percentile(v, 0.1), 1000 * percentile(v, 0.5), 1000 * percentile(v, 0.9)]
             for (name, n), v in ttfts.items()]
     headers = ["server", "streams", "TTFT p10 ms", "TTFT p50 ms", "TTFT p90 ms"]
     print(table(headers, rows))
     result: dict[str, Any] = {"rounds": args.rounds, "rows": records(headers, rows)}
     if len(servers) > 1:
-        ratio_rows = [[n, percentile(ttfts[("kinetic", n)], 0.5) / percentile(ttfts[("llama-server", n)], 0.5),
+        first, other = servers[0].name, servers[1].name
+        ratio_rows = [[n, percentile(ttfts[(first, n)], 0.5) / percentile(ttfts[(other, n)], 0.5),
                        median(pairs[n])] for n in counts]
-        ratio_headers = ["streams", "TTFT p50, kinetic / llama-server", "round pairs' difference, median ms"]
+        ratio_headers = ["streams", f"TTFT p50, {first} / {other}", "round pairs' difference, median ms"]
         print()
         print(table(ratio_headers, ratio_rows))
         result["ratios"] = records(ratio_headers, ratio_rows)
@@ -225,15 +231,16 @@ def mode_streams(args: argparse.Namespace, servers: list[Server]) -> dict[str, A
     if len(servers) > 1:
         print()
         ratio_rows = []
+        first, other = servers[0].name, servers[1].name
         for n in counts:
-            k, ls = summary[("kinetic", n)], summary[("llama-server", n)]
+            k, ls = summary[(first, n)], summary[(other, n)]
             # each round's own ratio: how far one round can stray from the median (the run's noise)
             per_round = [aggregate_tps(a) / aggregate_tps(b)
-                      for a, b in zip(figures[("kinetic", n)], figures[("llama-server", n)], strict=False)
+                      for a, b in zip(figures[(first, n)], figures[(other, n)], strict=False)
                       if all(r.ok for r in a + b)]
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round else "-"
             ratio_rows.append([n, k[0] / ls[0], spread, k[1] / ls[1], k[2] / ls[2]])
-        print("kinetic / llama-server (above 1 is kinetic faster, except TTFT where below 1 is better)")
+        print(f"{first} / {other} (above 1 is {first} faster, except TTFT where below 1 is better)")
         ratio_headers = ["streams", "aggregate", "aggregate, rounds min-max", "per-stream decode", "TTFT p50"]
         print(table(ratio_headers, ratio_rows))
         result["ratios"] = records(ratio_headers, ratio_rows)
@@ -309,8 +316,9 @@ def mode_classroom(args: argparse.Namespace, servers: list[Server]) -> dict[str,
                               "replays": args.rounds, "history": args.history, "history s": history,
                               "rows": records(headers, rows)}
     if len(servers) > 1:
-        result["TTFT p95 ratio"] = p95["kinetic"] / p95["llama-server"]
-        print(f"kinetic/llama-server TTFT p95: {result['TTFT p95 ratio']:.2f}")
+        first, other = servers[0].name, servers[1].name
+        result["TTFT p95 ratio"] = p95[first] / p95[other]
+        print(f"{first}/{other} TTFT p95: {result['TTFT p95 ratio']:.2f}")
     return result
 
 
@@ -359,6 +367,9 @@ def main() -> None:
                         "(default: the bundled model)")
     parser.add_argument("--llama-server", help="llama-server binary to compare with")
     parser.add_argument("--no-llama-server", action="store_true", help="measure kinetic alone")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="compare with kinetic as another checkout has it (a git worktree of an earlier commit), "
+                             "instead of llama-server: a change before and after, in one run, with the same flags")
     parser.add_argument("--no-kinetic", action="store_true", help="measure llama-server alone (e.g. other flags)")
     parser.add_argument("-c", "--ctx", type=int, default=8192)
     parser.add_argument("-np", "--parallel", type=int, default=None, help="slots (default: 8 for streams, 4 otherwise)")
@@ -407,7 +418,11 @@ def main() -> None:
         own = flags + kernels
         if args.llama_server_flags:  # its own -c/-np replace the shared ones
             own = ["-t", str(args.threads), *kernels, *args.llama_server_flags.split()]
-        other = None if args.no_llama_server else llama_server(args.llama_server, args.model, own)
+        other: Server | None
+        if args.baseline is not None:
+            other = kinetic_baseline(args.baseline.resolve(), args.model, flags + args.kinetic_flags.split())
+        else:
+            other = None if args.no_llama_server else llama_server(args.llama_server, args.model, own)
         if other is not None:
             candidates.append(other)
         else:

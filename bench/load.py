@@ -35,11 +35,12 @@ QUESTIONS = ["Che cos'è llama.cpp?", "A cosa serve la cache KV?", "Che cos'è i
 class Server:
     """A server process (kinetic or llama-server) with llama-server's flags, ready when /health is 200."""
 
-    def __init__(self, name: str, command: list[str], *, env: dict[str, str] | None = None):
+    def __init__(self, name: str, command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
         self.name = name
         self.port = free_port()
         self.command = [*command, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = env
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,7 +48,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Server:
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env,
+                                     cwd=self.cwd)
         failure = wait_until_healthy(self.proc, self.url, 180)
         if failure is not None:
             stop_process(self.proc)
@@ -80,6 +82,20 @@ def kinetic_server(model: str, flags: list[str]) -> Server:
     import sys
 
     return Server("kinetic", [sys.executable, "-m", "kinetic", "serve", "-m", model, *flags])
+
+
+def kinetic_baseline(checkout: Path, model: str, flags: list[str]) -> Server:
+    """kinetic as another checkout has it (a git worktree of an earlier commit), to measure a change before and after
+    in one run: `python -m kinetic` started in that folder imports its code, with this environment's packages. Named
+    after the checkout's commit."""
+    import sys
+
+    if not (checkout / "kinetic" / "__main__.py").is_file():
+        raise SystemExit(f"--baseline {checkout}: not a kinetic checkout (no kinetic/__main__.py)")
+    described = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                               text=True, check=False)
+    commit = described.stdout.strip() or checkout.name
+    return Server(f"kinetic@{commit}", [sys.executable, "-m", "kinetic", "serve", "-m", model, *flags], cwd=checkout)
 
 
 def llama_server_default_flags() -> list[str]:

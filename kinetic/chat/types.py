@@ -112,9 +112,9 @@ class OutputConstraint:
 
 
 # The sampler fields a request may set: SamplingParams' (the one declaration of each sampler, its type and
-# llama-server's default) but the grammar, which comes from the output constraint, the logit bias, whose
-# text keys need the tokenizer, and where sampling runs, which is the server's to say.
-SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {"grammar", "logit_bias", "backend_sampling"}
+# llama-server's default) but the grammar, which comes from the output constraint, and the logit bias, whose
+# text keys need the tokenizer.
+SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {"grammar", "logit_bias"}
 
 
 @dataclass(frozen=True)

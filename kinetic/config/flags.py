@@ -160,8 +160,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("escape", ("-e", "--escape"), "process escapes (\\n, \\t, \\x7d...) in -r and --dry-sequence-breaker",
          negations=("--no-escape",)),
     Flag("special", ("-sp", "--special"), "special tokens appear in the generated text"),
-    Flag("backend_sampling", ("-bs", "--backend-sampling"), "llama-server's backend sampling (the CPU build "
-         "samples on the CPU either way; shown in /props)"),
+    Flag("backend_sampling", ("-bs", "--backend-sampling"), "the default of a request's backend_sampling, shown in "
+         "/props; kinetic samples in its own sampler either way (llama-server samples in llama.cpp's graph: see "
+         "the differences table)"),
     # What llama.cpp is asked when the model loads and the context is made (kinetic.engine.llama.params)
     Flag("gpu_layers", ("-ngl", "--gpu-layers", "--n-gpu-layers"), "layers to store in VRAM: a number, auto or all "
          "(a CPU build has no GPU: passed on, no effect)", metavar="N"),

@@ -71,7 +71,7 @@ class SamplingParams:
     adaptive_decay: float = 0.9
     min_keep: int = 0
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
-    backend_sampling: bool = False  # llama-server's GPU-side sampling; the CPU build samples on the CPU anyway
+    backend_sampling: bool = False  # llama-server then samples in llama.cpp's graph; kinetic shows it, samples as ever
 
 
 @dataclass(frozen=True)

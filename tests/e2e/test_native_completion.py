@@ -301,3 +301,15 @@ def test_ignore_eos_shows_its_bans_in_generation_settings_logit_bias(base_url: s
     assert {1, 106} <= {entry["token"] for entry in banned}  # Gemma's EOS and <end_of_turn>
     plain = post(base_url, "/completion", {**body, "ignore_eos": False}).json()["generation_settings"]["logit_bias"]
     assert plain == []
+
+
+def test_backend_sampling_is_taken_and_the_answer_is_the_same(base_url: str) -> None:
+    # llama-server moves sampling into llama.cpp's graph with backend_sampling (-bs); kinetic takes the field, shows it,
+    # and samples in its own sampler (the differences table says why): a greedy answer is the same either way.
+    body = {"prompt": "The history of the printing press begins", "n_predict": 12, "temperature": 0}
+    plain = post(base_url, "/completion", {**body, "backend_sampling": False}).json()
+    backend = post(base_url, "/completion", {**body, "backend_sampling": True}).json()
+    assert backend["generation_settings"]["backend_sampling"] is True
+    assert plain["generation_settings"]["backend_sampling"] is False
+    assert backend["tokens"] == plain["tokens"] and backend["content"] == plain["content"]
+    assert backend["tokens_predicted"] == 12

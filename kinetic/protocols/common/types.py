@@ -142,3 +142,4 @@ class SamplingFields(WireModel):
     n_keep: int | None = None
     n_discard: int | None = None
     post_sampling_probs: bool | None = None
+    backend_sampling: bool | None = None  # llama-server's per request (default -bs); shown, sampling stays kinetic's

@@ -12,7 +12,8 @@ Four modes, each measured in one run with the servers taking turns (never decodi
               pause, growing until the p95 TTFT passes 2 s: the largest class each server keeps
   ttft        the time to the first streamed token seen from a bare socket (a new connection a request,
               no HTTP library): the servers alternate round by round, so each round has its pair, and
-              the run prints each server's TTFT p50 and the median of the pairs' differences. The
+              the run prints each server's TTFT p50 and the median of the pairs' differences, and (up to
+              8 streams) each rank's TTFT in its round with the prompt_ms its server reported. The
               streams mode's client (httpx) adds its own milliseconds and noise to a TTFT of ~10 ms;
               this one measures the server's side of it.
 
@@ -43,11 +44,12 @@ import asyncio
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -110,8 +112,16 @@ def concurrent(url: str, n: int, tokens: int, constrained: bool = False) -> list
     return gather_streams(url, [(0.0, "/v1/completions", body)] * n)[0]
 
 
-async def _first_token_s(host: str, port: int, request: bytes) -> float:
-    """Seconds from connecting to the first streamed token's bytes; the rest of the stream is read and dropped."""
+class FirstToken(NamedTuple):
+    ttft_s: float  # from connecting to the first streamed token's bytes
+    prompt_ms: float  # the server's own `timings.prompt_ms` for the request (nan where it sent none)
+
+
+PROMPT_MS = re.compile(rb'"prompt_ms":\s*([0-9.eE+-]+)')
+
+
+async def _first_token(host: str, port: int, request: bytes) -> FirstToken:
+    """One stream's TTFT; the rest of the stream is read after it, for the last `prompt_ms` it reports."""
     start = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(request)
@@ -122,15 +132,17 @@ async def _first_token_s(host: str, port: int, request: bytes) -> float:
             raise RuntimeError(f"the stream ended before its first token: {seen[:200]!r}")
         seen = seen[-16:] + chunk
     first = time.perf_counter() - start
-    while await reader.read(65536):
-        pass
+    rest = [seen]
+    while chunk := await reader.read(65536):
+        rest.append(chunk)
     writer.close()
-    return first
+    reported = PROMPT_MS.findall(b"".join(rest))
+    return FirstToken(first, float(reported[-1]) if reported else math.nan)
 
 
-def raw_ttfts(url: str, n: int, chat: bool = False) -> list[float]:
+def raw_ttfts(url: str, n: int, chat: bool = False) -> list[FirstToken]:
     """n two-token streams sent at once from bare sockets (a raw prompt, or with `chat` the same text as the user's
-    message): each one's TTFT in seconds."""
+    message): each one's TTFT, and the prompt time its server reported."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     fields: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}]} if chat else {"prompt": PROMPT}
     body = json.dumps({**fields, "max_tokens": 2, "temperature": 0, "stream": True}).encode()
@@ -138,8 +150,8 @@ def raw_ttfts(url: str, n: int, chat: bool = False) -> list[float]:
     request = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
-    async def every() -> list[float]:
-        return list(await asyncio.gather(*(_first_token_s(host, int(port), request) for _ in range(n))))
+    async def every() -> list[FirstToken]:
+        return list(await asyncio.gather(*(_first_token(host, int(port), request) for _ in range(n))))
 
     return asyncio.run(every())
 
@@ -147,6 +159,7 @@ def raw_ttfts(url: str, n: int, chat: bool = False) -> list[float]:
 def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     counts = [int(n) for n in args.streams.split(",")]
     ttfts: dict[tuple[str, int], list[float]] = {}
+    ranked: dict[tuple[str, int], list[list[FirstToken]]] = {}  # each round's streams, the first token's first
     pairs: dict[int, list[float]] = {n: [] for n in counts}  # the first server's round median less the other's, ms
     for server in servers:  # both start warm
         for _ in range(20):
@@ -156,8 +169,9 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
             medians = {}
             for server in servers if i % 2 == 0 else servers[::-1]:  # who goes first alternates
                 run = raw_ttfts(server.url, n, args.chat)
-                ttfts.setdefault((server.name, n), []).extend(run)
-                medians[server.name] = median(run)
+                ttfts.setdefault((server.name, n), []).extend(r.ttft_s for r in run)
+                ranked.setdefault((server.name, n), []).append(sorted(run))
+                medians[server.name] = median([r.ttft_s for r in run])
                 time.sleep(args.gap)
             if len(medians) == 2:
                 pairs[n].append(1000 * (medians[servers[0].name] - medians[servers[1].name]))
@@ -166,6 +180,16 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
     headers = ["server", "streams", "TTFT p10 ms", "TTFT p50 ms", "TTFT p90 ms"]
     print(table(headers, rows))
     result: dict[str, Any] = {"rounds": args.rounds, "rows": records(headers, rows)}
+    # Rank by rank (up to 8 streams): which of a round's streams waited, and whether its prompt was read with the
+    # others (the same prompt_ms) or in a later step
+    rank_rows = [[name, n, ", ".join(f"{1000 * median([r[k].ttft_s for r in rounds]):.1f}" for k in range(n)),
+                  ", ".join(f"{median([r[k].prompt_ms for r in rounds]):.1f}" for k in range(n))]
+                 for (name, n), rounds in ranked.items() if 1 < n <= 8]
+    if rank_rows:
+        rank_headers = ["server", "streams", "TTFT p50 by rank in its round, ms", "its prompt_ms p50, ms"]
+        print()
+        print(table(rank_headers, rank_rows))
+        result["ranks"] = records(rank_headers, rank_rows)
     if len(servers) > 1:
         first, other = servers[0].name, servers[1].name
         ratio_rows = [[n, percentile(ttfts[(first, n)], 0.5) / percentile(ttfts[(other, n)], 0.5),

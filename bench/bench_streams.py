@@ -158,7 +158,6 @@ def raw_ttfts(url: str, n: int, chat: bool = False) -> list[FirstToken]:
 
 def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]:
     counts = [int(n) for n in args.streams.split(",")]
-    ttfts: dict[tuple[str, int], list[float]] = {}
     ranked: dict[tuple[str, int], list[list[FirstToken]]] = {}  # each round's streams, the first token's first
     pairs: dict[int, list[float]] = {n: [] for n in counts}  # the first server's round median less the other's, ms
     for server in servers:  # both start warm
@@ -169,12 +168,12 @@ def mode_ttft(args: argparse.Namespace, servers: list[Server]) -> dict[str, Any]
             medians = {}
             for server in servers if i % 2 == 0 else servers[::-1]:  # who goes first alternates
                 run = raw_ttfts(server.url, n, args.chat)
-                ttfts.setdefault((server.name, n), []).extend(r.ttft_s for r in run)
                 ranked.setdefault((server.name, n), []).append(sorted(run))
                 medians[server.name] = median([r.ttft_s for r in run])
                 time.sleep(args.gap)
             if len(medians) == 2:
                 pairs[n].append(1000 * (medians[servers[0].name] - medians[servers[1].name]))
+    ttfts = {key: [r.ttft_s for run in rounds for r in run] for key, rounds in ranked.items()}
     rows = [[name, n, 1000 * percentile(v, 0.1), 1000 * percentile(v, 0.5), 1000 * percentile(v, 0.9)]
             for (name, n), v in ttfts.items()]
     headers = ["server", "streams", "TTFT p10 ms", "TTFT p50 ms", "TTFT p90 ms"]

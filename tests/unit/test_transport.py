@@ -25,7 +25,7 @@ from kinetic.scheduling.arrivals import DOOR, DOOR_SCOPE_KEY
 from kinetic.server.app import error_response
 from kinetic.server.transport import TransportConfig, TransportLimits, _LingeringTransport, raw_response
 from tests.rawhttp import exchange, read_response
-from tests.server import free_port
+from tests.server import free_port, wait_until
 
 LIMITS = TransportLimits(max_connections=3, header_timeout=0.5, max_header_bytes=4096, max_body_bytes=10_000)
 
@@ -189,7 +189,4 @@ def test_a_post_is_counted_at_the_door_from_its_head_until_it_is_answered_or_its
 
 
 def until_the_door_counts(n: int) -> None:
-    deadline = time.monotonic() + 10
-    while DOOR.count != n and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert DOOR.count == n
+    wait_until(lambda: DOOR.count == n, f"the door counts {n}", timeout=10)
